@@ -16,27 +16,29 @@ import importlib.util
 
 import click
 
-# command name -> (module, attribute). A module that is not present yet is simply not listed.
-COMMANDS: dict[str, tuple[str, str]] = {
+# command name -> (module, attribute, one-line summary). The summary is kept here so that listing the
+# commands imports none of them (the engine commands pull in torch, the chain commands web3).
+# A module that is not present yet is simply not listed.
+COMMANDS: dict[str, tuple[str, str, str]] = {
     # training side (vtrain/): produce and check runs
-    "devices": ("protocol.cli.engine", "devices"),
-    "train": ("protocol.cli.engine", "train"),
-    "audit": ("protocol.cli.engine", "audit"),
-    "replay-step": ("protocol.cli.engine", "replay_step"),
-    "inspect": ("protocol.cli.engine", "inspect"),
+    "devices": ("protocol.cli.engine", "devices", "List the devices a run can be trained or audited on."),
+    "train": ("protocol.cli.engine", "train", "Train a spec, writing a run directory and its Merkle root."),
+    "audit": ("protocol.cli.engine", "audit", "Replay a run on a device and compare every step's leaf."),
+    "replay-step": ("protocol.cli.engine", "replay_step", "Recompute one step of a run (the referee's tool)."),
+    "inspect": ("protocol.cli.engine", "inspect", "Show a run's spec, root, steps and log statistics."),
     # toolchain
-    "compile": ("protocol.cli.toolchain", "compile_cmd"),
-    "node": ("protocol.cli.toolchain", "node"),
+    "compile": ("protocol.cli.toolchain", "compile_cmd", "Compile the contracts into out/ (Foundry layout)."),
+    "node": ("protocol.cli.toolchain", "node", "Start a local anvil chain and print its URL."),
     # chain side (protocol/): commit and dispute runs
-    "deploy": ("protocol.cli.chain", "deploy"),
-    "job": ("protocol.cli.chain", "job"),
-    "commit": ("protocol.cli.chain", "commit"),
-    "challenge": ("protocol.cli.chain", "challenge"),
-    "resolve": ("protocol.cli.chain", "resolve"),
-    "status": ("protocol.cli.chain", "status"),
-    "withdraw": ("protocol.cli.chain", "withdraw"),
-    "watch": ("protocol.cli.chain", "watch"),
-    "demo": ("protocol.cli.demo", "demo"),
+    "deploy": ("protocol.cli.chain", "deploy", "Deploy the verification-game contract."),
+    "job": ("protocol.cli.chain", "job", "Create and finalize training jobs."),
+    "commit": ("protocol.cli.chain", "commit", "Commit a run's Merkle root to a job with the trainer bond."),
+    "challenge": ("protocol.cli.chain", "challenge", "Challenge a commitment with an audit's root."),
+    "resolve": ("protocol.cli.chain", "resolve", "Referee: replay an isolated step and resolve the game."),
+    "status": ("protocol.cli.chain", "status", "Show a job, its commitment and its games."),
+    "withdraw": ("protocol.cli.chain", "withdraw", "Withdraw what the contract owes an account."),
+    "watch": ("protocol.cli.chain", "watch", "Run a role's agent: answer games as events arrive."),
+    "demo": ("protocol.cli.demo", "demo", "Run the whole story on an embedded chain and narrate it."),
 }
 
 
@@ -44,15 +46,21 @@ class LazyGroup(click.Group):
     """A group whose subcommands are imported on first use."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [name for name, (mod, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
+        return [name for name, (mod, _, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         if name not in COMMANDS:
             return None
-        mod, attr = COMMANDS[name]
+        mod, attr, _ = COMMANDS[name]
         if importlib.util.find_spec(mod) is None:
             return None
         return getattr(importlib.import_module(mod), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
