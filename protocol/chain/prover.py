@@ -1,0 +1,96 @@
+"""A party's own tree of step leaves, answering the reveals a game asks for."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from vtrain.merkle import MerkleTree, leaf_node, node
+
+
+class TreeProver:
+    """Leaves 0..n of one party's run with their Merkle tree: leaf(i) and proof(i) on demand."""
+
+    def __init__(self, leaves: Sequence[bytes]) -> None:
+        self.leaves = list(leaves)
+        self.tree = MerkleTree(self.leaves)
+
+    @property
+    def root(self) -> bytes:
+        return self.tree.root
+
+    @property
+    def size(self) -> int:
+        return self.tree.size
+
+    def leaf(self, index: int) -> bytes:
+        return self.leaves[index]
+
+    def proof(self, index: int) -> list[bytes]:
+        return self.tree.proof(index)
+
+    def reveal(self, index: int) -> tuple[bytes, list[bytes]]:
+        """(leaf, proof) at `index`."""
+        return self.leaves[index], self.tree.proof(index)
+
+
+class PiecewiseProver:
+    """A tree of `size` leaves equal to `before` below index `split` and to `after` from it on.
+
+    Roots and proofs come from RFC 9162's recursive definitions (MTH and PATH) over subtree
+    hashes, memoised: a subtree whose leaves are all equal has a hash that depends only on its
+    width, so a tree of 2^24 leaves needs O(log² n) hashes instead of 2^24. Two such trees with
+    the same `before` and different `after` first differ exactly at `split`, which is what the gas
+    benchmark needs for large games; the proofs are real (the contract checks them), and tests hold
+    the class equal to `vtrain.merkle.MerkleTree` on small sizes.
+    """
+
+    def __init__(self, size: int, before: bytes, after: bytes, split: int) -> None:
+        if not 0 <= split <= size or size < 1:
+            raise ValueError(f"split {split} must lie in [0, {size}] and size must be positive")
+        self.size, self.before, self.after, self.split = size, before, after, split
+        self._uniform: dict[tuple[bytes, int], bytes] = {}
+        self.root = self._hash(0, size)
+
+    def leaf(self, index: int) -> bytes:
+        return self.before if index < self.split else self.after
+
+    def proof(self, index: int) -> list[bytes]:
+        if not 0 <= index < self.size:
+            raise ValueError(f"leaf index {index} is outside a tree of size {self.size}")
+        return self._path(index, 0, self.size)
+
+    def reveal(self, index: int) -> tuple[bytes, list[bytes]]:
+        return self.leaf(index), self.proof(index)
+
+    def _hash(self, start: int, width: int) -> bytes:
+        """MTH of leaves [start, start + width)."""
+        if start + width <= self.split:
+            return self._uniform_hash(self.before, width)
+        if start >= self.split:
+            return self._uniform_hash(self.after, width)
+        k = _split_point(width)
+        return node(self._hash(start, k), self._hash(start + k, width - k))
+
+    def _uniform_hash(self, leaf: bytes, width: int) -> bytes:
+        key = (leaf, width)
+        if key not in self._uniform:
+            if width == 1:
+                self._uniform[key] = leaf_node(leaf)
+            else:
+                k = _split_point(width)
+                self._uniform[key] = node(self._uniform_hash(leaf, k), self._uniform_hash(leaf, width - k))
+        return self._uniform[key]
+
+    def _path(self, index: int, start: int, width: int) -> list[bytes]:
+        """PATH(index, leaves [start, start + width)), bottom-up, as RFC 9162 §2.1.3.1."""
+        if width == 1:
+            return []
+        k = _split_point(width)
+        if index - start < k:
+            return self._path(index, start, k) + [self._hash(start + k, width - k)]
+        return self._path(index, start + k, width - k) + [self._hash(start, k)]
+
+
+def _split_point(width: int) -> int:
+    """The largest power of two smaller than `width` (RFC 9162's k), for width >= 2."""
+    return 1 << ((width - 1).bit_length() - 1)

@@ -1,0 +1,144 @@
+"""Where an auditor or referee gets a trainer's run: a local directory or a plain HTTP(S) URL.
+
+A URL is any static file server exposing the run directory's layout (`python -m http.server` in
+the run's parent is enough). Files are fetched into a local cache directory on demand, so the
+referee downloads only the two files of the step it replays. Nothing fetched is trusted: every
+state and log file is checked against the hash its step's leaf commits to, the leaves against the
+root committed on-chain (`check_commitment`), and a mismatch names the file and where it came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Iterable
+
+from vtrain.errors import VtrainError
+from vtrain.run import Run, RunError, TamperedFileError, atomic_write
+
+# The files every reader needs before it can check anything else, relative to the run directory.
+INDEX_FILES = ("spec.json", "leaves.bin")
+HTTP_TIMEOUT_S = 30.0
+HTTP_TRIES = 3
+
+
+class RunSourceError(VtrainError):
+    """The trainer's run cannot be fetched, or what was fetched does not match its commitment."""
+
+
+class TamperedRunError(RunSourceError):
+    """A fetched file does not hash to what the committed leaves say; `.file` names it."""
+
+    def __init__(self, message: str, file: str) -> None:
+        super().__init__(message)
+        self.file = file
+
+
+def is_url(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
+
+
+class RunSource:
+    """A trainer's run at `location` (directory or URL), readable as a checked `vtrain.run.Run`."""
+
+    def __init__(self, location: str | Path, cache: Path | None = None) -> None:
+        self.location = str(location)
+        if is_url(self.location):
+            self.base = self.location.rstrip("/") + "/"
+            digest = hashlib.sha256(self.base.encode()).hexdigest()[:16]
+            self.local = Path(cache) if cache else Path(tempfile.gettempdir()) / "vtrain-runs" / digest
+        else:
+            self.base = None
+            self.local = Path(self.location)
+            if not self.local.is_dir():
+                raise RunSourceError(f"run directory {self.local} does not exist: give the trainer's run directory or URL")
+        self._run: Run | None = None
+
+    def describe(self, rel: str) -> str:
+        """Where file `rel` of the run comes from, for messages."""
+        return self.base + rel if self.base else str(self.local / rel)
+
+    def open(self) -> Run:
+        """Fetch the spec and leaves (always fresh for a URL) and open the run."""
+        if self._run is None:
+            if self.base:
+                for rel in INDEX_FILES:
+                    self._download(rel)
+            try:
+                self._run = Run.open(self.local)
+            except TamperedFileError as e:
+                raise TamperedRunError(f"{self.describe('leaves.bin')}: {e}", "leaves.bin") from None
+            except RunError as e:
+                raise RunSourceError(f"run at {self.location} is unusable: {e}") from None
+        return self._run
+
+    def fetch_steps(self, steps: Iterable[int], states: bool = True, logs: bool = True) -> Run:
+        """Make the state and/or log files of `steps` local and check each against its leaf."""
+        run = self.open()
+        for t in steps:
+            if states:
+                self._fetch_checked(run, t, run.state_path(t), run.read_state)
+            if logs and t >= 1:
+                self._fetch_checked(run, t, run.log_path(t), run.read_log_bytes)
+        return run
+
+    def fetch_for_audit(self) -> Run:
+        """What an auditor replays from: the spec, the leaves and every step's log."""
+        run = self.open()
+        return self.fetch_steps(range(1, run.size), states=False, logs=True)
+
+    def fetch_for_replay(self, step: int) -> Run:
+        """What a referee replays one step from: the state before it and its log."""
+        run = self.open()
+        self.fetch_steps([step - 1], states=True, logs=False)
+        return self.fetch_steps([step], states=False, logs=True)
+
+    def _fetch_checked(self, run: Run, t: int, path: Path, read) -> None:
+        rel = path.relative_to(run.path).as_posix()
+        if self.base:
+            self._download(rel)  # always fresh: a cached copy may be from an earlier run at this URL
+        try:
+            read(t)
+        except TamperedFileError:
+            if self.base:
+                path.unlink(missing_ok=True)  # never keep a bad copy around as if it were the run
+            raise TamperedRunError(f"{self.describe(rel)}: does not hash to what leaf {t} commits to; the trainer's "
+                                   f"file was modified or corrupted", rel) from None
+        except RunError:
+            raise RunSourceError(f"{self.describe(rel)}: missing from the trainer's run") from None
+
+    def _download(self, rel: str) -> None:
+        url = self.base + rel
+        last: Exception | None = None
+        for attempt in range(HTTP_TRIES):
+            try:
+                with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:
+                    data = resp.read()
+                break
+            except urllib.error.HTTPError as e:
+                if e.code == 404:
+                    raise RunSourceError(f"{url}: not found (HTTP 404); the trainer's server does not serve this file") from None
+                last = e
+            except (urllib.error.URLError, OSError) as e:
+                last = e
+            time.sleep(0.2 * 2**attempt)
+        else:
+            raise RunSourceError(f"{url}: cannot be fetched after {HTTP_TRIES} tries ({last})")
+        target = self.local / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, data)
+
+
+def check_commitment(run: Run, root: bytes, size: int, spec_hash: bytes | None = None, where: str = "") -> None:
+    """The run is the one committed on-chain: same root and size (and spec, if given)."""
+    label = where or str(run.path)
+    if spec_hash is not None and run.spec_hash != spec_hash:
+        raise RunSourceError(f"{label}: the run's spec hash 0x{run.spec_hash.hex()} is not the job's 0x{spec_hash.hex()}")
+    if run.size != size or run.root != root:
+        raise TamperedRunError(f"{label}/leaves.bin: its Merkle root 0x{run.root.hex()} (size {run.size}) is not the "
+                               f"committed 0x{root.hex()} (size {size}); the leaves were modified or belong to another run",
+                               "leaves.bin")

@@ -1,0 +1,119 @@
+"""Soundness of policy `bound`: any summation order stays within E of the exact value, so two devices
+are always within the band 2E of each other (elementwise)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from vtrain.bounds import BOUNDS
+from vtrain.devices import get_device, list_devices
+from vtrain.grid import round_to_grid
+
+aten = torch.ops.aten
+EMULATED = [d for d in list_devices() if d.emulated]
+
+
+def _grid(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, bits: int, scale: float = 1.0) -> torch.Tensor:
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    # heavy cancellation in some rows: the case where a fixed tau fails
+    return round_to_grid(x, bits).to(dtype)
+
+
+def _random_order_matmul(a: torch.Tensor, b: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """A random permutation of K, random chunk sizes, chunks combined sequentially or by a tree."""
+    k = a.shape[1]
+    perm = torch.randperm(k, generator=gen)
+    a, b = a[:, perm], b[perm]
+    cuts = sorted(set(torch.randint(1, k, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()))
+    parts = [a[:, i:j] @ b[i:j] for i, j in zip([0, *cuts], [*cuts, k])]
+    if torch.rand(1, generator=gen).item() < 0.5:
+        out = parts[0]
+        for p in parts[1:]:
+            out = out + p
+        return out
+    while len(parts) > 1:
+        parts = [parts[i] + parts[i + 1] if i + 1 < len(parts) else parts[i] for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def _random_order_sum(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Row sums in a random order: permuted, then sequential (cumsum) or chunked."""
+    x = x[:, torch.randperm(x.shape[1], generator=gen)]
+    if torch.rand(1, generator=gen).item() < 0.5:
+        return x.cumsum(1)[:, -1]
+    return torch.stack([c.sum(1) for c in x.split(int(torch.randint(1, 9, (1,), generator=gen)), 1)], 1).sum(1)
+
+
+def _exact_dot_rows(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    # products of grid values are exact in float64 (<= 48 bits); fsum is then correctly rounded
+    pa, pb = a.double().numpy(), b.double().numpy()
+    return np.array([[math.fsum(pa[i] * pb[:, j]) for j in range(pb.shape[1])] for i in range(pa.shape[0])])
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, 19), (torch.float64, 32)])
+def test_matmul_reorderings_stay_within_the_band(dtype: torch.dtype, bits: int) -> None:
+    gen = torch.Generator().manual_seed(7)
+    for k in (3, 64, 200):
+        a = _grid((24, k), gen, dtype, bits)
+        b = _grid((k, 20), gen, dtype, bits)
+        a[0] = -a[1]  # exact cancellation rows: the exact result is 0
+        a[2, : k // 2] = 1e3 * a[2, : k // 2]
+        results = [d.mm(a, b) for d in [get_device("cpu"), *EMULATED]]
+        results += [_random_order_matmul(a, b, gen) for _ in range(12)]
+        (e,) = BOUNDS[aten.mm.default]((a, b), {}, [results[0]])
+        exact = torch.from_numpy(_exact_dot_rows(a, b))
+        for r in results:
+            assert ((r.double() - exact).abs() <= e.double() + exact.abs() * 2.0**-53).all()
+            for s in results:
+                assert ((r.double() - s.double()).abs() <= 2 * e.double()).all()
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, 19), (torch.float64, 32)])
+def test_sum_reorderings_stay_within_the_band(dtype: torch.dtype, bits: int) -> None:
+    gen = torch.Generator().manual_seed(8)
+    for n in (2, 33, 1000):
+        x = _grid((16, n), gen, dtype, bits, scale=1e3)
+        x[0] = torch.cat([x[0, : n // 2], -x[0, : n // 2], x[0, n - n % 2 :] * 0])[:n]
+        results = [d.sum(x, [1]) for d in [get_device("cpu"), *EMULATED]]
+        results += [_random_order_sum(x, gen) for _ in range(12)]
+        (e,) = BOUNDS[aten.sum.dim_IntList]((x, [1]), {}, [results[0]])
+        for r in results:
+            for s in results:
+                assert ((r.double() - s.double()).abs() <= 2 * e.double()).all()
+
+
+def test_conv_softmax_and_loss_orders_stay_within_the_band() -> None:
+    gen = torch.Generator().manual_seed(9)
+    dtype, bits = torch.float32, 19
+    x = _grid((4, 3, 9, 9), gen, dtype, bits)
+    w = _grid((5, 3, 3, 3), gen, dtype, bits)
+    bias = _grid((5,), gen, dtype, bits)
+    conv_args = (x, w, bias, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    g = _grid((4, 5, 9, 9), gen, dtype, bits)
+    back_args = (g, x, w, [5], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])
+    logits = _grid((16, 10), gen, dtype, bits, scale=4.0)
+    cases = [
+        (aten.convolution.default, conv_args),
+        (aten.convolution_backward.default, back_args),
+        (aten._log_softmax.default, (logits, 1, False)),
+        (aten._softmax.default, (logits, 1, False)),
+        (aten._log_softmax_backward_data.default, (g[:, 0, 0, :].contiguous(),
+                                                   round_to_grid(torch.log_softmax(logits[:4, :9], 1), bits), 1, dtype)),
+        (aten._softmax_backward_data.default, (g[:, 0, 0, :].contiguous(),
+                                               round_to_grid(torch.softmax(logits[:4, :9], 1), bits), 1, dtype)),
+        (aten.nll_loss_forward.default, (round_to_grid(torch.log_softmax(logits, 1), bits),
+                                         torch.arange(16) % 10, None, 1, -100)),
+    ]
+    devices = [get_device("cpu"), *EMULATED]
+    for func, args in cases:
+        outs = [d.execute(func, args, {}) for d in devices]
+        outs = [o if isinstance(o, tuple) else (o,) for o in outs]
+        bounds = BOUNDS[func](args, {}, list(outs[0]))
+        for o1 in outs:
+            for o2 in outs:
+                for a, b, e in zip(o1, o2, bounds):
+                    assert ((a.double() - b.double()).abs() <= 2 * e.double()).all(), func

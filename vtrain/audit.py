@@ -1,0 +1,152 @@
+"""The auditor (replay a whole run) and the referee's tool (replay one step).
+
+The auditor trusts nothing of the trainer's but its logs: it initialises from the spec, replays
+every step with the trainer's log of that step, computes its own leaves and compares them with the
+trainer's. At the first differing leaf it reports the divergence, then continues honestly (its own
+log, record mode) so that it ends with its own commitment of the same size, which is what it puts
+on-chain when it challenges.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from vtrain.leaves import LeafRecord, hex0x, keccak256
+from vtrain.merkle import MerkleTree
+from vtrain.rounding import IllegitimateLogEntryError, TraceMismatchError
+from vtrain.roundlog import CorruptLogError, StepLog
+from vtrain.run import Run, RunError, atomic_write, encode_leaves, write_commitment
+from vtrain.state import state_hash
+from vtrain.train import StepResult, TrainingSession
+
+
+@dataclass
+class Divergence:
+    step: int
+    reason: str     # what differs: "state", "log", "batch", or the replay error's message
+
+    def __str__(self) -> str:
+        return f"DIVERGED step={self.step} {self.reason}"
+
+
+@dataclass
+class AuditReport:
+    trainer_root: str
+    root: str
+    size: int
+    divergence: Divergence | None
+    corrections: list[int] = field(default_factory=list)   # per step 1..N (0 where none were applied)
+    logged: list[int] = field(default_factory=list)        # per step: entries in the log replayed
+    log_bytes: list[int] = field(default_factory=list)     # per step: size of the log replayed
+
+    @property
+    def matched(self) -> bool:
+        return self.divergence is None and self.root == self.trainer_root
+
+
+def _differing_parts(ours: LeafRecord, theirs: LeafRecord) -> str:
+    parts = [name for name, a, b in (("state", ours.state_hash, theirs.state_hash),
+                                      ("log", ours.log_hash, theirs.log_hash),
+                                      ("batch", ours.batch_hash, theirs.batch_hash)) if a != b]
+    return "leaf differs: " + "+".join(parts) + " hash" + ("es" if len(parts) > 1 else "")
+
+
+def _replay(session: TrainingSession, run: Run, t: int) -> tuple[StepResult, str | None]:
+    """Replay step t with the trainer's log; if the log is rejected, redo the step honestly.
+
+    Returns the step's result and, when the trainer's log was rejected, why.
+    """
+    snap = session.snapshot()
+    try:
+        # the bytes hash to the trainer's leaf (read_log_bytes checks), so a log that does not
+        # parse was committed that way: it is the trainer's fault, not a download problem
+        data = run.read_log_bytes(t)
+        result = session.step(t, "replay", replay_log=StepLog.from_bytes(data, str(run.log_path(t))))
+        result.log_bytes = data   # the leaf commits to the file as published, not to a re-encoding
+        return result, None
+    except (CorruptLogError, IllegitimateLogEntryError, TraceMismatchError) as exc:
+        session.restore(snap)
+        return session.step(t, "record"), f"log rejected: {exc}"
+
+
+def audit(run: Run, device: str = "cpu", *, out: str | Path | None = None, ignore_log: bool = False,
+          progress: Callable[[int, StepResult], None] | None = None) -> AuditReport:
+    """Replay `run` on `device`; with `ignore_log`, round without applying the trainer's log.
+
+    With `ignore_log` the auditor's leaves still carry the trainer's log hashes (it read the logs,
+    it only did not apply them), so a reported divergence is a difference of state, not of logs.
+    """
+    session = TrainingSession(run.spec, device)
+    records = [session.record()]
+    divergence = None if records[0].leaf == run.records[0].leaf else Divergence(0, "initial state differs")
+    report = AuditReport(hex0x(run.root), "", run.size, None)
+    for t in range(1, run.size):
+        if divergence is not None:
+            result = session.step(t, "record")
+            log_hash, note = result.log_hash, None
+        elif ignore_log:
+            log_hash = keccak256(run.read_log_bytes(t))
+            result, note = session.step(t, "plain"), None
+        else:
+            result, note = _replay(session, run, t)
+            log_hash = result.log_hash
+        record = LeafRecord(t, state_hash(session.state_bytes()), log_hash, result.batch_hash)
+        records.append(record)
+        if divergence is None and (note or record.leaf != run.records[t].leaf):
+            divergence = Divergence(t, note or _differing_parts(record, run.records[t]))
+        report.corrections.append(int(result.stats.get("corrections", 0)))
+        report.logged.append(int(result.stats.get("logged", 0)))
+        report.log_bytes.append(len(result.log_bytes))
+        if progress is not None:
+            progress(t, result)
+    report.divergence = divergence
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "leaves.bin", encode_leaves(records))
+        report.root = write_commitment(out / "commitment.json", records, run.spec)["root"]
+        atomic_write(out / "report.json", (json.dumps(_report_json(report), indent=2) + "\n").encode())
+    else:
+        report.root = hex0x(MerkleTree(r.leaf for r in records).root)
+    return report
+
+
+def _report_json(report: AuditReport) -> dict:
+    return {"matched": report.matched, "root": report.root, "size": report.size,
+            "trainer_root": report.trainer_root,
+            "divergence": None if report.divergence is None else
+            {"step": report.divergence.step, "reason": report.divergence.reason},
+            "corrections": report.corrections}
+
+
+@dataclass
+class StepReplay:
+    step: int
+    leaf: bytes           # the leaf an honest replay of the step produces
+    trainer_leaf: bytes
+    note: str | None      # why the trainer's log was rejected, when it was
+
+    @property
+    def equal(self) -> bool:
+        return self.leaf == self.trainer_leaf
+
+
+def replay_step_detail(run: Run, step: int, device: str = "cpu") -> StepReplay:
+    """Recompute step `step` from the trainer's state after step - 1 and the trainer's log of step."""
+    if not 1 <= step < run.size:
+        raise RunError(f"{run.path}: step {step} is outside 1..{run.size - 1}")
+    session = TrainingSession(run.spec, device)
+    session.load_state(run.read_state(step - 1), str(run.state_path(step - 1)))
+    if session.step_count != step - 1:
+        raise RunError(f"{run.state_path(step - 1)}: holds the state after step {session.step_count}")
+    result, note = _replay(session, run, step)
+    record = LeafRecord(step, state_hash(session.state_bytes()), result.log_hash, result.batch_hash)
+    return StepReplay(step, record.leaf, run.records[step].leaf, note)
+
+
+def replay_step(run: Run, step: int, device: str = "cpu") -> bytes:
+    """The referee's tool: the honest leaf of `step` (compare it with run.leaves[step])."""
+    return replay_step_detail(run, step, device).leaf

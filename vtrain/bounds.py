@@ -1,0 +1,281 @@
+"""A-priori error bounds for the device-dependent ops (DESIGN.md §1.3, policy `bound`).
+
+For each class 3 op, `E` bounds |computed - exact| elementwise for *any* summation order on any IEEE
+device (with or without FMA), given inputs that are exact (grid values). Standard forward error analysis
+with u the unit roundoff of the work dtype (2^-53 for float64, 2^-24 for float32) and
+gamma_n = n*u / (1 - n*u):
+
+- sums of n terms: gamma_(n-1) * sum|x_k|; means add one division;
+- dot products, matmuls and convolutions of length K: gamma_K * (|A| |B|), computed as the same op on
+  absolute values (one extra matmul/conv: tighter than the Cauchy-Schwarz norm bound, which can be
+  sqrt(K) times looser and would log more);
+- softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
+  transcendental bound, written out per op below;
+- transcendental functions (exp, log, tanh, sigmoid, expm1, log1p, pow, rsqrt): TRANSCENDENTAL_ULPS ulps
+  of the work dtype. We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
+  document <= 2 ulps for these functions in double precision.
+(Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
+
+Every E is inflated by (1 + 2*gamma_K + 2^-20) so that computing E itself in floating point (which can
+undershoot the exact sum of absolute values by gamma_K relative) still leaves an upper bound, and gets an
+absolute floor of K smallest subnormals of the work dtype for underflow. The trainer and the auditor
+compute E from identical grid inputs; the slack also absorbs that their E may differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+aten = torch.ops.aten
+
+TRANSCENDENTAL_ULPS = 4.0
+
+Bound = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], list["torch.Tensor | None"]]
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    if dtype == torch.float64:
+        return 2.0**-53
+    if dtype == torch.float32:
+        return 2.0**-24
+    raise TypeError(f"no error bounds for dtype {dtype}")
+
+
+def _tiny(dtype: torch.dtype) -> float:
+    return 2.0**-1074 if dtype == torch.float64 else 2.0**-149
+
+
+def gamma(n: int, u: float) -> float:
+    """gamma_n = n u / (1 - n u); infinite once n u >= 1 (no useful bound)."""
+    nu = n * u
+    return math.inf if nu >= 1 else nu / (1 - nu)
+
+
+def _finish(e: torch.Tensor, n: int, u: float, dtype: torch.dtype) -> torch.Tensor:
+    return e * (1 + 2 * gamma(n, u) + 2.0**-20) + max(n, 1) * _tiny(dtype)
+
+
+def _abs(x: Any) -> Any:
+    return x.abs() if isinstance(x, torch.Tensor) else (abs(x) if isinstance(x, (int, float)) else x)
+
+
+def _prod(xs: Any) -> int:
+    out = 1
+    for v in xs:
+        out *= int(v)
+    return out
+
+
+# -- matmul family and convolutions -----------------------------------------------------------------
+
+
+def _bilinear(k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
+    """The op itself on absolute values, times gamma of the dot length (+ extra roundings)."""
+
+    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        func = bound.func  # type: ignore[attr-defined]
+        v = outs[0]
+        u = unit_roundoff(v.dtype)
+        k = k_of(args) + terms
+        absval = func(*[_abs(a) for a in args], **{key: _abs(val) for key, val in kwargs.items()})
+        return [_finish(gamma(k, u) * absval, k, u, v.dtype)]
+
+    return bound
+
+
+def _with_func(func: Any, bound: Bound) -> Bound:
+    bound.func = func  # type: ignore[attr-defined]
+    return bound
+
+
+def _conv_k(args: tuple) -> int:
+    weight = args[1]
+    return _prod(weight.shape[1:])  # (Cin/groups) * kh * kw
+
+
+def _convolution_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    grad, x, weight = args[0], args[1], args[2]
+    dtype = next(o.dtype for o in outs if o is not None)
+    u = unit_roundoff(dtype)
+    rest = args[3:]
+    absvals = aten.convolution_backward.default(grad.abs(), x.abs(), weight.abs(), *rest)
+    kernel = _prod(weight.shape[2:])
+    k_input = max(weight.shape[0], weight.shape[1]) * kernel  # terms per grad_input element
+    k_weight = grad.shape[0] * _prod(grad.shape[2:])  # N * output positions
+    ks = (k_input, k_weight, k_weight)
+    return [None if o is None else _finish(gamma(k, u) * a, k, u, dtype) for o, a, k in zip(outs, absvals, ks)]
+
+
+# -- reductions -------------------------------------------------------------------------------------
+
+
+def _reduced_count(x: torch.Tensor, dim: Any) -> int:
+    if dim is None or len(dim) == 0:
+        return x.numel()
+    return _prod(x.shape[d] for d in dim)
+
+
+def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    x = args[0]
+    v = outs[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    n = _reduced_count(x, dim)
+    u = unit_roundoff(v.dtype)
+    dims = list(range(x.dim())) if not dim else list(dim)
+    s = x.to(v.dtype).abs().sum(dims, keepdim=keepdim) if x.dim() else x.to(v.dtype).abs()
+    return [_finish(gamma(n, u) * s.reshape(v.shape), n, u, v.dtype)]
+
+
+def _mean(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    x = args[0]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    n = _reduced_count(x, dim)
+    (e,) = _sum(args, kwargs, outs)
+    u = unit_roundoff(outs[0].dtype)
+    return [e / max(n, 1) * (1 + 2 * u) + u * outs[0].abs()]
+
+
+# -- softmax family and NLL loss --------------------------------------------------------------------
+
+
+def _t(dtype: torch.dtype) -> float:
+    return TRANSCENDENTAL_ULPS * 2 * unit_roundoff(dtype)  # relative error of exp/log in the work dtype
+
+
+def _log_softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    x, dim = args[0], args[1]
+    y = outs[0]
+    u, t, n = unit_roundoff(y.dtype), _t(y.dtype), x.shape[dim] if x.dim() else 1
+    mx = x.amax(dim, keepdim=True)
+    s = x - mx  # <= 0
+    spread = mx - x.amin(dim, keepdim=True)  # max |s| in the row: bounds every exp argument's error
+    lse = s - y  # log(sum exp(s)) up to rounding, >= 0
+    # y = s - log(S): error of s (u|s|), of S (relative gamma_n + t + u*spread from the exp arguments),
+    # of log (t |log S| + the relative error of S), and the final subtraction (u |y|).
+    e = u * (s.abs() + y.abs() + spread) + gamma(n, u) + t * (1 + lse.abs())
+    return [_finish(e, n, u, y.dtype)]
+
+
+def _softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    x, dim = args[0], args[1]
+    p = outs[0]
+    u, t, n = unit_roundoff(p.dtype), _t(p.dtype), x.shape[dim] if x.dim() else 1
+    mx = x.amax(dim, keepdim=True)
+    spread = mx - x.amin(dim, keepdim=True)
+    # p = exp(s)/S: relative errors of exp(s) (t + u|s|), of S (gamma_n + t + u*spread), the division u.
+    rel = u * ((x - mx).abs() + spread) + 2 * t + gamma(n + 1, u)
+    return [_finish(p.abs() * rel, n, u, p.dtype)]
+
+
+def _log_softmax_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    grad, out, dim = args[0], args[1], args[2]
+    y = outs[0]
+    u, t, n = unit_roundoff(y.dtype), _t(y.dtype), grad.shape[dim] if grad.dim() else 1
+    p = torch.exp(out)
+    total = grad.sum(dim, keepdim=True)
+    # y = g - exp(out) * sum(g): errors of the sum, of exp (t), of the product and the subtraction.
+    e = p * (gamma(n, u) * grad.abs().sum(dim, keepdim=True) + (t + 2 * u) * total.abs()) + u * y.abs()
+    return [_finish(e, n, u, y.dtype)]
+
+
+def _softmax_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    grad, out, dim = args[0], args[1], args[2]
+    y = outs[0]
+    u, n = unit_roundoff(y.dtype), grad.shape[dim] if grad.dim() else 1
+    gp = grad * out
+    total = gp.sum(dim, keepdim=True)
+    # y = p (g - sum(g p)): the products and the sum (gamma_(n+1) sum|g p|), the subtraction, the product.
+    e = out.abs() * (gamma(n + 1, u) * gp.abs().sum(dim, keepdim=True) + u * (grad - total).abs()) + u * y.abs()
+    return [_finish(e, n, u, y.dtype)]
+
+
+def _nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    x, target, weight, reduction, ignore_index = args[:5]
+    loss, total = outs[0], outs[1]
+    u = unit_roundoff(loss.dtype)
+    n = target.numel()
+    if reduction == 0:  # none: one product per element
+        return [_finish(2 * u * loss.abs(), 1, u, loss.dtype), None]
+    # the same reduction over |x|: the mean (or sum) of the picked |x| weighted by |w|
+    absloss, abstotal = aten.nll_loss_forward.default(-x.abs(), target, None if weight is None else weight.abs(),
+                                                       reduction, ignore_index)
+    e_total = _finish(gamma(n, u) * abstotal.abs(), n, u, loss.dtype)
+    # mean: (sum of n weighted terms) / total: gamma_(n+2) covers the products, the sum and the division.
+    return [_finish(gamma(n + 2, u) * absloss.abs() + 2 * u * loss.abs(), n, u, loss.dtype), e_total]
+
+
+def _few_roundings(k: int) -> Bound:
+    """Ops computing each element with at most k roundings of magnitude <= |result| (scatter/scale)."""
+
+    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+        return [None if o is None else _finish(k * unit_roundoff(o.dtype) * o.abs(), 1, unit_roundoff(o.dtype), o.dtype)
+                for o in outs]
+
+    return bound
+
+
+def _transcendental(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    y = outs[0]
+    u = unit_roundoff(y.dtype)
+    return [_finish(_t(y.dtype) * y.abs(), 1, u, y.dtype)]
+
+
+# -- pooling ----------------------------------------------------------------------------------------
+
+
+def _pool(func: Any, kernel_pos: int) -> Bound:
+    """Linear pooling ops: the op on |grad or input| bounds sum|terms|; gamma of the window (+1 division)."""
+
+    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+        y = outs[0]
+        u = unit_roundoff(y.dtype)
+        kernel = args[kernel_pos]
+        k = _prod(kernel if len(kernel) == 2 else (kernel[0], kernel[0])) + 1
+        absval = func(args[0].abs(), *args[1:], **kwargs)
+        return [_finish(gamma(k, u) * absval, k, u, y.dtype)]
+
+    return bound
+
+
+def _mm_k(args: tuple) -> int:
+    return args[0].shape[-1]
+
+
+def _addmm_k(args: tuple) -> int:
+    return args[1].shape[-1]
+
+
+BOUNDS: dict[Any, Bound] = {
+    aten.mm.default: _with_func(aten.mm.default, _bilinear(_mm_k)),
+    aten.bmm.default: _with_func(aten.bmm.default, _bilinear(_mm_k)),
+    aten.dot.default: _with_func(aten.dot.default, _bilinear(_mm_k)),
+    aten.mv.default: _with_func(aten.mv.default, _bilinear(_mm_k)),
+    aten.addmm.default: _with_func(aten.addmm.default, _bilinear(_addmm_k, terms=3)),
+    aten.convolution.default: _with_func(aten.convolution.default, _bilinear(_conv_k, terms=1)),
+    aten.convolution_backward.default: _convolution_backward,
+    aten.sum.default: _sum,
+    aten.sum.dim_IntList: _sum,
+    aten.mean.default: _mean,
+    aten.mean.dim: _mean,
+    aten._log_softmax.default: _log_softmax,
+    aten._softmax.default: _softmax,
+    aten._log_softmax_backward_data.default: _log_softmax_backward,
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten.nll_loss_forward.default: _nll_loss_forward,
+    aten.nll_loss_backward.default: _few_roundings(2),
+    aten.avg_pool2d.default: _pool(aten.avg_pool2d.default, 1),
+    aten.avg_pool2d_backward.default: _pool(aten.avg_pool2d_backward.default, 2),
+    aten.max_pool2d_with_indices_backward.default: _pool(aten.max_pool2d_with_indices_backward.default, 2),
+    aten.exp.default: _transcendental,
+    aten.log.default: _transcendental,
+    aten.tanh.default: _transcendental,
+    aten.sigmoid.default: _transcendental,
+    aten.expm1.default: _transcendental,
+    aten.log1p.default: _transcendental,
+    aten.rsqrt.default: _transcendental,
+    aten.pow.Tensor_Scalar: _transcendental,
+}

@@ -1,0 +1,338 @@
+"""Device profiles: who computes the device-dependent (class 3) ops, and in which order (DESIGN.md §1.4).
+
+`cpu` is torch's native kernels; `cuda` is the same on a GPU when one is present. The emulated profiles
+`emu:NAME` stand in for other hardware: they compute every matmul and reduction with another fixed
+summation order, built from batched torch ops so they stay fast (see research/numerics.md §2):
+
+- emu:splitk8-tree      K split into chunks of 8, one bmm for the partial products, partials combined by
+                        a pairwise tree (cuBLAS split-K with a tree reduction); sums by a halving tree.
+- emu:splitk16-revseq   chunks of 16, partials accumulated sequentially from the last chunk to the first
+                        (serialised split-K fix-up); sums sequentially from the end.
+- emu:lanes8-butterfly  K split into 8 interleaved lanes (k mod 8), each lane a native matmul on a
+                        strided slice, lanes combined by an xor butterfly (warp shuffle); sums likewise.
+
+On an emulated device, convolutions are unfold + the device's matmul (their backward too), softmax,
+log-softmax and the NLL loss normalise with the device's sum. (Fused elementwise ops such as addcmul
+are not device ops at all: vtrain.ops decomposes them into IEEE primitives in a fixed order.) Transcendental functions (exp, log, ...) stay native on every device: we have no
+second libm, and reductions and matmuls are where devices really differ. Pooling kernels stay native.
+The rounding log's error bounds (vtrain.bounds) hold for any of these orders, and for any IEEE device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from vtrain.errors import VtrainError
+
+aten = torch.ops.aten
+
+Matmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (B, M, K) @ (B, K, N) -> (B, M, N)
+RowSum = Callable[[torch.Tensor], torch.Tensor]  # (R, n) -> (R,)
+
+
+class UnknownDeviceError(VtrainError):
+    """A device name that is not one of the profiles `vtrain devices` lists."""
+
+
+class DeviceOpError(VtrainError):
+    """An emulated device was asked for an op configuration it does not emulate."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reduction orders. Each takes a batch of problems and returns their results in one fixed order.
+
+
+def _pad_last(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    pad = (-x.shape[-1]) % multiple
+    return F.pad(x, (0, pad)) if pad else x  # adding exact zeros changes no partial sum
+
+
+def _tree(parts: torch.Tensor) -> torch.Tensor:
+    """Pairwise tree over dim 0 (an odd leftover is carried to the next level)."""
+    while parts.shape[0] > 1:
+        n = parts.shape[0]
+        half = parts[0 : n - n % 2 : 2] + parts[1 : n - n % 2 : 2]
+        parts = torch.cat([half, parts[n - 1 :]]) if n % 2 else half
+    return parts[0]
+
+
+def _butterfly(lanes: torch.Tensor) -> torch.Tensor:
+    """xor butterfly over 8 lanes in dim 0: lane l with l^4, then l^2, then l^1."""
+    for width in (4, 2, 1):
+        lanes = lanes[:width] + lanes[width : 2 * width]
+    return lanes[0]
+
+
+def _revseq(parts: torch.Tensor) -> torch.Tensor:
+    """Sequential accumulation over dim 0 from the last element to the first."""
+    return parts.flip(0).cumsum(0)[-1]
+
+
+def _splitk_partials(a: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
+    """(nc, B, M, N) partial products of K-chunks of size `chunk`, by one batched matmul."""
+    bsz, m, k = a.shape
+    n = b.shape[-1]
+    a = _pad_last(a, chunk)
+    b = _pad_last(b.transpose(1, 2), chunk).transpose(1, 2)
+    nc = a.shape[-1] // chunk
+    a_c = a.reshape(bsz, m, nc, chunk).permute(2, 0, 1, 3).reshape(nc * bsz, m, chunk)
+    b_c = b.reshape(bsz, nc, chunk, n).permute(1, 0, 2, 3).reshape(nc * bsz, chunk, n)
+    return torch.bmm(a_c, b_c).reshape(nc, bsz, m, n)
+
+
+def _mm_splitk8_tree(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _tree(_splitk_partials(a, b, 8))
+
+
+def _mm_splitk16_revseq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return _revseq(_splitk_partials(a, b, 16))
+
+
+def _mm_lanes8_butterfly(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    bsz, m, _ = a.shape
+    n = b.shape[-1]
+    a = _pad_last(a, 8)
+    b = _pad_last(b.transpose(1, 2), 8).transpose(1, 2)
+    kl = a.shape[-1] // 8
+    # lane l holds k = l, l+8, l+16, ...: (8*B, M, K/8) @ (8*B, K/8, N)
+    a_l = a.reshape(bsz, m, kl, 8).permute(3, 0, 1, 2).reshape(8 * bsz, m, kl)
+    b_l = b.reshape(bsz, kl, 8, n).permute(2, 0, 1, 3).reshape(8 * bsz, kl, n)
+    return _butterfly(torch.bmm(a_l, b_l).reshape(8, bsz, m, n))
+
+
+def _sum_tree(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    return _tree(_pad_last(x, width).T.contiguous()) if n else x.sum(-1)
+
+
+def _sum_revseq(x: torch.Tensor) -> torch.Tensor:
+    return x.flip(-1).cumsum(-1)[..., -1] if x.shape[-1] else x.sum(-1)
+
+
+def _sum_lanes8_butterfly(x: torch.Tensor) -> torch.Tensor:
+    x = _pad_last(x, 8)
+    lanes = x.reshape(x.shape[0], -1, 8).sum(1)  # (R, 8): lane l sums k = l mod 8
+    return _butterfly(lanes.T.contiguous())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Devices.
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device profile: native kernels (`emulated=False`) or a fixed emulated reduction order."""
+
+    name: str
+    description: str
+    torch_device: str = "cpu"
+    emulated: bool = False
+    matmul_order: Matmul | None = field(default=None, repr=False, compare=False)
+    rowsum_order: RowSum | None = field(default=None, repr=False, compare=False)
+
+    # -- building blocks ----------------------------------------------------------------------------
+
+    def bmm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Batched matmul (B, M, K) @ (B, K, N) in this device's order."""
+        if self.matmul_order is None:
+            return torch.bmm(a, b)
+        return self.matmul_order(a, b)
+
+    def mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.bmm(a.unsqueeze(0), b.unsqueeze(0))[0]
+
+    def sum(self, x: torch.Tensor, dims: list[int] | None = None, keepdim: bool = False) -> torch.Tensor:
+        """Sum over `dims` (all when None or empty) in this device's order."""
+        nd = x.dim()
+        red = sorted({d % nd for d in dims}) if dims else list(range(nd))
+        if self.rowsum_order is None or x.numel() == 0 or nd == 0:
+            return torch.sum(x, red, keepdim=keepdim) if nd else x.clone()
+        keep = [d for d in range(nd) if d not in red]
+        rows = x.permute(*keep, *red).reshape(-1, _prod(x.shape[d] for d in red))
+        out = self.rowsum_order(rows.contiguous()).reshape([x.shape[d] for d in keep])
+        if keepdim:
+            for d in red:
+                out = out.unsqueeze(d)
+        return out
+
+    # -- class 3 ops --------------------------------------------------------------------------------
+
+    def execute(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Compute a device-dependent op (out-of-place overload) the way this device does."""
+        if not self.emulated:
+            return func(*args, **kwargs)
+        impl = _EMULATED.get(func)
+        if impl is None:  # transcendental functions and pooling: native on every device (see above)
+            return func(*args, **kwargs)
+        return impl(self, *args, **kwargs)
+
+
+def _prod(xs: Any) -> int:
+    out = 1
+    for v in xs:
+        out *= int(v)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Emulated implementations of class 3 ops, in terms of Device.bmm / Device.sum.
+
+
+def _mm(dev: Device, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return dev.mm(a, b)
+
+
+def _bmm(dev: Device, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return dev.bmm(a, b)
+
+
+def _addmm(dev: Device, bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1,
+           alpha: Any = 1) -> torch.Tensor:
+    prod = dev.mm(a, b)
+    if alpha != 1:
+        prod = prod * alpha
+    return prod + (bias if beta == 1 else bias * beta)
+
+
+def _sum(dev: Device, x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> torch.Tensor:
+    if dtype is not None and dtype != x.dtype:
+        x = x.to(dtype)
+    if not x.is_floating_point():
+        return torch.sum(x, dim, keepdim=keepdim)
+    return dev.sum(x, list(dim) if dim else None, keepdim)
+
+
+def _mean(dev: Device, x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> torch.Tensor:
+    if dtype is not None and dtype != x.dtype:
+        x = x.to(dtype)
+    dims = list(dim) if dim else list(range(x.dim()))
+    n = _prod(x.shape[d] for d in dims)
+    return dev.sum(x, dims, keepdim) / n
+
+
+def _log_softmax(dev: Device, x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    shifted = x - x.amax(dim, keepdim=True)
+    return shifted - torch.log(dev.sum(torch.exp(shifted), [dim], keepdim=True))
+
+
+def _softmax(dev: Device, x: torch.Tensor, dim: int, half_to_float: bool) -> torch.Tensor:
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / dev.sum(e, [dim], keepdim=True)
+
+
+def _log_softmax_backward(dev: Device, grad: torch.Tensor, out: torch.Tensor, dim: int, input_dtype: Any) -> torch.Tensor:
+    return grad - torch.exp(out) * dev.sum(grad, [dim], keepdim=True)
+
+
+def _softmax_backward(dev: Device, grad: torch.Tensor, out: torch.Tensor, dim: int, input_dtype: Any) -> torch.Tensor:
+    return out * (grad - dev.sum(grad * out, [dim], keepdim=True))
+
+
+def _nll_loss_forward(dev: Device, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None,
+                      reduction: int, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() != 2:
+        raise DeviceOpError(f"{dev.name}: nll_loss is emulated for (N, C) inputs only, got shape {tuple(x.shape)}")
+    valid = target != ignore_index
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    w = (weight[safe] if weight is not None else torch.ones_like(x[:, 0])) * valid.to(x.dtype)
+    terms = -x.gather(1, safe.unsqueeze(1)).squeeze(1) * w
+    if reduction == 0:  # none
+        return terms, torch.zeros((), dtype=x.dtype)
+    total = dev.sum(w.unsqueeze(0), [1])[0]
+    loss = dev.sum(terms.unsqueeze(0), [1])[0]
+    return (loss / total if reduction == 1 else loss), total
+
+
+def _check_conv(dev: Device, x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> None:
+    if transposed or groups != 1 or x.dim() != 4:
+        raise DeviceOpError(
+            f"{dev.name}: convolution is emulated for 2-d, non-transposed, groups=1 only "
+            f"(got input {tuple(x.shape)}, transposed={transposed}, groups={groups}); use device cpu")
+
+
+def _convolution(dev: Device, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Any,
+                 padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int) -> torch.Tensor:
+    _check_conv(dev, x, weight, transposed, groups)
+    n, _, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
+    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    wmat = weight.reshape(1, o, -1).expand(n, o, weight[0].numel())
+    out = dev.bmm(wmat, cols).reshape(n, o, oh, ow)  # (N, O, L) -> (N, O, OH, OW)
+    return out + bias.reshape(1, o, 1, 1) if bias is not None else out
+
+
+def _convolution_backward(dev: Device, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
+                          stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
+                          groups: int, output_mask: Any) -> tuple:
+    _check_conv(dev, x, weight, transposed, groups)
+    n, c, h, w = x.shape
+    o, _, kh, kw = weight.shape
+    g = grad.reshape(n, o, -1)  # (N, O, L)
+    gi = gw = gb = None
+    if output_mask[0]:
+        wt = weight.reshape(o, -1).T.unsqueeze(0).expand(n, c * kh * kw, o)
+        dcols = dev.bmm(wt.contiguous(), g)  # (N, C*kh*kw, L)
+        gi = F.fold(dcols, (h, w), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    if output_mask[1]:
+        cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, CK, L)
+        g2 = g.permute(1, 0, 2).reshape(o, -1)  # (O, N*L)
+        c2 = cols.permute(0, 2, 1).reshape(-1, c * kh * kw)  # (N*L, CK)
+        gw = dev.mm(g2, c2).reshape(weight.shape)
+    if output_mask[2]:
+        gb = dev.sum(grad, [0, 2, 3])
+    return gi, gw, gb
+
+
+_EMULATED: dict[Any, Callable[..., Any]] = {
+    aten.mm.default: _mm,
+    aten.bmm.default: _bmm,
+    aten.addmm.default: _addmm,
+    aten.sum.default: _sum,
+    aten.sum.dim_IntList: _sum,
+    aten.mean.default: _mean,
+    aten.mean.dim: _mean,
+    aten._log_softmax.default: _log_softmax,
+    aten._softmax.default: _softmax,
+    aten._log_softmax_backward_data.default: _log_softmax_backward,
+    aten._softmax_backward_data.default: _softmax_backward,
+    aten.nll_loss_forward.default: _nll_loss_forward,
+    aten.convolution.default: _convolution,
+    aten.convolution_backward.default: _convolution_backward,
+}
+
+
+def _profiles() -> list[Device]:
+    devices = [Device("cpu", "torch native CPU kernels (MKL/oneDNN), this process's thread count")]
+    if torch.cuda.is_available():
+        devices.append(Device("cuda", f"torch native CUDA kernels on {torch.cuda.get_device_name(0)}",
+                              torch_device="cuda"))
+    devices += [
+        Device("emu:splitk8-tree", "split-K matmul (chunks of 8, one bmm) + pairwise tree; sums by halving tree",
+               emulated=True, matmul_order=_mm_splitk8_tree, rowsum_order=_sum_tree),
+        Device("emu:splitk16-revseq", "split-K matmul (chunks of 16) accumulated last to first; sums reversed "
+               "sequential", emulated=True, matmul_order=_mm_splitk16_revseq, rowsum_order=_sum_revseq),
+        Device("emu:lanes8-butterfly", "8 interleaved K-lanes (k mod 8) + xor butterfly, for matmuls and sums",
+               emulated=True, matmul_order=_mm_lanes8_butterfly, rowsum_order=_sum_lanes8_butterfly),
+    ]
+    return devices
+
+
+def list_devices() -> list[Device]:
+    """Every device profile available in this process (cuda only when torch sees a GPU)."""
+    return _profiles()
+
+
+def get_device(name: str) -> Device:
+    """The profile called `name`; an unknown name raises UnknownDeviceError listing the valid ones."""
+    for dev in _profiles():
+        if dev.name == name:
+            return dev
+    valid = ", ".join(d.name for d in _profiles())
+    raise UnknownDeviceError(f"unknown device {name!r}; valid devices: {valid} (see `vtrain devices`)")

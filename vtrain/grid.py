@@ -1,0 +1,193 @@
+"""The target grid: FP32-shaped numbers that keep `bits - 9` mantissa bits (DESIGN.md §1.1).
+
+A grid with `bits` total bits has FP32's 8-bit exponent and m = bits - 9 explicit mantissa bits, so
+bits = 32 is plain FP32. Training values live in the work dtype (float64, or float32 for the scale
+model) but exactly on this grid.
+
+Conventions (tested against an exact `fractions.Fraction` reference in tests/numerics/):
+- Rounding is round-to-nearest, ties-to-even on the m-bit grid, straight from the input value (never via
+  FP32 first: that double rounding is wrong on a few percent of values at m < 23).
+- Below the normal range (|x| < 2^-126) the grid is uniform with spacing 2^(-126-m), the spacing of the
+  lowest normal binade (gradual underflow with m bits). At bits = 32 this is exactly the FP32 subnormal
+  grid (2^-149).
+- The largest grid value is (2 - 2^-m) * 2^127. A value that rounds beyond it (or NaN, or inf) raises
+  `GridOverflowError`: training that overflows has diverged, and we never hand back an infinity.
+- `rev(x, up)` is the neighbouring grid value toward +inf (up=True) or toward -inf (up=False). The
+  rounding log uses the same convention: a direction bit "up" means the value was rounded to the upper
+  neighbour of the boundary (the one toward +inf).
+
+Everything is vectorised integer bit arithmetic on int64/int32 views; no loops over ulps.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vtrain.errors import VtrainError
+
+MIN_BITS = 10
+MAX_BITS = 32
+_MIN_NORMAL = 2.0**-126
+
+
+class GridError(VtrainError):
+    """A grid operation got an argument it cannot handle (bits out of range, unsupported dtype)."""
+
+
+class GridOverflowError(GridError):
+    """A value is NaN or infinite, or rounds beyond the largest grid value (the run diverged)."""
+
+
+def check_bits(bits: int) -> int:
+    """Return `bits - 9` (the mantissa width) after checking 10 <= bits <= 32."""
+    if not isinstance(bits, int) or not MIN_BITS <= bits <= MAX_BITS:
+        raise GridError(f"bits must be an integer in {MIN_BITS}..{MAX_BITS}, got {bits!r}")
+    return bits - 9
+
+
+def grid_max(bits: int) -> float:
+    """The largest finite grid value, (2 - 2^-m) * 2^127."""
+    m = check_bits(bits)
+    return (2.0 - 2.0**-m) * 2.0**127
+
+
+def subnormal_spacing(bits: int) -> float:
+    """Spacing of the grid below 2^-126 (and in the lowest normal binade): 2^(-126-m)."""
+    return 2.0 ** (-126 - check_bits(bits))
+
+
+def _overflow_threshold(m: int) -> float:
+    # Midpoint between the largest grid value and 2^128: RNE sends it (odd last bit) and anything above
+    # to infinity, so |x| >= this overflows.
+    return (2.0 - 2.0 ** -(m + 1)) * 2.0**127
+
+
+def _int_view(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(integer view, explicit mantissa width of the dtype, sign-free exponent mask)."""
+    if x.dtype == torch.float64:
+        return x.view(torch.int64), 52, 0x7FF0000000000000
+    if x.dtype == torch.float32:
+        return x.view(torch.int32), 23, 0x7F800000
+    raise GridError(f"the grid works on float64 or float32 tensors, got {x.dtype}")
+
+
+def check_finite_range(x: torch.Tensor, bits: int) -> None:
+    """Raise GridOverflowError unless every element is finite and rounds to a finite grid value."""
+    if x.numel() == 0:
+        return
+    lo, hi = torch.aminmax(x)
+    thr = _overflow_threshold(check_bits(bits))
+    # NaN fails both comparisons, so it is caught here too.
+    if not (bool(lo > -thr) and bool(hi < thr)):
+        bad = x[~((x > -thr) & (x < thr))].reshape(-1)[:1].item()
+        raise GridOverflowError(
+            f"value {bad!r} is NaN, infinite or beyond the largest grid value {grid_max(bits)!r} "
+            f"(bits={bits}): the computation diverged"
+        )
+
+
+def round_unchecked(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """RNE onto the grid without the overflow/NaN check (callers check the range once themselves)."""
+    m = check_bits(bits)
+    ints, mant, _ = _int_view(x)
+    s = mant - m
+    if s == 0:  # float32 at bits = 32: every finite float32 is on the grid
+        return x.clone()
+    if x.dtype == torch.float64 and bits == 32:
+        # The hardware cast is RNE straight from the float64 value, FP32 subnormals included.
+        return x.to(torch.float32).to(torch.float64)
+    # Round half to even on the magnitude bits: add (half - 1) plus the lowest kept bit, then clear the
+    # dropped bits. Sign-magnitude makes this right for negative values; a carry into the exponent
+    # correctly produces the next binade.
+    r = (ints >> s) & 1
+    r += (1 << (s - 1)) - 1
+    r += ints
+    r &= ~((1 << s) - 1)
+    out = r.view(x.dtype)
+    if x.dtype == torch.float64:
+        # Below 2^-126 the grid spacing is fixed at 2^(-126-m), but float64 is still normal there, so
+        # the bit trick would round at the wrong place: round those values on a scaled copy (exact,
+        # since scaling by a power of two is exact and torch.round is half-to-even).
+        # 0 < |x| < 2^-126, written so that the (common) exact zeros do not trigger the slow path.
+        half = _MIN_NORMAL / 2
+        tiny = x.abs().sub_(half).abs_() < half
+        if bool(tiny.any()):
+            q = 2.0 ** (-126 - m)
+            out = torch.where(tiny, torch.round(x * (1.0 / q)) * q, out)
+    # For float32 the FP32 subnormals are integers times 2^-149, so the same bit trick already rounds
+    # them at 2^(-126-m).
+    return out
+
+
+def round_to_grid(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round `x` (float64 or float32) to nearest-even on the `bits`-bit grid; same dtype out.
+
+    Raises GridOverflowError for NaN, inf, or values that round beyond the largest grid value.
+    """
+    check_bits(bits)
+    _int_view(x)
+    check_finite_range(x, bits)
+    return round_unchecked(x, bits)
+
+
+def grid_ulp(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Spacing of the grid at x: 2^(e-m) for 2^e <= |x| < 2^(e+1), and 2^(-126-m) below 2^-126.
+
+    This is the spacing above |x| (toward larger magnitude); at an exact power of two the spacing toward
+    zero is half of it.
+    """
+    m = check_bits(bits)
+    ints, _, exp_mask = _int_view(x)
+    pow2 = (ints & exp_mask).view(x.dtype)  # 2^e for normal values, 0 for zero and subnormals
+    return pow2.clamp_min(_MIN_NORMAL) * 2.0**-m
+
+
+def spacing_below(r: torch.Tensor, bits: int) -> torch.Tensor:
+    """For grid values r: the distance from |r| to the next grid value toward zero (r = 0: 2^(-126-m))."""
+    m = check_bits(bits)
+    # |r| * (1 - 2^-(m+1)) stays in r's binade unless |r| is a power of two, where it drops just below:
+    # exactly the binade whose spacing is the one below r.
+    return grid_ulp(r * (1.0 - 2.0 ** -(m + 1)), bits)
+
+
+def neighbours(r: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lower, upper) grid neighbours of grid values r; beyond the largest grid value gives +-inf."""
+    m = check_bits(bits)
+    ints, mant, _ = _int_view(r)
+    step = 1 << (mant - m)
+    negative = ints < 0
+    # In the integer view of a normal value, +-step moves the magnitude to the next grid value, carrying
+    # or borrowing across binades correctly (the binade below a power of two has half the spacing).
+    mag_up = (ints + step).view(r.dtype)
+    mag_down = (ints - step).view(r.dtype)
+    upper = torch.where(negative, mag_down, mag_up)
+    lower = torch.where(negative, mag_up, mag_down)
+    if r.dtype == torch.float64:
+        # At and below 2^-126 the grid is uniform with spacing q, which float64 represents exactly.
+        q = 2.0 ** (-126 - m)
+        small = r.abs() <= _MIN_NORMAL
+        upper = torch.where(small, r + q, upper)
+        lower = torch.where(small, r - q, lower)
+    else:
+        # FP32 bits of +-0: moving "down" in magnitude from zero is meaningless, so handle zero apart.
+        q = 2.0 ** (-126 - m)
+        zero = r == 0
+        upper = torch.where(zero, torch.full_like(r, q), upper)
+        lower = torch.where(zero, torch.full_like(r, -q), lower)
+    limit = grid_max(bits)
+    inf = torch.full_like(r, float("inf"))
+    upper = torch.where(upper > limit, inf, upper)
+    lower = torch.where(lower < -limit, -inf, lower)
+    return lower, upper
+
+
+def rev(x: torch.Tensor, up: torch.Tensor, bits: int) -> torch.Tensor:
+    """The neighbouring grid value of grid values x: toward +inf where `up`, toward -inf elsewhere.
+
+    Raises GridOverflowError when a step would leave the grid (beyond the largest grid value).
+    """
+    lower, upper = neighbours(x, bits)
+    out = torch.where(torch.as_tensor(up, dtype=torch.bool, device=x.device), upper, lower)
+    if out.numel() and not bool(torch.isfinite(out).all()):
+        raise GridOverflowError(f"rev steps beyond the largest grid value {grid_max(bits)!r} (bits={bits})")
+    return out

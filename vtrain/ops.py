@@ -1,0 +1,196 @@
+"""The op registry: every aten op the rounded training may meet, in one of three classes (DESIGN.md §1.2).
+
+1. EXACT: exact on grid inputs (views, copies, relu, neg, max, where, fills, comparisons, ...): the output
+   is a grid value (or not floating at all), so nothing is done.
+2. IEEE: a single correctly rounded IEEE operation per element (+, -, *, /, sqrt, dtype casts): every
+   IEEE device gives the same bits, so the output is rounded to the grid and never logged.
+   Fused elementwise ops (add/sub with alpha != 1, addcmul, addcdiv, lerp) are several roundings, which
+   kernels order differently (FMA contraction, lerp's branch at weight 0.5). We *decompose* them into a
+   fixed sequence of IEEE primitives in the work dtype, written out in `_DECOMPOSED`; each primitive is
+   correctly rounded, so the sequence gives the same bits on every device, and only the final result is
+   rounded to the grid. No log, no bound, and cheaper than a device op.
+3. DEVICE: device-dependent (matmuls, convolutions, reductions, softmax family, NLL loss, pooling sums,
+   transcendental functions): computed by the Device, rounded, and logged with an error bound from
+   vtrain.bounds.
+
+An op in no class raises UnsupportedOpError naming it: nothing passes through silently. In-place class 3
+ops are computed out of place (through their functional overload) so that the error bound sees the
+original inputs, then copied into `self`.
+
+torch.optim optimizers must be built with foreach=False and fused=False: the multi-tensor kernels are not
+in the registry on purpose (they would be one opaque site for many parameters).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from vtrain.bounds import BOUNDS, Bound
+from vtrain.errors import VtrainError
+
+aten = torch.ops.aten
+
+
+class UnsupportedOpError(VtrainError):
+    """An aten op that is in no registry class: rounded training refuses to guess."""
+
+    def __init__(self, op: str):
+        self.op = op
+        super().__init__(
+            f"unsupported op {op} under rounded execution: it is in no class of vtrain.ops (exact, IEEE, "
+            "device-dependent). Add it to the registry with its error bound, or avoid it in the model "
+            "(optimizers need foreach=False, fused=False)"
+        )
+
+
+class OpClass(enum.IntEnum):
+    EXACT = 1
+    IEEE = 2
+    DEVICE = 3
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How the rounded execution treats one aten overload."""
+
+    name: str
+    cls: OpClass
+    inplace: bool = False  # writes its result into args[0]
+    functional: Any = None  # class 3 in-place ops: the out-of-place overload actually computed
+    bound: Bound | None = None  # class 3: the error bound of vtrain.bounds
+    decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
+
+
+def _names(*ops: Any) -> list[Any]:
+    return list(ops)
+
+
+_EXACT = _names(
+    # views and layout
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten._reshape_alias.default,
+    aten.t.default, aten.transpose.int, aten.permute.default, aten.expand.default, aten.alias.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default, aten.select.int,
+    aten.slice.Tensor, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int,
+    aten.as_strided.default, aten.detach.default, aten.detach_.default, aten.lift_fresh.default,
+    aten.lift_fresh_copy.default, aten.clone.default, aten.contiguous.default, aten._local_scalar_dense.default,
+    aten.unfold.default, aten.flip.default, aten.roll.default,
+    # gathers and joins of existing values
+    aten.index_select.default, aten.gather.default, aten.index.Tensor, aten.cat.default, aten.stack.default,
+    aten.embedding.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.scatter.value,
+    aten.scatter.src, aten.scatter_.value, aten.scatter_.src, aten.index_put_.default, aten.index_put.default,
+    aten.constant_pad_nd.default, aten.sort.default, aten.topk.default,
+    # creation and fills with grid constants (zero, one, a grid scalar)
+    aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.zeros.default,
+    aten.ones.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
+    aten.new_empty.default, aten.zero_.default, aten.scalar_tensor.default, aten.arange.default,
+    aten.arange.start, aten.arange.start_step,
+    # exact elementwise functions and selections
+    aten.relu.default, aten.relu_.default, aten.threshold_backward.default, aten.neg.default, aten.neg_.default,
+    aten.abs.default, aten.sign.default, aten.where.self, aten.maximum.default, aten.minimum.default,
+    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.floor.default, aten.ceil.default,
+    aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.argmax.default,
+    aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,
+    aten.amin.default,
+    # comparisons and boolean logic (no floating output)
+    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
+    aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
+    aten.logical_not.default, aten.logical_and.default, aten.logical_or.default, aten.isnan.default,
+    aten.isinf.default, aten.isfinite.default, aten.any.default, aten.all.default, aten.nonzero.default,
+    aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_not.default,
+    # bookkeeping
+    torch.ops.profiler._record_function_enter_new.default, torch.ops.profiler._record_function_exit._RecordFunction,
+)
+
+_IEEE = _names(
+    aten.mul.Tensor, aten.mul_.Tensor, aten.mul.Scalar, aten.mul_.Scalar,
+    aten.div.Tensor, aten.div_.Tensor, aten.div.Scalar, aten.div_.Scalar,
+    aten.sqrt.default, aten.sqrt_.default, aten.reciprocal.default, aten.reciprocal_.default,
+    aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.full.default,
+    aten.full_like.default, aten.new_full.default,
+    # dropout: the mask is 0/1 and the kept values are scaled by one multiplication
+    aten.native_dropout.default, aten.native_dropout_backward.default,
+)
+
+# Fused ops as fixed sequences of IEEE primitives (each torch op below is one correctly rounded
+# operation per element; separate eager kernels are never contracted into an FMA).
+def _add(x: Any, other: Any, *, alpha: Any = 1) -> torch.Tensor:
+    return torch.add(x, other) if alpha == 1 else torch.add(x, torch.mul(other, alpha))
+
+
+def _sub(x: Any, other: Any, *, alpha: Any = 1) -> torch.Tensor:
+    return torch.sub(x, other) if alpha == 1 else torch.sub(x, torch.mul(other, alpha))
+
+
+def _rsub(x: Any, other: Any, *, alpha: Any = 1) -> torch.Tensor:
+    return torch.sub(other, x) if alpha == 1 else torch.sub(other, torch.mul(x, alpha))
+
+
+def _addcmul(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+    prod = torch.mul(t1, t2)
+    return torch.add(x, prod if value == 1 else torch.mul(prod, value))
+
+
+def _addcdiv(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+    quot = torch.div(t1, t2)
+    return torch.add(x, quot if value == 1 else torch.mul(quot, value))
+
+
+def _lerp(x: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
+    return torch.add(x, torch.mul(torch.sub(end, x), weight))  # one formula for every weight
+
+
+_DECOMPOSED = {
+    aten.add.Tensor: (_add, False), aten.add_.Tensor: (_add, True),
+    aten.add.Scalar: (_add, False), aten.add_.Scalar: (_add, True),
+    aten.sub.Tensor: (_sub, False), aten.sub_.Tensor: (_sub, True),
+    aten.sub.Scalar: (_sub, False), aten.sub_.Scalar: (_sub, True),
+    aten.rsub.Scalar: (_rsub, False), aten.rsub.Tensor: (_rsub, False),
+    aten.addcmul.default: (_addcmul, False), aten.addcmul_.default: (_addcmul, True),
+    aten.addcdiv.default: (_addcdiv, False), aten.addcdiv_.default: (_addcdiv, True),
+    aten.lerp.Scalar: (_lerp, False), aten.lerp_.Scalar: (_lerp, True),
+    aten.lerp.Tensor: (_lerp, False), aten.lerp_.Tensor: (_lerp, True),
+}
+
+_DEVICE_INPLACE = {
+    aten.exp_.default: aten.exp.default, aten.log_.default: aten.log.default,
+    aten.tanh_.default: aten.tanh.default, aten.sigmoid_.default: aten.sigmoid.default,
+    aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.rsqrt_.default: aten.rsqrt.default,
+}
+
+
+def _build() -> dict[Any, OpSpec]:
+    table: dict[Any, OpSpec] = {}
+    for op in _EXACT:
+        table[op] = OpSpec(str(op), OpClass.EXACT)
+    for op in _IEEE:
+        table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_") or op is aten.copy_.default)
+    for op, bound in BOUNDS.items():
+        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound)
+    for op, functional in _DEVICE_INPLACE.items():
+        table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional])
+    for op, (fn, inplace) in _DECOMPOSED.items():
+        table[op] = OpSpec(str(op), OpClass.IEEE, inplace=inplace, decomposed=fn)
+    return table
+
+
+_TABLE = _build()
+_POW_SQUARE = OpSpec(str(aten.pow.Tensor_Scalar), OpClass.IEEE)
+
+
+def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:
+    """The registry entry for this call of `func`; UnsupportedOpError when there is none."""
+    spec = _TABLE.get(func)
+    if spec is None:
+        raise UnsupportedOpError(str(func))
+    if func is aten.pow.Tensor_Scalar and args[1] in (1, 2):  # x*x: one rounding
+        return _POW_SQUARE
+    return spec
+
+
+def registry() -> dict[str, OpClass]:
+    """Op name -> class, for documentation and `vtrain` introspection."""
+    return dict(sorted((spec.name, spec.cls) for spec in _TABLE.values()))

@@ -1,0 +1,319 @@
+"""Rounded execution: a TorchDispatchMode that puts every floating op output on the grid (DESIGN.md §1.2-1.3).
+
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record", step=t) as rx:
+        loss = loss_fn(model(x), y); loss.backward(); optimizer.step()
+    rx.log, rx.stats
+
+Forward, backward and optimizer ops all pass through the mode. Each aten op is classified by vtrain.ops:
+exact ops run as they are; single IEEE ops run natively and are rounded; device-dependent ops are computed
+by the Device, rounded, and (mode "record") logged, or (mode "replay") forced to the trainer's log.
+
+Which values are logged (record mode). For a device-dependent output v with grid rounding r, let b be the
+rounding boundary (midpoint of two grid neighbours) nearest to v, and w a band half-width:
+- policy "bound": w = 2E, E the a-priori error bound of vtrain.bounds (two honest devices are each within
+  E of the exact value, so within 2E of each other). v is logged when dist(v, b) < w. If w >= 1/8 of the
+  grid spacing the entry is a value entry (the trainer's grid value itself: with a band that wide the
+  auditor cannot be sure which boundary a direction refers to); otherwise a direction entry.
+- policy "tau" (the paper's): v is logged when |v - r| > tau * spacing, i.e. within (0.5 - tau) spacings
+  of b, the spacing taken with the true binary exponent; direction entries only.
+
+Replay: for a direction entry the auditor finds the boundary nearest to its own value v' and takes the
+grid neighbour on the logged side; for a value entry it takes the logged value. An entry is legitimate
+when the value it imposes is the rounding of some value within the band of the auditor's own v':
+round(v' - w') <= claimed <= round(v' + w'), with the auditor's own band w' (2E' for "bound",
+(0.5 - tau) spacings for "tau"). For an honest trainer that always holds, since its value was within 2E
+of the auditor's. Otherwise the trainer steered a value no honest device could have produced:
+IllegitimateLogEntryError. Entries that agree with the auditor's own rounding are never illegitimate;
+the ones that change it are counted as corrections.
+
+Bands carry a relative slack of 2^-10 (see vtrain.bounds for how E itself is inflated).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vtrain.devices import Device
+from vtrain.errors import VtrainError
+from vtrain.grid import GridOverflowError, check_bits, check_finite_range, neighbours, round_to_grid, round_unchecked, spacing_below
+from vtrain.ops import OpClass, OpSpec, classify
+from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
+
+MODES = ("record", "replay", "plain")
+BAND_SLACK = 1 + 2.0**-10
+VALUE_FRACTION = 1 / 8  # a band this wide (in grid spacings) makes an entry a value entry
+
+
+class NonFiniteError(VtrainError):
+    """NaN, inf or grid overflow in an op output: the run diverged."""
+
+    def __init__(self, step: int, site: int, op: str, detail: str = ""):
+        self.step, self.site, self.op = step, site, op
+        super().__init__(f"step {step}: op #{site} ({op}) produced a non-finite or overflowing value: the run "
+                         f"diverged{': ' + detail if detail else ''}. Lower the learning rate or check the data")
+
+
+class TraceMismatchError(VtrainError):
+    """The auditor's op trace differs from the one the trainer's log was recorded on."""
+
+    def __init__(self, step: int, site: int, expected: str, got: str):
+        self.step, self.site, self.expected, self.got = step, site, expected, got
+        super().__init__(f"step {step}, op site {site}: the rounding log expects {expected} but the replay computed "
+                         f"{got}; the log belongs to a different model, spec or step")
+
+
+class IllegitimateLogEntryError(VtrainError):
+    """A log entry imposes a value that no honest device could have produced (outside the band)."""
+
+    def __init__(self, step: int, site: int, op: str, index: int):
+        self.step, self.site, self.op, self.index = step, site, op, index
+        super().__init__(f"step {step}, op site {site} ({op}), element {index}: illegitimate rounding-log entry "
+                         "(the auditor's value is outside the band in which the trainer could have been: the "
+                         "trainer steered an unambiguous value)")
+
+
+def _describe(op: str, shape: tuple[int, ...]) -> str:
+    return f"{op} {list(shape)}"
+
+
+class RoundedExecution(TorchDispatchMode):
+    """Round every floating op output to the `bits`-bit grid; record or replay the rounding log."""
+
+    def __init__(self, *, bits: int, device: Device, policy: str = "bound", tau: float = 0.25,
+                 mode: str = "record", replay_log: StepLog | None = None, step: int = 0,
+                 measure_storage: bool = True):
+        super().__init__()
+        check_bits(bits)
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "replay" and replay_log is None:
+            raise ValueError("mode 'replay' needs replay_log")
+        if not 0 <= tau < 0.5:
+            raise ValueError(f"tau must be in [0, 0.5), got {tau}")
+        self.bits, self.device, self.policy, self.tau, self.mode, self.step = bits, device, policy, tau, mode, step
+        self.replay_log = replay_log
+        self.measure_storage = measure_storage  # stats with log_bytes / dense_bytes / dense_zip_bytes
+        self._sites: list[SiteLog] = []
+        self._offsets: list[int] = []  # where each logged site starts in the step's stream of rounded values
+        self._counts = {"rounded": 0, "logged": 0, "logged_values": 0, "corrections": 0, "sites": 0, "ops": 0}
+        self._seconds = 0.0
+        self._t0 = 0.0
+        self._derived: dict[str, int] | None = None
+
+    # -- context ------------------------------------------------------------------------------------
+
+    def __enter__(self) -> RoundedExecution:
+        self._t0 = time.perf_counter()
+        super().__enter__()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        super().__exit__(exc_type, exc, tb)
+        self._seconds += time.perf_counter() - self._t0
+        if exc_type is None and self.mode == "replay" and self._counts["sites"] != len(self.replay_log.sites):
+            nxt = self.replay_log.sites[self._counts["sites"]]
+            raise TraceMismatchError(self.step, nxt.site, _describe(nxt.op, nxt.shape), "the end of the step")
+
+    @property
+    def log(self) -> StepLog:
+        if self.mode == "replay":
+            return self.replay_log
+        return StepLog(self._sites if self.mode == "record" else [], self.policy, self.bits)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self._counts)
+        out["seconds"] = self._seconds
+        if self._derived is None and self.measure_storage:
+            log = self.log
+            dense, dense_zip = dense_ternary_size(self._counts["rounded"], self._offsets, log)
+            self._derived = {"log_bytes": len(log.to_bytes()) if self.mode != "plain" else 0,
+                             "dense_bytes": dense, "dense_zip_bytes": dense_zip}
+        out.update(self._derived or {})
+        out["policy"], out["mode"], out["bits"], out["device"] = self.policy, self.mode, self.bits, self.device.name
+        return out
+
+    # -- dispatch -----------------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        spec = classify(func, args, kwargs)
+        if spec.cls is OpClass.EXACT:
+            return func(*args, **kwargs)
+        self._counts["ops"] += 1
+        if spec.cls is OpClass.IEEE:
+            if spec.decomposed is not None:
+                out = spec.decomposed(*args, **kwargs)
+                if spec.inplace:
+                    args[0].copy_(self._round(out, spec))
+                    return args[0]
+                return self._round(out, spec)
+            out = func(*args, **kwargs)
+            if spec.inplace:
+                self._round_into(args[0], spec)
+                return out
+            return _map_floats(out, lambda t: self._round(t, spec))
+        return self._device_op(func, spec, args, kwargs)
+
+    def _trivial(self, t: torch.Tensor) -> bool:
+        # float32 work at bits = 32: every float32 is a grid value and no rounding can differ.
+        return t.dtype == torch.float32 and self.bits == 32
+
+    def _round(self, t: torch.Tensor, spec: OpSpec) -> torch.Tensor:
+        if self._trivial(t):
+            if t.numel():
+                self._check_finite(t, spec)
+            return t
+        self._counts["rounded"] += t.numel()
+        try:
+            return round_to_grid(t, self.bits)
+        except GridOverflowError as exc:
+            raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
+
+    def _check_finite(self, t: torch.Tensor, spec: OpSpec) -> None:
+        try:
+            check_finite_range(t, self.bits)
+        except GridOverflowError as exc:
+            raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
+
+    def _round_into(self, t: torch.Tensor, spec: OpSpec) -> None:
+        if t.is_floating_point():
+            r = self._round(t, spec)
+            if r is not t:
+                t.copy_(r)
+
+    def _device_op(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict) -> Any:
+        out = self.device.execute(spec.functional or func, args, kwargs)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        bounds: list[torch.Tensor | None] | None = None
+        for i, v in enumerate(floats):
+            if v is None:
+                continue
+            site = self._counts["sites"]
+            self._counts["sites"] += 1
+            offset = self._counts["rounded"]
+            r = self._round(v, spec)
+            if self.mode == "plain" or self._trivial(v):
+                outs[i] = r
+                continue
+            shape = tuple(v.shape)
+            if self.mode == "record":
+                if self.policy == "bound" and bounds is None:
+                    bounds = spec.bound(args, kwargs, floats)
+                band = self._band(r, None if bounds is None else bounds[i])
+                entry = self._find_entries(site, spec.name, shape, v, r, band)
+                self._sites.append(entry)
+                self._offsets.append(offset)
+                self._counts["logged"] += entry.num_entries
+                self._counts["logged_values"] += int(entry.val_pos.size)
+            else:
+                entry = self._expect_site(site, spec.name, shape)
+                self._offsets.append(offset)
+                if entry.num_entries:
+                    if self.policy == "bound" and bounds is None:
+                        bounds = spec.bound(args, kwargs, floats)
+                    r = self._apply_entries(entry, spec.name, v, r, None if bounds is None else bounds[i])
+            outs[i] = r
+        if spec.inplace:
+            args[0].copy_(outs[0])
+            return args[0]
+        return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    # -- record -------------------------------------------------------------------------------------
+
+    def _band(self, r: torch.Tensor, bound: torch.Tensor | None) -> torch.Tensor:
+        """Half-width w of the band around boundaries, elementwise (flat)."""
+        if self.policy == "bound":
+            if bound is None:  # an output without an error bound (an exact count): nothing is ambiguous
+                return torch.zeros(r.numel(), dtype=r.dtype, device=r.device)
+            return (bound.expand(r.shape) * (2 * BAND_SLACK)).reshape(-1)
+        return spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
+
+    def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
+                      band: torch.Tensor) -> SiteLog:
+        vf, rf = v.reshape(-1), r.reshape(-1)
+        half = spacing_below(rf, self.bits) * 0.5
+        # The nearest boundary is at least half a (lower) spacing minus |v - r| away: a cheap filter that
+        # never drops a value within the band, then the exact test on the few candidates.
+        cand = ((vf - rf).abs_() + band > half).nonzero().squeeze(1)
+        if cand.numel() == 0:
+            return SiteLog(site, op, shape)
+        vv, rr, ww = vf[cand], rf[cand], band[cand]
+        lower, upper = neighbours(rr, self.bits)
+        d_lo = vv - (rr + lower) * 0.5
+        d_hi = (rr + upper) * 0.5 - vv
+        near_lo = d_lo <= d_hi
+        logged = torch.minimum(d_lo, d_hi) < ww
+        if self.policy == "bound":
+            spacing = torch.minimum(rr - lower, upper - rr)
+            as_value = logged & (ww >= spacing * VALUE_FRACTION)
+        else:
+            as_value = torch.zeros_like(logged)
+        as_dir = logged & ~as_value
+        return SiteLog(site, op, shape,
+                       cand[as_dir].cpu().numpy(), near_lo[as_dir].cpu().numpy(),
+                       cand[as_value].cpu().numpy(), rr[as_value].to(torch.float32).cpu().numpy())
+
+    # -- replay -------------------------------------------------------------------------------------
+
+    def _expect_site(self, site: int, op: str, shape: tuple[int, ...]) -> SiteLog:
+        sites = self.replay_log.sites
+        if site >= len(sites):
+            raise TraceMismatchError(self.step, site, "the end of the step", _describe(op, shape))
+        entry = sites[site]
+        if entry.op != op or tuple(entry.shape) != shape:
+            raise TraceMismatchError(self.step, site, _describe(entry.op, entry.shape), _describe(op, shape))
+        return entry
+
+    def _apply_entries(self, entry: SiteLog, op: str, v: torch.Tensor, r: torch.Tensor,
+                       bound: torch.Tensor | None) -> torch.Tensor:
+        r = r.contiguous()
+        vf, rf = v.reshape(-1), r.view(-1)
+        dev = r.device
+        claims, positions = [], []
+        if entry.dir_pos.size:
+            pos = torch.from_numpy(entry.dir_pos).to(dev)
+            vv, rr = vf[pos], rf[pos]
+            lower, upper = neighbours(rr, self.bits)
+            near_lo = vv - (rr + lower) * 0.5 <= (rr + upper) * 0.5 - vv
+            lo = torch.where(near_lo, lower, rr)
+            hi = torch.where(near_lo, rr, upper)
+            claims.append(torch.where(torch.from_numpy(entry.dir_up).to(dev), hi, lo))
+            positions.append(pos)
+        if entry.val_pos.size:
+            claims.append(torch.from_numpy(entry.val).to(device=dev, dtype=r.dtype))
+            positions.append(torch.from_numpy(entry.val_pos).to(dev))
+        pos = torch.cat(positions)
+        claim = torch.cat(claims)
+        vv = vf[pos]
+        if self.policy == "bound":
+            w = torch.zeros_like(vv) if bound is None else bound.expand(v.shape).reshape(-1)[pos] * (2 * BAND_SLACK)
+        else:
+            w = spacing_below(rf[pos], self.bits) * (0.5 - self.tau) * BAND_SLACK
+        ok = (round_unchecked(vv - w, self.bits) <= claim) & (claim <= round_unchecked(vv + w, self.bits))
+        ok &= round_unchecked(claim, self.bits) == claim  # a value entry must itself be a grid value
+        if not bool(ok.all()):
+            first = int((~ok).nonzero()[0, 0])
+            raise IllegitimateLogEntryError(self.step, entry.site, op, int(pos[first]))
+        self._counts["corrections"] += int((claim != rf[pos]).sum())
+        self._counts["logged"] += entry.num_entries
+        self._counts["logged_values"] += int(entry.val_pos.size)
+        rf[pos] = claim
+        return r
+
+
+def _map_floats(out: Any, fn: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out) if out.is_floating_point() else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_map_floats(o, fn) for o in out)
+    return out
+
+
