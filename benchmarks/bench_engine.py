@@ -7,7 +7,7 @@ once, in turn, so machine load hits all modes alike):
   plain64   native torch FP64, no dispatch mode
   plain32   native torch FP32, no dispatch mode
 Time is the step itself (forward, loss, backward, optimizer step); state hashing and file writes
-are reported separately ("hash+io").
+are reported separately ("hash").
 
 Log bytes per step: bound sparse (ours) vs tau sparse (the paper's threshold, sparse format) vs the
 paper's dense ternary code (5 codes a byte over every rounded value) vs dense + zip; the fraction of
@@ -63,12 +63,12 @@ def bench_example(name: str, steps: int, reps: int, emu: str) -> dict:
     spec32 = dataclasses.replace(spec, dtype="float32")
     trainer = run_steps(spec, "cpu", "record", steps)          # warm-up and the logs to replay
     logs = trainer["logs"]
-    times: dict[str, list[float]] = {k: [] for k in ("trainer", "auditor", "plain64", "plain32", "hash+io")}
+    times: dict[str, list[float]] = {k: [] for k in ("trainer", "auditor", "plain64", "plain32", "hash")}
     for _ in range(reps):
         times["plain64"].append(run_steps(spec, "cpu", "none", steps)["seconds"] / steps)
         tr = run_steps(spec, "cpu", "record", steps)
         times["trainer"].append(tr["seconds"] / steps)
-        times["hash+io"].append(tr["hash_seconds"] / steps)
+        times["hash"].append(tr["hash_seconds"] / steps)
         times["plain32"].append(run_steps(spec32, "cpu", "none", steps)["seconds"] / steps)
         times["auditor"].append(run_steps(spec, "cpu", "replay", steps, logs)["seconds"] / steps)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -108,7 +108,7 @@ def main() -> None:
     emu = args.emu or next(d.name for d in list_devices() if d.name.startswith("emu:"))
     results = [bench_example(name, args.steps, args.reps, emu) for name in args.examples]
     print(f"# torch {torch.__version__}, threads={args.threads}, steps={args.steps}, reps={args.reps}\n")
-    print("| example | plain32 ms | plain64 ms | trainer ms | auditor ms | hash+io ms | trainer/plain64 "
+    print("| example | plain32 ms | plain64 ms | trainer ms | auditor ms | state hash ms | trainer/plain64 "
           "| auditor/plain64 | trainer/plain32 |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:

@@ -18,6 +18,8 @@ import {Clock, LibClock, Side} from "./lib/Clock.sol";
 ///         3. `challenge`: before the window closes, any auditor whose tree ends in a different
 ///            final leaf posts its root, final leaf and the challenger bond. Each challenge is a game.
 ///            The challenger also reveals its leaf at the first midpoint, so the trainer moves first.
+///            (A tree that ends in the trainer's final leaf is not a dispute: the client gets the
+///            same final state either way, and bisection needs a differing leaf at hi to start.)
 ///         4. `move`: the game keeps (lo, hi) with the two trees agreeing at leaf lo (leaf 0 is fixed
 ///            by the job) and differing at hi (initially the final leaves). The side to move answers
 ///            the leaf its opponent revealed at mid = (lo + hi) / 2 with its own leaf at mid and a
@@ -344,7 +346,7 @@ contract VerificationGame {
         gameId = ++gameCount;
         Game storage game = games[gameId];
         game.challenger = msg.sender;
-        game.jobId = uint64(jobId);
+        game.jobId = uint64(jobId); // lossless: ids count transactions, far below 2^64
         game.root = root;
         game.hi = uint48(hi);
         game.size = uint48(hi + 1);
@@ -540,11 +542,13 @@ contract VerificationGame {
 
     function _job(uint256 jobId) internal view returns (Job storage job) {
         job = jobs[jobId];
+        // INVARIANT: every job that exists has a status other than None.
         if (job.status == JobStatus.None) revert JobNotFound(jobId);
     }
 
     function _game(uint256 gameId) internal view returns (Game storage game) {
         game = games[gameId];
+        // INVARIANT: every game that exists has a status other than None.
         if (game.status == GameStatus.None) revert GameNotFound(gameId);
     }
 

@@ -20,22 +20,26 @@ moves and the referee's replay, and the fault step next to the step the game iso
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from eth_account import Account
-from web3 import Web3
 
 from protocol.agents.agent import AuditorAgent, RefereeAgent, TrainerAgent
 from protocol.agents.driver import drive
 from protocol.agents.state import AgentState
-from protocol.chain import GameStatus, VerificationGame, deploy
+from protocol.chain import GameStatus, deploy
 from protocol.roles import Auditor, Client, Referee, SentTx, Trainer, terms_for
 from protocol.roles.network import connect, fund
 from protocol.runsource import RunSource
 from vtrain.errors import VtrainError
+
+if TYPE_CHECKING:  # torch-free at import: the CLI lists commands without loading the engine
+    from vtrain.run import Run
+    from vtrain.spec import Spec
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = REPO_ROOT / "examples" / "logreg.toml"
@@ -90,17 +94,50 @@ class Story:
                 "isolated_step": self.isolated_step}
 
 
-class _Cast:
-    """The demo's accounts and role objects; every transaction is reported to the current story."""
+class _Stage:
+    """The chain, the contract, one funded key per role, the client and the referee's agent.
+
+    Every transaction a role sends is recorded in the current story (for its gas) and the agents'
+    log lines are narrated under their role's name.
+    """
 
     ROLES = ("client", "trainer", "cheater", "auditor", "liar", "referee")
 
-    def __init__(self, w3: Web3, binding: VerificationGame, narrate: Narrate) -> None:
-        self.w3, self.binding, self.narrate = w3, binding, narrate
+    def __init__(self, options: DemoOptions, spec: "Spec", work: Path, narrate: Narrate) -> None:
+        self.options, self.work, self.narrate = options, work, narrate
+        self.w3 = connect(options.rpc)
+        self.chain = "embedded eth-tester chain" if options.rpc is None else options.rpc
+        narrate(f"chain: {self.chain} (chain id {self.w3.eth.chain_id}); spec {options.spec.name}, {spec.steps} steps")
+        deployer = Account.create()
+        fund(self.w3, [deployer.address], 10 * ETHER)
+        self.binding = deploy(self.w3, deployer)
         self.accounts = {name: Account.create() for name in self.ROLES}
+        fund(self.w3, [a.address for a in self.accounts.values()], 100 * ETHER)
+        narrate(f"VerificationGame deployed at {self.binding.address}; roles: "
+                + ", ".join(f"{k} {a.address[:10]}…" for k, a in self.accounts.items()))
         self.story: Story | None = None
+        self.client = self.role(Client, "client")
+        self.terms = terms_for(spec, referee=self.accounts["referee"].address, challenge_window=options.challenge_window,
+                               clock_per_side=options.clock_per_side, referee_window=options.referee_window,
+                               trainer_bond=ETHER, challenger_bond=ETHER // 2)
+        self.sources: dict[int, RunSource] = {}  # job -> where the referee reads the trainer's run
+        self.referee_state = self.agent_state("referee")
+        self.referee = RefereeAgent(self.role(Referee, "referee", state=self.referee_state), self.referee_state,
+                                    self.sources, options.referee_device, log=self.log_as("referee"))
 
-    def on_sent(self, who: str) -> Callable[[SentTx], None]:
+    def role(self, cls: type, who: str, *args: Any, state: AgentState | None = None) -> Any:
+        return cls(self.binding, self.accounts[who], *args, journal=state, on_sent=self._on_sent(who))
+
+    def agent_state(self, who: str, job_id: int | None = None) -> AgentState:
+        name = who if job_id is None else f"{who}-job{job_id}"
+        return AgentState.load(self.work / "agents" / f"{name}.json", role=who, account=self.accounts[who].address,
+                               contract=self.binding.address, chain_id=self.w3.eth.chain_id,
+                               start_block=self.w3.eth.block_number)
+
+    def log_as(self, who: str) -> Narrate:
+        return lambda m: self.narrate(f"  [{who:>8}] {m.split(': ', 1)[-1]}")
+
+    def _on_sent(self, who: str) -> Callable[[SentTx], None]:
         def record(tx: SentTx) -> None:
             if self.story is not None:
                 self.story.txs.append({"role": who, "label": tx.label, "gas": tx.gas_used, "hash": tx.hash})
@@ -108,11 +145,40 @@ class _Cast:
                 self.narrate(f"  [{who:>8}] {tx.label} (gas {tx.gas_used})")
         return record
 
-    def role(self, cls: type, who: str, *args, state: AgentState | None = None):  # noqa: ANN001
-        return cls(self.binding, self.accounts[who], *args, journal=state, on_sent=self.on_sent(who))
+    def play(self, story: Story, title: str, trainer_who: str, run_dir: Path, auditor_who: str,
+             audit_dir: Path) -> None:
+        """Post a job and let the trainer, the auditor and the referee settle it; fill in `story`."""
+        self.story = story
+        t0 = time.perf_counter()
+        replay_before = _replay_seconds(self.referee_state)
+        self.narrate(f"\n== {title}")
+        story.job_id, _ = self.client.create_job(self.terms, 2 * ETHER)
+        self.sources[story.job_id] = RunSource(run_dir)
+        t_state = self.agent_state(trainer_who, story.job_id)
+        trainer = TrainerAgent(self.role(Trainer, trainer_who, _open_run(run_dir), state=t_state), t_state,
+                               story.job_id, log=self.log_as(trainer_who))
+        a_state = self.agent_state(auditor_who, story.job_id)
+        auditor = AuditorAgent(self.role(Auditor, auditor_who, state=a_state), a_state, story.job_id, audit_dir,
+                               log=self.log_as(auditor_who))
+        drive(self.w3, [trainer, auditor, self.referee], [trainer, auditor], self.options.challenge_window,
+              on_advance=lambda s: self.narrate(f"  [   chain] {s} s pass"))
+        games = [self.binding.game(int(g)) for g in t_state.games]
+        story.isolated_step = next((g.hi for g in games if g.hi - g.lo == 1), None)
+        ends = ", ".join(f"{_ENDINGS.get(g.status, g.status.name)} game {g.game_id}" for g in games) or "no game"
+        story.outcome = f"{self.binding.job(story.job_id).status.name}, {ends}"
+        self.narrate(f"  outcome: {story.outcome}")
+        sec = story.seconds
+        sec["replay"] = _replay_seconds(self.referee_state) - replay_before
+        sec["onchain"] = time.perf_counter() - t0 - sec["replay"]
+        sec["total"] = sec["training"] + sec["auditing"] + sec["onchain"] + sec["replay"]
+        self.story = None
 
 
-def _train(spec, out: Path, device: str, fault: str | None) -> float:  # noqa: ANN001
+_ENDINGS = {GameStatus.TRAINER_WON: "trainer won", GameStatus.CHALLENGER_WON: "challenger won",
+            GameStatus.REFUNDED: "refunded"}
+
+
+def _train(spec: "Spec", out: Path, device: str, fault: str | None) -> float:
     from vtrain.faults import parse_fault
     from vtrain.spec import to_toml
     from vtrain.train import train
@@ -120,6 +186,14 @@ def _train(spec, out: Path, device: str, fault: str | None) -> float:  # noqa: A
     t0 = time.perf_counter()
     train(spec, out, spec_toml=to_toml(spec), device=device, faults=[parse_fault(fault)] if fault else [])
     return time.perf_counter() - t0
+
+
+def _audit(run_dir: Path, device: str, out: Path) -> tuple[float, str]:
+    from vtrain.audit import audit
+
+    t0 = time.perf_counter()
+    report = audit(_open_run(run_dir), device, out=out)
+    return time.perf_counter() - t0, "MATCH" if report.matched else str(report.divergence)
 
 
 def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = _silent) -> dict:
@@ -133,116 +207,45 @@ def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = _silent) -
     liar_step = options.liar_step or max(1, options.steps // 3)
     auditor_device = options.auditor_device or next(d.name for d in list_devices() if d.name.startswith("emu:"))
     work = Path(options.workdir)
-    work.mkdir(parents=True, exist_ok=True)
+    for sub in ("runs", "audits", "agents"):
+        # A fresh story each time: an earlier demo's runs may have other faults, its agents another contract.
+        shutil.rmtree(work / sub, ignore_errors=True)
+    stage = _Stage(options, spec, work, narrate)
 
-    w3 = connect(options.rpc)
-    chain = "embedded eth-tester chain" if options.rpc is None else options.rpc
-    narrate(f"chain: {chain} (chain id {w3.eth.chain_id}); spec {options.spec.name} with {spec.steps} steps")
-    deployer = Account.create()
-    fund(w3, [deployer.address], 10 * ETHER)
-    binding = deploy(w3, deployer)
-    cast = _Cast(w3, binding, narrate)
-    fund(w3, [a.address for a in cast.accounts.values()], 100 * ETHER)
-    narrate(f"VerificationGame deployed at {binding.address}; roles: "
-            + ", ".join(f"{k} {a.address[:10]}…" for k, a in cast.accounts.items()))
+    stories = {name: Story(name) for name in ("honest", "cheater", "liar")}
+    stories["cheater"].fault_step, stories["liar"].fault_step = fault_step, liar_step
+    runs = {name: work / "runs" / name for name in stories}
+    narrate(f"\ntraining on {options.trainer_device}: the honest run, the cheater's with {fault_step}:"
+            f"{options.fault_kind}, the liar's with {liar_step}:{options.fault_kind}")
+    for name, st in stories.items():
+        fault = None if st.fault_step is None else f"{st.fault_step}:{options.fault_kind}"
+        st.seconds["training"] = _train(spec, runs[name], options.trainer_device, fault)
+    for name in ("honest", "cheater"):  # the liar audits nothing: it challenges with its corrupted run's leaves
+        stories[name].seconds["auditing"], verdict = _audit(runs[name], auditor_device, work / "audits" / name)
+        narrate(f"  auditor on {auditor_device}: the {name} run -> {verdict}")
 
-    client = cast.role(Client, "client")
-    referee_state = AgentState.load(work / "agents" / "referee.json", role="referee",
-                                    account=cast.accounts["referee"].address, contract=binding.address,
-                                    chain_id=w3.eth.chain_id, start_block=w3.eth.block_number)
-    sources: dict[int, RunSource] = {}
-    referee = RefereeAgent(cast.role(Referee, "referee", state=referee_state), referee_state, sources,
-                           options.referee_device, log=lambda m: narrate(f"  [ referee] {m.removeprefix('referee: ')}"))
-    terms = terms_for(spec, referee=cast.accounts["referee"].address, challenge_window=options.challenge_window,
-                      clock_per_side=options.clock_per_side, referee_window=options.referee_window,
-                      trainer_bond=ETHER, challenger_bond=ETHER // 2)
-
-    def agent_state(who: str, job_id: int) -> AgentState:
-        return AgentState.load(work / "agents" / f"{who}-job{job_id}.json", role=who,
-                               account=cast.accounts[who].address, contract=binding.address,
-                               chain_id=w3.eth.chain_id, start_block=w3.eth.block_number)
-
-    def log_as(who: str) -> Narrate:
-        return lambda m: narrate(f"  [{who:>8}] {m.split(': ', 1)[-1]}")
-
-    def story(name: str, title: str, trainer_who: str, run_dir: Path, auditor_who: str, audit_dir: Path,
-              train_s: float, audit_s: float) -> Story:
-        st = Story(name)
-        cast.story = st
-        t0 = time.perf_counter()
-        narrate(f"\n== {title}")
-        st.job_id, _ = client.create_job(terms, 2 * ETHER)
-        sources[st.job_id] = RunSource(run_dir)
-        replay_before = _replay_seconds(referee_state)
-        t_state = agent_state(trainer_who, st.job_id)
-        trainer = TrainerAgent(cast.role(Trainer, trainer_who, _open_run(run_dir), state=t_state), t_state, st.job_id,
-                               log=log_as(trainer_who))
-        a_state = agent_state(auditor_who, st.job_id)
-        auditor = AuditorAgent(cast.role(Auditor, auditor_who, state=a_state), a_state, st.job_id, audit_dir,
-                               log=log_as(auditor_who))
-        drive(w3, [trainer, auditor, referee], [trainer, auditor], options.challenge_window,
-              on_advance=lambda s: narrate(f"  [   chain] {s} s pass"))
-        job = binding.job(st.job_id)
-        games = [binding.game(int(g)) for g in t_state.games]
-        st.isolated_step = next((g.hi for g in games if g.hi - g.lo == 1), None)
-        winners = {GameStatus.TRAINER_WON: "trainer won", GameStatus.CHALLENGER_WON: "challenger won",
-                   GameStatus.REFUNDED: "refunded"}
-        ends = ", ".join(f"{winners.get(g.status, g.status.name)} game {g.game_id}" for g in games) or "no game"
-        st.outcome = f"{job.status.name}, {ends}"
-        narrate(f"  outcome: {st.outcome}")
-        st.seconds.update(training=train_s, auditing=audit_s, replay=_replay_seconds(referee_state) - replay_before)
-        onchain = time.perf_counter() - t0 - st.seconds["replay"]
-        st.seconds["onchain"] = onchain
-        st.seconds["total"] = train_s + audit_s + onchain + st.seconds["replay"]
-        return st
-
-    from vtrain.audit import audit
-
-    def do_audit(run_dir: Path, out: Path) -> tuple[float, object]:
-        t0 = time.perf_counter()
-        report = audit(_open_run(run_dir), auditor_device, out=out)
-        return time.perf_counter() - t0, report
-
-    narrate(f"\ntraining: honest run on {options.trainer_device}, cheater's run with {fault_step}:{options.fault_kind}, "
-            f"liar's run with {liar_step}:{options.fault_kind}")
-    honest_dir, cheat_dir, liar_dir = work / "runs" / "honest", work / "runs" / "cheater", work / "runs" / "liar"
-    t_honest = _train(spec, honest_dir, options.trainer_device, None)
-    t_cheat = _train(spec, cheat_dir, options.trainer_device, f"{fault_step}:{options.fault_kind}")
-    t_liar = _train(spec, liar_dir, options.trainer_device, f"{liar_step}:{options.fault_kind}")
-    narrate(f"  trained 3 runs of {spec.steps} steps in {t_honest:.1f} s, {t_cheat:.1f} s, {t_liar:.1f} s")
-
-    a_honest_s, rep = do_audit(honest_dir, work / "audits" / "honest")
-    narrate(f"  auditor on {auditor_device}: honest run -> {'MATCH' if rep.matched else rep.divergence}")
-    a_cheat_s, rep_c = do_audit(cheat_dir, work / "audits" / "cheater")
-    narrate(f"  auditor on {auditor_device}: cheater's run -> {rep_c.divergence or 'MATCH'}")
-
-    stories = [
-        story("honest", "Story 1: an honest trainer is paid", "trainer", honest_dir, "auditor",
-              work / "audits" / "honest", t_honest, a_honest_s),
-        story("cheater", f"Story 2: a cheating trainer (fault at step {fault_step}) is caught", "cheater", cheat_dir,
-              "auditor", work / "audits" / "cheater", t_cheat, a_cheat_s),
-        # The liar "audits" nothing: it challenges with the leaves of its own corrupted run.
-        story("liar", f"Story 3: a lying auditor (wrong from step {liar_step}) loses its bond", "trainer", honest_dir,
-              "liar", liar_dir, t_liar, 0.0),
-    ]
-    stories[1].fault_step, stories[2].fault_step = fault_step, liar_step
-    cast.story = None
-    if client.credit() > 0:  # the voided job's reward came back to the client
-        narrate(f"\n  [  client] {client.withdraw().label}")
+    stage.play(stories["honest"], "Story 1: an honest trainer is paid", "trainer", runs["honest"], "auditor",
+               work / "audits" / "honest")
+    stage.play(stories["cheater"], f"Story 2: a cheating trainer (fault at step {fault_step}) is caught", "cheater",
+               runs["cheater"], "auditor", work / "audits" / "cheater")
+    stage.play(stories["liar"], f"Story 3: a lying auditor (wrong from step {liar_step}) loses its bond", "trainer",
+               runs["honest"], "liar", runs["liar"])
+    if stage.client.credit() > 0:  # the voided job's reward came back to the client
+        narrate(f"\n  [  client] {stage.client.withdraw().label}")
     summary = {
-        "chain": chain, "chain_id": w3.eth.chain_id, "contract": binding.address, "spec": str(options.spec),
-        "steps": spec.steps, "auditor_device": auditor_device, "referee_device": options.referee_device,
-        "fault_step": fault_step, "isolated_step": stories[1].isolated_step,
-        "liar_step": liar_step, "liar_isolated_step": stories[2].isolated_step,
-        "stories": [s.as_dict() for s in stories],
-        "balances_wei": {k: w3.eth.get_balance(a.address) - 100 * ETHER for k, a in cast.accounts.items()},
+        "chain": stage.chain, "chain_id": stage.w3.eth.chain_id, "contract": stage.binding.address,
+        "spec": str(options.spec), "steps": spec.steps, "auditor_device": auditor_device,
+        "referee_device": options.referee_device, "fault_step": fault_step,
+        "isolated_step": stories["cheater"].isolated_step, "liar_step": liar_step,
+        "liar_isolated_step": stories["liar"].isolated_step, "stories": [s.as_dict() for s in stories.values()],
+        "balances_wei": {k: stage.w3.eth.get_balance(a.address) - 100 * ETHER for k, a in stage.accounts.items()},
         "seconds": round(time.perf_counter() - t_start, 3),
     }
     _check(summary)
     return summary
 
 
-def _open_run(path: Path):  # noqa: ANN202
+def _open_run(path: Path) -> "Run":
     from vtrain.run import Run
 
     return Run.open(path)

@@ -143,8 +143,7 @@ def replay_step_detail(run: Run, step: int, device: str = "cpu") -> StepReplay:
     if session.step_count != step - 1:
         raise RunError(f"{run.state_path(step - 1)}: holds the state after step {session.step_count}")
     result, note = _replay(session, run, step)
-    record = LeafRecord(step, state_hash(session.state_bytes()), result.log_hash, result.batch_hash)
-    return StepReplay(step, record.leaf, run.records[step].leaf, note)
+    return StepReplay(step, session.record(result).leaf, run.records[step].leaf, note)
 
 
 def replay_step(run: Run, step: int, device: str = "cpu") -> bytes:

@@ -59,7 +59,9 @@ def _finish(e: torch.Tensor, n: int, u: float, dtype: torch.dtype) -> torch.Tens
 
 
 def _abs(x: Any) -> Any:
-    return x.abs() if isinstance(x, torch.Tensor) else (abs(x) if isinstance(x, (int, float)) else x)
+    if isinstance(x, torch.Tensor):
+        return x.abs()
+    return abs(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
 
 
 def _prod(xs: Any) -> int:

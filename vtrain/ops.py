@@ -100,7 +100,7 @@ _EXACT = _names(
     aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
     aten.logical_not.default, aten.logical_and.default, aten.logical_or.default, aten.isnan.default,
     aten.isinf.default, aten.isfinite.default, aten.any.default, aten.all.default, aten.nonzero.default,
-    aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_not.default,
+    aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_not.default, aten.maximum.out,
     # bookkeeping
     torch.ops.profiler._record_function_enter_new.default, torch.ops.profiler._record_function_exit._RecordFunction,
 )
@@ -117,24 +117,31 @@ _IEEE = _names(
 
 # Fused ops as fixed sequences of IEEE primitives (each torch op below is one correctly rounded
 # operation per element; separate eager kernels are never contracted into an FMA).
-def _add(x: Any, other: Any, *, alpha: Any = 1) -> torch.Tensor:
-    return torch.add(x, other) if alpha == 1 else torch.add(x, torch.mul(other, alpha))
+def _scaled(t: Any, alpha: Any) -> Any:
+    if alpha == 1:
+        return t
+    # a Python scalar times alpha is one IEEE double multiplication, the same on every host
+    return torch.mul(t, alpha) if isinstance(t, torch.Tensor) else t * alpha
 
 
-def _sub(x: Any, other: Any, *, alpha: Any = 1) -> torch.Tensor:
-    return torch.sub(x, other) if alpha == 1 else torch.sub(x, torch.mul(other, alpha))
+def _add(x: Any, other: Any, alpha: Any = 1) -> torch.Tensor:
+    return torch.add(x, _scaled(other, alpha))
 
 
-def _rsub(x: Any, other: Any, *, alpha: Any = 1) -> torch.Tensor:
-    return torch.sub(other, x) if alpha == 1 else torch.sub(other, torch.mul(x, alpha))
+def _sub(x: Any, other: Any, alpha: Any = 1) -> torch.Tensor:
+    return torch.sub(x, _scaled(other, alpha))
 
 
-def _addcmul(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+def _rsub(x: Any, other: Any, alpha: Any = 1) -> torch.Tensor:
+    return torch.rsub(_scaled(x, alpha), other)  # other - alpha * x
+
+
+def _addcmul(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: Any = 1) -> torch.Tensor:
     prod = torch.mul(t1, t2)
     return torch.add(x, prod if value == 1 else torch.mul(prod, value))
 
 
-def _addcdiv(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, *, value: Any = 1) -> torch.Tensor:
+def _addcdiv(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor, value: Any = 1) -> torch.Tensor:
     quot = torch.div(t1, t2)
     return torch.add(x, quot if value == 1 else torch.mul(quot, value))
 
@@ -143,7 +150,17 @@ def _lerp(x: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
     return torch.add(x, torch.mul(torch.sub(end, x), weight))  # one formula for every weight
 
 
+def _tanh_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.mul(grad, torch.rsub(torch.mul(y, y), 1))  # g (1 - y^2)
+
+
+def _sigmoid_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.mul(grad, torch.mul(torch.rsub(y, 1), y))  # g ((1 - y) y)
+
+
 _DECOMPOSED = {
+    aten.tanh_backward.default: (_tanh_backward, False),
+    aten.sigmoid_backward.default: (_sigmoid_backward, False),
     aten.add.Tensor: (_add, False), aten.add_.Tensor: (_add, True),
     aten.add.Scalar: (_add, False), aten.add_.Scalar: (_add, True),
     aten.sub.Tensor: (_sub, False), aten.sub_.Tensor: (_sub, True),
@@ -167,7 +184,7 @@ def _build() -> dict[Any, OpSpec]:
     for op in _EXACT:
         table[op] = OpSpec(str(op), OpClass.EXACT)
     for op in _IEEE:
-        table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_") or op is aten.copy_.default)
+        table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound)
     for op, functional in _DEVICE_INPLACE.items():
@@ -178,7 +195,8 @@ def _build() -> dict[Any, OpSpec]:
 
 
 _TABLE = _build()
-_POW_SQUARE = OpSpec(str(aten.pow.Tensor_Scalar), OpClass.IEEE)
+_POW_SQUARE = OpSpec(str(aten.pow.Tensor_Scalar), OpClass.IEEE,
+                     decomposed=lambda x, e: torch.mul(x, x) if e == 2 else x.clone())
 
 
 def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:

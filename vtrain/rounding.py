@@ -116,6 +116,7 @@ class RoundedExecution(TorchDispatchMode):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         super().__exit__(exc_type, exc, tb)
         self._seconds += time.perf_counter() - self._t0
+        self._derived = None  # storage numbers are computed (once) on the first stats access after this
         if exc_type is None and self.mode == "replay" and self._counts["sites"] != len(self.replay_log.sites):
             nxt = self.replay_log.sites[self._counts["sites"]]
             raise TraceMismatchError(self.step, nxt.site, _describe(nxt.op, nxt.shape), "the end of the step")

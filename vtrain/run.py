@@ -187,9 +187,11 @@ class RunWriter:
     def __init__(self, path: str | Path, spec: Spec, spec_toml: str) -> None:
         self.path = Path(path)
         self.spec = spec
+        spec_json = self.path / "spec.json"
+        if self.path.is_dir() and not spec_json.exists() and any(self.path.iterdir()):
+            raise RunError(f"{self.path}: not empty and not a run directory; choose another --out")
         (self.path / "states").mkdir(parents=True, exist_ok=True)
         (self.path / "logs").mkdir(exist_ok=True)
-        spec_json = self.path / "spec.json"
         if spec_json.exists():
             existing = spec_json.read_text(encoding="utf-8").strip()
             if existing != spec.to_json():

@@ -180,11 +180,13 @@ class AuditorAgent(PlayerAgent):
     role: Auditor
 
     def __init__(self, role: Auditor, state: AgentState, job_id: int, audit_dir: Path,
-                 source: RunSource | None = None, device: str = "cpu", log: Log = _quiet) -> None:
+                 source: RunSource | None = None, device: str = "cpu", log: Log = _quiet,
+                 progress: Callable[[int], Callable[[int, Any], None]] | None = None) -> None:
         super().__init__(role, state, job_id, log)
         self.audit_dir = Path(audit_dir)
         self.source = source
         self.device = device
+        self.progress = progress  # total steps -> per-step callback of the audit (the CLI's progress bar)
 
     def _audit(self, job: Job) -> None:
         """Have the auditor's own leaves in audit_dir (an earlier run's or a given audit's are reused)."""
@@ -196,7 +198,8 @@ class AuditorAgent(PlayerAgent):
             run = self.source.fetch_for_audit()
             check_commitment(run, job.root, job.terms.size, job.terms.spec_hash, where=self.source.location)
             self.log(f"auditor: auditing the trainer's run ({run.steps} steps) on {self.device}")
-            report = audit(run, self.device, out=self.audit_dir)
+            report = audit(run, self.device, out=self.audit_dir,
+                           progress=self.progress(run.steps) if self.progress else None)
             self.log(f"auditor: {'MATCH' if report.matched else report.divergence} root={report.root}")
         self.role.set_leaves(read_audit_leaves(self.audit_dir))
 

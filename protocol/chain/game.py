@@ -81,14 +81,14 @@ class Transactor:
         )
 
     def _gas_limit(self, fn: Any, params: dict) -> int:
-        # Both paths execute the call once first, so a revert surfaces with its data instead of
-        # being mined. eth-tester's estimate_gas is a binary search over ~15 executions, so there
-        # one eth_call on the pending block (its timestamp is what time travel set) and a fixed
-        # cap are 3x faster.
+        # Both paths execute the call first, on the pending block (whose timestamp is the one
+        # the transaction will get, also after time travel), so a revert surfaces with its data
+        # instead of being mined. eth-tester's estimate_gas is a binary search over ~15
+        # executions, so there one eth_call and a fixed cap are 3x faster.
         if is_tester(self.w3):
             fn.call(params, block_identifier="pending")
             return TESTER_GAS_CAP
-        return int(fn.estimate_gas(params) * GAS_MARGIN)
+        return int(fn.estimate_gas(params, block_identifier="pending") * GAS_MARGIN)
 
     def decode_logs(self, logs: Sequence[Any]) -> list[Event]:
         events = []

@@ -391,7 +391,7 @@ def status(job_id: int, **kw: Any) -> None:
     job_view = s.binding.job(job_id)
     if job_view.status == 0:
         raise click.BadParameter(f"job {job_id} does not exist on contract {s.binding.address}", param_hint="--job")
-    logs = s.binding.contract.events.Challenged.get_logs(from_block=0, argument_filters={"jobId": job_id})
+    logs = s.binding.contract.events.Challenged.get_logs(from_block=s.start_block, argument_filters={"jobId": job_id})
     games = [s.binding.game(int(log["args"]["gameId"])) for log in logs]
     data = _status_json(job_view, games)
     if s.as_json:
@@ -537,7 +537,8 @@ def watch(role_name: str, state_path: Path, job_id: int | None, runs: tuple[str,
     elif role_name == "auditor":
         out = audit_dir or state_path.with_suffix(".audit")
         source = RunSource(runs[0], cache=state_path.with_suffix(".run")) if runs else None
-        agent = AuditorAgent(Auditor(binding, s.account, journal=state), state, job_id, out, source, device, log=log)
+        agent = AuditorAgent(Auditor(binding, s.account, journal=state), state, job_id, out, source, device, log=log,
+                             progress=None if s.as_json else _audit_bar)
     else:
         sources = {j: RunSource(loc, cache=state_path.with_suffix(f".job{j}")) for j, loc in referee_runs.items()}
         agent = RefereeAgent(Referee(binding, s.account, journal=state), state, sources, device, log=log)
@@ -545,6 +546,23 @@ def watch(role_name: str, state_path: Path, job_id: int | None, runs: tuple[str,
     done = agent.run(poll_s=poll, max_seconds=max_seconds)
     if not done and role_name != "referee":
         _fail(f"{role_name}: not done after {max_seconds} s; rerun with the same --state to continue", 1)
+
+
+def _audit_bar(total: int) -> Callable[[int, Any], None]:
+    """A rich progress bar on stderr for an audit of `total` steps; it closes itself at the last one."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   console=Console(stderr=True))
+    task = bar.add_task("audit", total=total)
+    bar.start()
+
+    def update(t: int, _: Any) -> None:
+        bar.update(task, completed=t)
+        if t >= total:
+            bar.stop()
+    return update
 
 
 class _spinner:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from eth_account.signers.local import LocalAccount
 
-from protocol.chain import Game, GameStatus, Job, JobStatus, Side, VerificationGame
+from protocol.chain import Game, GameStatus, Job, JobStatus, VerificationGame
 from protocol.roles.tx import Journal, SentTx, Transactor
 from vtrain.errors import VtrainError
 
@@ -94,6 +94,3 @@ class Role:
 def ended(status: GameStatus) -> bool:
     return status >= GameStatus.TRAINER_WON
 
-
-def is_turn(game: Game, side: Side) -> bool:
-    return game.status == GameStatus.ACTIVE and game.turn == side

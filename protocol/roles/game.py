@@ -43,10 +43,3 @@ def plan_move(lo: int, hi: int, pending: bytes, leaves: Sequence[bytes], tree: M
     nxt = (new_lo + new_hi) // 2
     return Move(mid, answer, tree.proof(mid), nxt, leaves[nxt], tree.proof(nxt), new_lo, new_hi)
 
-
-def first_differing_leaf(a: Sequence[bytes], b: Sequence[bytes]) -> int | None:
-    """The first index where two leaf lists differ (the step an honest bisection isolates)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))

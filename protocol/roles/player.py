@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from protocol.chain import Game, Job, JobStatus, Side
-from protocol.roles.base import Role, RoleError, is_turn
+from protocol.chain import Game, GameStatus, Job, JobStatus, Side
+from protocol.roles.base import Role, RoleError
 from protocol.roles.game import plan_move
 from protocol.roles.tx import SentTx
 from vtrain.merkle import MerkleTree
@@ -40,13 +40,8 @@ class Player(Role):
     def size(self) -> int:
         return self.tree.size
 
-    def plays(self, game: Game, job: Job) -> bool:
-        """Whether this account is a side of `game`."""
-        mine = job.trainer if self.side == Side.TRAINER else game.challenger
-        return mine.lower() == self.address.lower()
-
     def my_turn(self, game: Game) -> bool:
-        return is_turn(game, self.side)
+        return game.status == GameStatus.ACTIVE and game.turn == self.side
 
     def respond(self, game_id: int) -> SentTx | None:
         """Make this side's move in `game_id` if it is this side's turn; None otherwise."""

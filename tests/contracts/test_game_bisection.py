@@ -18,18 +18,17 @@ from protocol.chain import GameStatus, TreeProver
 def isolate(world, num_steps: int, diverge_at: int) -> None:
     job_id, trainer = world.committed_job(num_steps)
     auditor = TreeProver(leaves(num_steps, diverge_at=diverge_at))
-    game_id = world.game.challenge_tree(job_id, auditor, world.auditor).value
-    results = play(world, game_id, trainer, auditor)
-    g = world.game.game(game_id)
+    challenge = world.game.challenge_tree(job_id, auditor, world.auditor)
+    results = play(world, challenge.value, trainer, auditor)
+    g = world.game.game(challenge.value)
     assert g.status == GameStatus.ISOLATED
     assert (g.lo, g.hi) == (diverge_at - 1, diverge_at), f"size {num_steps + 1}, first difference at {diverge_at}"
-    iso = (results[-1] if results else None)
-    iso_event = [e for e in world.game.events(g.since and 0) if e.name == "StepIsolated" and e["gameId"] == game_id][0]
-    assert iso_event["step"] == diverge_at
-    assert iso_event["preLeaf"] == trainer.leaf(diverge_at - 1) == auditor.leaf(diverge_at - 1)
-    assert (iso_event["trainerLeaf"], iso_event["challengerLeaf"]) == (trainer.leaf(diverge_at), auditor.leaf(diverge_at))
-    # One move per halving: ceil(log2(numSteps)) moves at most.
-    assert len(results) <= max(1, (num_steps - 1).bit_length()), iso
+    iso = (results[-1] if results else challenge).event("StepIsolated")
+    assert iso["step"] == diverge_at
+    assert iso["preLeaf"] == trainer.leaf(diverge_at - 1) == auditor.leaf(diverge_at - 1)
+    assert (iso["trainerLeaf"], iso["challengerLeaf"]) == (trainer.leaf(diverge_at), auditor.leaf(diverge_at))
+    # One move per halving: between floor(log2 n) and ceil(log2 n) moves for n steps.
+    assert num_steps.bit_length() - 1 <= len(results) <= (num_steps - 1).bit_length()
 
 
 FAST_CASES = [

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gamekit import CHALLENGER_BOND, CLOCK, REFEREE_WINDOW, REWARD, TRAINER_BOND, WINDOW, leaves, play, reverts
+from gamekit import CHALLENGER_BOND, CLOCK, REFEREE_WINDOW, REWARD, TRAINER_BOND, leaves, play, reverts
 from protocol.chain import EndReason, GameStatus, JobStatus, Side, TreeProver
 
 ZERO = "0x0000000000000000000000000000000000000000"
@@ -300,31 +300,40 @@ def test_finalize_after_the_window_with_no_open_game(world):
 
 
 def test_winning_challengers_share_the_trainer_bond_equally(world):
-    # Three challengers win at different times; the split waits for the last open game.
-    job_id, honest = world.committed_job(8, leaves(8, tag="cheat", leaf0=leaves(0)[0]))
+    # Three games end at different times: two challengers win, the trainer wins the third; the
+    # split waits for the last open game, and the indivisible remainder goes to the client.
+    bond = 2 * 10**18 + 1
+    job_id = world.new_job(8, trainer_bond=bond)
+    cheat = TreeProver(leaves(8, tag="cheat", leaf0=leaves(0)[0]))
+    world.game.commit_tree(job_id, cheat, world.trainer)
     truth = TreeProver(leaves(8))
-    wrong = TreeProver(leaves(8, tag="third", leaf0=leaves(0)[0]))
     g1 = world.game.challenge_tree(job_id, truth, world.auditor).value
     g2 = world.game.challenge_tree(job_id, truth, world.auditor2).value
-    g3 = world.game.challenge_tree(job_id, wrong, world.stranger).value
+    g3 = world.game.challenge_tree(job_id, TreeProver(leaves(8, tag="third", leaf0=leaves(0)[0])), world.stranger).value
+    world.game.move_tree(g3, cheat, world.trainer)  # the trainer only defends game 3
     start = world.game.game(g1).since
     world.at(start + CLOCK + 1)
-    r1 = world.game.timeout(g1, world.stranger)  # the trainer did not answer: it loses game 1
+    r1 = world.game.timeout(g1, world.client)
     assert world.game.job(job_id).status == JobStatus.VOID and not [e for e in r1.events if e.name == "BondSplit"]
+    assert world.game.credit(world.client) == REWARD
     with reverts(world, "NoShare", gameId=g1):  # games 2 and 3 are still open
         world.game.claim_share(g1, world.auditor)
     with reverts(world, "WrongJobStatus", status=JobStatus.VOID):  # no new challenge on a void job
         world.game.challenge_tree(job_id, truth, world.client)
-    world.game.timeout(g2, world.stranger)
-    r3 = world.game.timeout(g3, world.stranger)  # the trainer gave up on every game
-    assert r3.event("GameEnded")["outcome"] == GameStatus.CHALLENGER_WON
+    world.game.timeout(g2, world.client)
+    world.at(world.game.game(g3).since + CLOCK + 1)
+    r3 = world.game.timeout(g3, world.client)  # the third challenger gave up: the trainer wins game 3
+    assert r3.event("GameEnded")["outcome"] == GameStatus.TRAINER_WON
+    assert world.game.credit(world.trainer) == CHALLENGER_BOND
     split = r3.event("BondSplit")
-    share, remainder = divmod(TRAINER_BOND, 3)
-    assert (split["winners"], split["share"], split["remainder"]) == (3, share, remainder)
-    assert world.game.credit(world.client) == REWARD + remainder
-    for g, who in ((g1, world.auditor), (g2, world.auditor2), (g3, world.stranger)):
-        r = world.game.claim_share(g, world.referee)  # anyone may trigger; the challenger is paid
-        assert r.event("ShareClaimed").args == {"gameId": g, "challenger": who, "amount": share}
+    assert (split["winners"], split["share"], split["remainder"]) == (2, bond // 2, 1)
+    assert world.game.credit(world.client) == REWARD + 1
+    with reverts(world, "NoShare", gameId=g3):  # the trainer won game 3
+        world.game.claim_share(g3, world.stranger)
+    for g, who in ((g1, world.auditor), (g2, world.auditor2)):
+        r = world.game.claim_share(g, world.referee)  # anyone may trigger it; the challenger is paid
+        assert r.event("ShareClaimed").args == {"gameId": g, "challenger": who, "amount": bond // 2}
+        assert world.game.credit(who) == CHALLENGER_BOND + bond // 2
         with reverts(world, "NoShare", gameId=g):
             world.game.claim_share(g, who)
 

@@ -42,10 +42,10 @@ def _state_hashes(runs, spec, device: str) -> list[bytes]:
 
 def test_trainer_with_2_threads_auditor_with_1(tmp_path):
     out = tmp_path / "run"
-    t = cli("train", "examples/mlp.toml", "--out", str(out), threads=2, process=True)
+    t = cli("train", "examples/mlp.toml", "--out", str(out), "--steps", "40", threads=2, process=True)
     assert t.returncode == 0, t.stderr
     root_line = t.stdout.strip().splitlines()[-1]
-    assert root_line.startswith("root=0x") and root_line.endswith(" size=101")
+    assert root_line.startswith("root=0x") and root_line.endswith(" size=41")
     a = cli("audit", str(out), "--device", emulated_devices()[-1], "--out", str(tmp_path / "audit"), threads=1)
     assert a.returncode == 0, a.stdout + a.stderr
     last = a.stdout.strip().splitlines()[-1]

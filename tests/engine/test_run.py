@@ -10,6 +10,7 @@ import pytest
 from conftest import cli, example
 from vtrain.audit import audit, replay_step_detail
 from vtrain.leaves import LeafRecord, keccak256
+from vtrain.merkle import verify_proof
 from vtrain.run import Run, RunError, TamperedFileError, encode_leaves
 from vtrain.spec import to_toml
 from vtrain.train import train
@@ -37,6 +38,14 @@ def test_layout_and_commitment(run12):
     assert not list(run12.rglob("*.tmp*"))
 
 
+def test_inclusion_proofs_of_every_leaf(run12):
+    run = Run.open(run12)
+    for t, leaf in enumerate(run.leaves):
+        proof = run.tree.proof(t)
+        assert verify_proof(leaf, t, run.size, proof, run.root)
+        assert not verify_proof(leaf, (t + 1) % run.size, run.size, proof, run.root)
+
+
 def test_stop_and_resume_gives_the_same_root(run12, tmp_path):
     out = tmp_path / "run"
     first = train(SPEC, out, spec_toml=to_toml(SPEC), steps=5)
@@ -61,10 +70,13 @@ def test_interrupted_run_resumes_from_the_last_complete_step(run12, tmp_path):
     assert [m["step"] for m in Run.open(out).metrics()] == list(range(1, 13))
 
 
-def test_another_spec_in_the_same_directory_is_refused(run12):
+def test_another_spec_or_a_non_run_directory_is_refused(run12, tmp_path):
     other = example("mlp", steps=12, seed=99)
     with pytest.raises(RunError, match="another spec"):
         train(other, run12, spec_toml=to_toml(other))
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunError, match="not empty"):
+        train(SPEC, tmp_path, spec_toml=to_toml(SPEC))
 
 
 def _copy(run12, tmp_path):

@@ -14,23 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CLOCK_RESERVE_S, ETHER, FAULT_STEP, LIAR_STEP, VTRAIN, Chain, Runs, vtrain_env
 from eth_account import Account
+from protokit import CLOCK_RESERVE_S, ETHER, FAULT_STEP, LIAR_STEP, VTRAIN, WINDOW, Chain, Runs, make_job, vtrain_env
 
 from protocol.chain import GameStatus, JobStatus, advance_time
-from protocol.roles import Client, terms_for
 from protocol.roles.network import fund
 
 pytestmark = pytest.mark.anvil
-
-WINDOW = 3600
-
-
-def _job(chain: Chain, runs: Runs) -> int:
-    terms = terms_for(runs.spec, referee=chain.keys["referee"].address, challenge_window=WINDOW,
-                      clock_per_side=CLOCK_RESERVE_S, referee_window=WINDOW, trainer_bond=ETHER,
-                      challenger_bond=ETHER // 2)
-    return Client(chain.binding, chain.keys["client"]).create_job(terms, 2 * ETHER)[0]
 
 
 class Agents:
@@ -78,7 +68,7 @@ def _until(predicate, timeout: float = 60, what: str = "") -> None:  # noqa: ANN
 def test_cheater_story_in_processes_with_the_auditor_killed_mid_game(anvil_chain: Chain, runs: Runs,
                                                                        tmp_path: Path, serve) -> None:
     chain = anvil_chain
-    job = _job(chain, runs)
+    job = make_job(chain, runs, clock=CLOCK_RESERVE_S)
     url, _ = serve(runs.cheater, tmp_path)
     agents = Agents(chain, tmp_path)
     try:
@@ -111,12 +101,14 @@ def test_cheater_story_in_processes_with_the_auditor_killed_mid_game(anvil_chain
     assert all(chain.w3.eth.get_transaction_receipt(t["hash"])["status"] == 1 for t in state["txs"].values())
     assert "resolve game 1: step" in agents.log("referee")
     assert chain.binding.credit(chain.keys["auditor"].address) == 0  # bond and share withdrawn
+    # Agents answer at once: the trainer used seconds of its clock (the auditor also its downtime).
+    assert game.trainer_left > CLOCK_RESERVE_S - 20
 
 
 @pytest.mark.slow
 def test_honest_and_liar_stories_in_processes(anvil_chain: Chain, runs: Runs, tmp_path: Path, serve) -> None:
     chain = anvil_chain
-    honest_job, liar_job = _job(chain, runs), _job(chain, runs)
+    honest_job, liar_job = make_job(chain, runs, clock=CLOCK_RESERVE_S), make_job(chain, runs, clock=CLOCK_RESERVE_S)
     url, _ = serve(runs.honest, tmp_path)
     second_trainer = Account.create()  # one process per key: two trainers must not share a nonce
     fund(chain.w3, [second_trainer.address], 10 * ETHER)

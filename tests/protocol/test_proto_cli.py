@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from conftest import CAST, ETHER, FAULT_STEP, REPO, Runs, free_port
+from protokit import CAST, ETHER, FAULT_STEP, REPO, Runs, free_port
 from eth_account import Account
 
+from protocol.keys import write_keystore
 from protocol.roles import read_audit_leaves as read_leaves
 from protocol.roles.network import connect, fund
 from vtrain.spec import to_toml
@@ -20,12 +21,12 @@ from vtrain.spec import to_toml
 pytestmark = pytest.mark.anvil
 
 
-def vt(*args: str, env: dict) -> Result:
+def vt(*args: str, env: dict, input: str | None = None) -> Result:
     """Run `vtrain ARGS` in this process (as the console script would) with `env` as the environment."""
     from protocol.cli import main
 
     clean = {k: None for k in os.environ if k.startswith("VTRAIN_")}
-    return CliRunner().invoke(main, list(args), env={**clean, **env}, catch_exceptions=False)
+    return CliRunner().invoke(main, list(args), env={**clean, **env}, input=input, catch_exceptions=False)
 
 
 def one_clear_line(p: Result) -> str:
@@ -119,6 +120,16 @@ def test_bad_input_is_one_clear_line(anvil, runs: Runs, tmp_path: Path) -> None:
 
     p = vt("job", "create", str(REPO / "examples" / "logreg.toml"), "--referee", "0x123", env=env)
     assert p.exit_code == 2 and "'0x123' is not an address" in p.stderr and "Traceback" not in p.stderr
+
+    # A keystore instead of a raw key: the password from a hidden prompt, or from the environment.
+    ks = tmp_path / "key.json"
+    write_keystore(rich, ks, "s3cret")
+    no_key = {k: v for k, v in env.items() if k != "VTRAIN_PRIVATE_KEY"}
+    p = vt("deploy", "--keystore", str(ks), env={**no_key, "VTRAIN_KEYSTORE_PASSWORD": "wrong"})
+    assert p.exit_code == 2 and "wrong password" in one_clear_line(p)
+    p = vt("deploy", "--keystore", str(ks), "--json", env=no_key, input="s3cret\n")
+    assert p.exit_code == 0, p.stderr
+    assert "s3cret" not in p.stdout + p.stderr and json.loads(p.stdout)["address"] in deps.read_text()
 
 
 def test_challenge_resolve_and_withdraw_from_the_command_line(anvil_chain, runs: Runs, tmp_path: Path) -> None:

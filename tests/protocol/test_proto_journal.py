@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import ETHER, Chain, Runs
+from protokit import Chain, Runs, make_job
 
 from protocol.agents.agent import TrainerAgent
 from protocol.agents.state import AgentState, AgentStateError
 from protocol.chain import JobStatus
 from protocol.keys import KEY_ENV, KeyConfigError, load_account, load_keystore, write_keystore
-from protocol.roles import Client, Trainer, UnfundedError, terms_for
+from protocol.roles import Trainer, UnfundedError
 from vtrain.run import Run
 
 
@@ -41,19 +41,13 @@ def _load(chain: Chain, path: Path) -> AgentState:
                            chain_id=chain.w3.eth.chain_id, start_block=0)
 
 
-def _job(chain: Chain, runs: Runs) -> int:
-    terms = terms_for(runs.spec, referee=chain.keys["referee"].address, challenge_window=60, clock_per_side=60,
-                      referee_window=60, trainer_bond=ETHER, challenger_bond=ETHER)
-    return Client(chain.binding, chain.keys["client"]).create_job(terms, ETHER)[0]
-
-
 @pytest.mark.parametrize("die_at, write_first, mined_before_crash", [(1, True, False), (2, False, True)])
 def test_a_commit_interrupted_anywhere_is_sent_exactly_once(tester_chain: Chain, runs: Runs, tmp_path: Path,
                                                             die_at: int, write_first: bool,
                                                             mined_before_crash: bool) -> None:
     """(1, True): killed after journaling the signed commit, before broadcasting it;
     (2, False): killed after it was mined, before its outcome was journaled."""
-    job = _job(tester_chain, runs)
+    job = make_job(tester_chain, runs)
     path = tmp_path / "trainer.json"
     first = _load(tester_chain, path)
     crashing = CrashingState(first.path, first.data, die_at, write_first)
@@ -91,7 +85,7 @@ def test_a_state_file_of_another_agent_is_refused(tester_chain: Chain, tmp_path:
 def test_an_unfunded_key_is_refused_before_signing(tester_chain: Chain, runs: Runs) -> None:
     from eth_account import Account
 
-    job = _job(tester_chain, runs)
+    job = make_job(tester_chain, runs)
     poor = Account.create()
     with pytest.raises(UnfundedError, match=f"{poor.address} has 0 wei"):
         Trainer(tester_chain.binding, poor, Run.open(runs.honest)).commit(job)

@@ -6,8 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import LIAR_STEP, STEPS, Chain, Runs
-from test_proto_stories import WINDOW, _auditor, _job, _referee, _trainer
+from protokit import LIAR_STEP, STEPS, WINDOW, Chain, Runs, auditor_agent, make_job, referee_agent, trainer_agent
 
 from protocol.agents.driver import drive
 from protocol.chain import GameStatus
@@ -55,12 +54,12 @@ def test_a_run_directory_with_a_bad_file_is_named(runs: Runs, tmp_path: Path) ->
 def test_the_referee_rules_against_a_trainer_whose_files_contradict_its_commitment(
         tester_chain: Chain, runs: Runs, tmp_path: Path, serve) -> None:
     """An honest trainer that serves a corrupted log of the disputed step loses: it must serve what it committed."""
-    job = _job(tester_chain, runs)
+    job = make_job(tester_chain, runs)
     url, served = serve(runs.honest, tmp_path)
     _flip_byte(served / "logs" / f"{LIAR_STEP:06d}.vlog")
-    trainer = _trainer(tester_chain, tmp_path, "trainer", runs.honest, job)
-    liar = _auditor(tester_chain, tmp_path, "liar", runs.liar, job)
-    referee = _referee(tester_chain, tmp_path, {job: RunSource(url, tmp_path / "ref")})
+    trainer = trainer_agent(tester_chain, tmp_path, "trainer", runs.honest, job)
+    liar = auditor_agent(tester_chain, tmp_path, "liar", runs.liar, job)
+    referee = referee_agent(tester_chain, tmp_path, {job: RunSource(url, tmp_path / "ref")})
     drive(tester_chain.w3, [trainer, liar, referee], [trainer, liar], WINDOW)
     game_id = liar.state.notes["game"]
     assert tester_chain.binding.game(game_id).status == GameStatus.CHALLENGER_WON
@@ -70,13 +69,13 @@ def test_the_referee_rules_against_a_trainer_whose_files_contradict_its_commitme
 
 def test_a_referee_without_the_data_does_not_judge(tester_chain: Chain, runs: Runs, tmp_path: Path, serve) -> None:
     """Missing data is not evidence: the referee keeps the game open (and retries) instead of guessing."""
-    job = _job(tester_chain, runs)
+    job = make_job(tester_chain, runs)
     url, served = serve(runs.honest, tmp_path)
     (served / "states" / f"{LIAR_STEP - 1:06d}.vst").unlink()
     logs: list[str] = []
-    trainer = _trainer(tester_chain, tmp_path, "trainer", runs.honest, job)
-    liar = _auditor(tester_chain, tmp_path, "liar", runs.liar, job)
-    referee = _referee(tester_chain, tmp_path, {job: RunSource(url, tmp_path / "ref")})
+    trainer = trainer_agent(tester_chain, tmp_path, "trainer", runs.honest, job)
+    liar = auditor_agent(tester_chain, tmp_path, "liar", runs.liar, job)
+    referee = referee_agent(tester_chain, tmp_path, {job: RunSource(url, tmp_path / "ref")})
     referee.log = logs.append
     for _ in range(6):
         for agent in (trainer, liar, referee):

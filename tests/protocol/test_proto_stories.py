@@ -5,20 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import ETHER, FAULT_STEP, LIAR_STEP, STEPS, Chain, Runs
+from protokit import (CLOCK, ETHER, FAULT_STEP, LIAR_STEP, REFEREE_WINDOW, STEPS, Chain, Runs, auditor_agent, game_end,
+                      make_job, referee_agent, trainer_agent)
 
-from protocol.agents.agent import AuditorAgent, RefereeAgent, TrainerAgent
 from protocol.agents.driver import drive
-from protocol.agents.state import AgentState
 from protocol.chain import EndReason, GameStatus, JobStatus
-from protocol.roles import Auditor, Client, Referee, Trainer, terms_for
 from protocol.runsource import RunSource
-from vtrain.run import Run
-
-CLOCK = 600
-WINDOW = 3600
-REFEREE_WINDOW = 1800
-
 
 def test_demo_runs_the_three_stories(tmp_path: Path) -> None:
     from click.testing import CliRunner
@@ -51,63 +43,29 @@ def test_demo_runs_the_three_stories(tmp_path: Path) -> None:
         assert set(s["seconds"]) == {"training", "auditing", "onchain", "replay", "total"}
 
 
-def _job(chain: Chain, runs: Runs) -> int:
-    client = Client(chain.binding, chain.keys["client"])
-    terms = terms_for(runs.spec, referee=chain.keys["referee"].address, challenge_window=WINDOW, clock_per_side=CLOCK,
-                      referee_window=REFEREE_WINDOW, trainer_bond=ETHER, challenger_bond=ETHER // 2)
-    return client.create_job(terms, 2 * ETHER)[0]
-
-
-def _state(chain: Chain, tmp: Path, who: str) -> AgentState:
-    return AgentState.load(tmp / f"{who}.json", role=who, account=chain.keys[who].address,
-                           contract=chain.binding.address, chain_id=chain.w3.eth.chain_id, start_block=0)
-
-
-def _trainer(chain: Chain, tmp: Path, who: str, run: Path, job: int) -> TrainerAgent:
-    st = _state(chain, tmp, who)
-    return TrainerAgent(Trainer(chain.binding, chain.keys[who], Run.open(run), journal=st), st, job)
-
-
-def _auditor(chain: Chain, tmp: Path, who: str, audit_dir: Path, job: int, source: RunSource | None = None,
-             device: str = "cpu") -> AuditorAgent:
-    st = _state(chain, tmp, who)
-    return AuditorAgent(Auditor(chain.binding, chain.keys[who], journal=st), st, job, audit_dir, source, device)
-
-
-def _referee(chain: Chain, tmp: Path, sources: dict) -> RefereeAgent:
-    st = _state(chain, tmp, "referee")
-    return RefereeAgent(Referee(chain.binding, chain.keys["referee"], journal=st), st, sources)
-
-
-def _ended(chain: Chain, game_id: int) -> tuple[GameStatus, EndReason]:
-    ev = [e for e in chain.binding.events() if e.name == "GameEnded" and e["gameId"] == game_id]
-    assert len(ev) == 1
-    return ev[0]["outcome"], ev[0]["reason"]
-
-
 def test_auditor_audits_a_served_run_and_wins_against_a_cheater(tester_chain: Chain, runs: Runs, tmp_path: Path,
                                                                 serve) -> None:
     """The auditor fetches the cheater's run over HTTP, audits it itself, challenges and wins."""
-    job = _job(tester_chain, runs)
+    job = make_job(tester_chain, runs)
     url, _ = serve(runs.cheater, tmp_path)
-    trainer = _trainer(tester_chain, tmp_path, "cheater", runs.cheater, job)
-    auditor = _auditor(tester_chain, tmp_path, "auditor", tmp_path / "audit", job, RunSource(url, tmp_path / "dl"),
+    trainer = trainer_agent(tester_chain, tmp_path, "cheater", runs.cheater, job)
+    auditor = auditor_agent(tester_chain, tmp_path, "auditor", tmp_path / "audit", job, RunSource(url, tmp_path / "dl"),
                        runs.auditor_device)
-    referee = _referee(tester_chain, tmp_path, {job: RunSource(url, tmp_path / "ref")})
+    referee = referee_agent(tester_chain, tmp_path, {job: RunSource(url, tmp_path / "ref")})
     drive(tester_chain.w3, [trainer, auditor, referee], [trainer, auditor], CLOCK // 2)
     game_id = auditor.state.notes["game"]
     game = tester_chain.binding.game(game_id)
     assert (game.lo, game.hi) == (FAULT_STEP - 1, FAULT_STEP)
-    assert _ended(tester_chain, game_id) == (GameStatus.CHALLENGER_WON, EndReason.REFEREE)
+    assert game_end(tester_chain, game_id) == (GameStatus.CHALLENGER_WON, EndReason.REFEREE)
     assert tester_chain.binding.job(job).status == JobStatus.VOID
     assert referee.state.games[str(game_id)]["verdict"]["trainer_wins"] is False
     assert tester_chain.binding.credit(auditor.role.address) == 0  # claimed and withdrawn
 
 
 def test_a_trainer_that_stops_answering_loses_on_its_clock(tester_chain: Chain, runs: Runs, tmp_path: Path) -> None:
-    job = _job(tester_chain, runs)
-    trainer = _trainer(tester_chain, tmp_path, "trainer", runs.honest, job)
-    liar = _auditor(tester_chain, tmp_path, "liar", runs.liar, job)
+    job = make_job(tester_chain, runs)
+    trainer = trainer_agent(tester_chain, tmp_path, "trainer", runs.honest, job)
+    liar = auditor_agent(tester_chain, tmp_path, "liar", runs.liar, job)
     for _ in range(2):  # commit, challenge, one move each... then the trainer goes silent
         trainer.tick()
         liar.tick()
@@ -115,20 +73,42 @@ def test_a_trainer_that_stops_answering_loses_on_its_clock(tester_chain: Chain, 
     assert tester_chain.binding.game(game_id).status == GameStatus.ACTIVE
     drive(tester_chain.w3, [liar], [liar], CLOCK // 3)
     # Even an honest trainer loses a game it does not play: the liar wins on time.
-    assert _ended(tester_chain, game_id) == (GameStatus.CHALLENGER_WON, EndReason.TIMEOUT)
+    assert game_end(tester_chain, game_id) == (GameStatus.CHALLENGER_WON, EndReason.TIMEOUT)
     assert tester_chain.binding.job(job).status == JobStatus.VOID
 
 
 def test_a_referee_that_never_answers_refunds_the_challenger(tester_chain: Chain, runs: Runs, tmp_path: Path) -> None:
-    job = _job(tester_chain, runs)
-    trainer = _trainer(tester_chain, tmp_path, "cheater", runs.cheater, job)
-    auditor = _auditor(tester_chain, tmp_path, "auditor", runs.audit_cheater, job)
+    job = make_job(tester_chain, runs)
+    trainer = trainer_agent(tester_chain, tmp_path, "cheater", runs.cheater, job)
+    auditor = auditor_agent(tester_chain, tmp_path, "auditor", runs.audit_cheater, job)
     before = tester_chain.w3.eth.get_balance(auditor.role.address)
     drive(tester_chain.w3, [trainer, auditor], [trainer, auditor], REFEREE_WINDOW // 2)
     game_id = auditor.state.notes["game"]
     assert tester_chain.binding.game(game_id).hi == FAULT_STEP
-    assert _ended(tester_chain, game_id) == (GameStatus.REFUNDED, EndReason.REFEREE_MISSED_DEADLINE)
+    assert game_end(tester_chain, game_id) == (GameStatus.REFUNDED, EndReason.REFEREE_MISSED_DEADLINE)
     spent = before - tester_chain.w3.eth.get_balance(auditor.role.address)
     assert 0 < spent < ETHER // 100  # only gas: the bond came back
     # With no verdict the commitment stands: the trainer's bond was never at stake in a refunded game.
     assert tester_chain.binding.job(job).status == JobStatus.FINAL
+
+
+def test_two_challengers_one_right_one_lying(tester_chain: Chain, runs: Runs, tmp_path: Path) -> None:
+    """A cheater faces an honest auditor and a liar at once: each game isolates its own step, the
+    cheater wins the liar's bond (its step LIAR_STEP is honest) and loses its commitment to the auditor."""
+    job = make_job(tester_chain, runs)
+    trainer = trainer_agent(tester_chain, tmp_path, "cheater", runs.cheater, job)
+    auditor = auditor_agent(tester_chain, tmp_path, "auditor", runs.audit_cheater, job)
+    liar = auditor_agent(tester_chain, tmp_path, "liar", runs.liar, job)
+    referee = referee_agent(tester_chain, tmp_path, {job: RunSource(runs.cheater)})
+    drive(tester_chain.w3, [trainer, auditor, liar, referee], [trainer, auditor, liar], CLOCK // 2)
+    games = {who: a.state.notes["game"] for who, a in (("auditor", auditor), ("liar", liar))}
+    assert set(trainer.state.games) == {str(g) for g in games.values()}
+    assert tester_chain.binding.game(games["auditor"]).hi == FAULT_STEP
+    assert tester_chain.binding.game(games["liar"]).hi == LIAR_STEP
+    assert game_end(tester_chain, games["auditor"])[0] == GameStatus.CHALLENGER_WON
+    assert game_end(tester_chain, games["liar"])[0] == GameStatus.TRAINER_WON
+    assert tester_chain.binding.job(job).status == JobStatus.VOID
+    for agent in (trainer, auditor, liar):  # everyone collected what the contract owed it
+        assert tester_chain.binding.credit(agent.role.address) == 0
+    # All the contract still holds is the voided job's reward, owed back to the client.
+    assert tester_chain.binding.balance() == tester_chain.binding.credit(tester_chain.keys["client"].address) == 2 * ETHER

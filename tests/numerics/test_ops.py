@@ -1,0 +1,51 @@
+"""The op registry: classes, the decomposed fused ops, and the refusal of unknown ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vtrain.devices import get_device
+from vtrain.ops import OpClass, UnsupportedOpError, classify, registry
+from vtrain.rounding import RoundedExecution
+
+aten = torch.ops.aten
+
+
+def test_classes_of_representative_ops() -> None:
+    assert classify(aten.view.default, (), {}).cls is OpClass.EXACT
+    assert classify(aten.relu.default, (), {}).cls is OpClass.EXACT
+    assert classify(aten.mul_.Tensor, (), {}).cls is OpClass.IEEE and classify(aten.mul_.Tensor, (), {}).inplace
+    for op in (aten.mm.default, aten.convolution_backward.default, aten.sum.dim_IntList, aten._log_softmax.default,
+               aten.nll_loss_forward.default, aten.exp.default):
+        assert classify(op, (), {}).cls is OpClass.DEVICE and classify(op, (), {}).bound is not None
+    for op in (aten.addcmul_.default, aten.lerp_.Scalar, aten.add_.Tensor):
+        spec = classify(op, (), {})
+        assert spec.cls is OpClass.IEEE and spec.decomposed is not None and spec.inplace
+    assert registry()["aten.mm.default"] is OpClass.DEVICE
+    with pytest.raises(UnsupportedOpError, match="aten._foreach_add_"):
+        classify(aten._foreach_add_.List, (), {})
+
+
+def test_decomposed_ops_follow_their_fixed_formula_on_every_device() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x, t1, t2 = (torch.randn(1000, generator=gen, dtype=torch.float64).to(torch.float32).double() for _ in range(3))
+    want = {
+        "lerp": x + (t1 - x) * 0.1,
+        "addcmul": x + (t1 * t2) * -0.3,
+        "addcdiv": x + (t1 / t2) * 0.7,
+        "add_alpha": x + t1 * -0.05,
+        "add_scalar_alpha": x + 3.0 * 0.1,
+    }
+    for device in ("cpu", "emu:splitk8-tree"):
+        with RoundedExecution(bits=32, device=get_device(device)) as rx:
+            got = {
+                "lerp": torch.lerp(x, t1, 0.1),
+                "addcmul": x.clone().addcmul_(t1, t2, value=-0.3),
+                "addcdiv": torch.addcdiv(x, t1, t2, value=0.7),
+                "add_alpha": torch.add(x, t1, alpha=-0.05),
+                "add_scalar_alpha": aten.add.Scalar(x, 3.0, 0.1),
+            }
+        for name, value in got.items():
+            assert torch.equal(value, want[name].to(torch.float32).double()), name
+        assert rx.stats["sites"] == 0 and rx.stats["rounded"] == 5 * 1000
