@@ -14,9 +14,7 @@ the same run (median over the run's steps). Prints a Markdown section for docs/b
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,25 +22,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-ANVIL = REPO / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"
-
-
-def start_anvil() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([str(ANVIL), "--port", str(port), "--host", "127.0.0.1", "--silent"])
-    url = f"http://127.0.0.1:{port}"
-    from protocol.roles.network import connect
-
-    for _ in range(100):
-        try:
-            connect(url, retries=1, backoff_s=0.01)
-            return proc, url
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.05)
-    proc.terminate()
-    raise SystemExit("anvil did not start")
 
 
 def replay_ratio(run_dir: Path, steps: list[int]) -> dict[str, float]:
@@ -68,27 +47,23 @@ def replay_ratio(run_dir: Path, steps: list[int]) -> dict[str, float]:
 
 
 def bench_spec(spec: Path, steps: int, reps: int) -> tuple[list[str], str]:
+    from protocol.anvil import start_anvil
     from protocol.demo import DemoOptions, run_demo
 
     per_story: dict[str, list[dict]] = {}
     ratio_line = ""
     for rep in range(reps):
-        proc, url = start_anvil()
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                summary = run_demo(DemoOptions(spec=spec, steps=steps, rpc=url, workdir=Path(tmp)))
-                for s in summary["stories"]:
-                    per_story.setdefault(s["name"], []).append(s)
-                if rep == 0:
-                    r = replay_ratio(Path(tmp) / "runs" / "honest", list(range(1, steps + 1, max(1, steps // 6))))
-                    ratio_line = (f"{spec.name}: referee `replay_step` of one step {r['replay'] * 1e3:.1f} ms vs one "
-                                  f"training step {r['train'] * 1e3:.1f} ms = **{r['ratio']:.1f}×**; of it, building "
-                                  f"the model and data and loading the checked state take {r['setup'] * 1e3:.1f} ms, "
-                                  f"the step itself {(r['replay'] - r['setup']) * 1e3:.1f} ms = "
-                                  f"{r['step_ratio']:.1f}× a training step")
-        finally:
-            proc.terminate()
-            proc.wait()
+        with start_anvil() as node, tempfile.TemporaryDirectory() as tmp:
+            summary = run_demo(DemoOptions(spec=spec, steps=steps, rpc=node.url, workdir=Path(tmp)))
+            for s in summary["stories"]:
+                per_story.setdefault(s["name"], []).append(s)
+            if rep == 0:
+                r = replay_ratio(Path(tmp) / "runs" / "honest", list(range(1, steps + 1, max(1, steps // 6))))
+                ratio_line = (f"{spec.name}: referee `replay_step` of one step {r['replay'] * 1e3:.1f} ms vs one "
+                              f"training step {r['train'] * 1e3:.1f} ms = **{r['ratio']:.1f}×**; of it, building "
+                              f"the model and data and loading the checked state take {r['setup'] * 1e3:.1f} ms, "
+                              f"the step itself {(r['replay'] - r['setup']) * 1e3:.1f} ms = "
+                              f"{r['step_ratio']:.1f}× a training step")
     rows = []
     for name, runs in per_story.items():
         med = {k: statistics.median(r["seconds"][k] for r in runs) for k in runs[0]["seconds"]}

@@ -114,7 +114,7 @@ def main() -> None:
     for r in results:
         m = r["ms_per_step"]
         print(f"| {r['example']} | {m['plain32']} | {m['plain64']} | {m['trainer']} | {m['auditor']} | "
-              f"{m['hash+io']} | {r['ratio_trainer_vs_plain64']}x | {r['ratio_auditor_vs_plain64']}x | "
+              f"{m['hash']} | {r['ratio_trainer_vs_plain64']}x | {r['ratio_auditor_vs_plain64']}x | "
               f"{r['ratio_trainer_vs_plain32']}x |")
     print("\n| example | rounded/step | logged/step (values) | logged fraction | bound B/step | tau B/step "
           "| dense B/step | dense+zip B/step | dense/bound | corrections/step |")

@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/bench_rounding.py [--steps 20] [--reps 5] [--threads 1]
 
-Models are the numerics tests' MLP (64-32-10, Adam) and CNN (two 3x3 convs, AdamW) plus a wider MLP
-(64-256-256-10, Adam), batch 32 of sklearn digits, float64 work at bits = 32 on device cpu. Timings are
+Models are the numerics tests' MLP (64-64-10, Adam) and CNN (two 3x3 convs, AdamW) plus wider MLPs
+(mlp-wide 64-256-256-10; mlp-xl 64-1024-1024-10 at batch 256, with --models), batch 32 of sklearn digits, float64 work at bits = 32 on device cpu. Timings are
 medians over interleaved repetitions of `--steps` steps (so load from other processes hits every variant
 alike). Prints a markdown table.
 """
@@ -21,17 +21,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "numerics"))
 
-from tests.numerics.training import batch, make_model, make_optimizer  # noqa: E402
+from numkit import batch, make_model, make_optimizer  # noqa: E402
 from vtrain.devices import get_device  # noqa: E402
 from vtrain.grid import round_to_grid  # noqa: E402
 from vtrain.rounding import RoundedExecution  # noqa: E402
 
 
+BATCH = {"mlp-xl": 256}  # the others: 32
+WIDTH = {"mlp-wide": 256, "mlp-xl": 1024}
+
+
 def _model(kind: str, dtype: torch.dtype) -> tuple[nn.Module, torch.optim.Optimizer]:
-    if kind == "mlp-wide":
+    if kind in WIDTH:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).to(dtype)
+        w = WIDTH[kind]
+        model = nn.Sequential(nn.Linear(64, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, 10)).to(dtype)
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(round_to_grid(p, 32))
@@ -44,7 +50,7 @@ def _steps(kind: str, variant: str, steps: int, logs: list | None) -> tuple[floa
     dtype = torch.float32 if variant == "plain-fp32" else torch.float64
     model, opt = _model(kind, dtype)
     out_logs, stats = [], []
-    data = [batch(t, dtype) for t in range(steps)]
+    data = [batch(t, dtype, BATCH.get(kind, 32)) for t in range(steps)]
     t0 = time.perf_counter()
     for t, (x, y) in enumerate(data):
         if variant.startswith("plain-fp"):
@@ -90,7 +96,7 @@ def main() -> None:
             model, opt = _model(kind, torch.float64)
             tot = {"rounded": 0, "logged": 0, "logged_values": 0, "log_bytes": 0, "dense_bytes": 0, "dense_zip_bytes": 0}
             for t in range(args.steps):
-                x, y = batch(t, torch.float64)
+                x, y = batch(t, torch.float64, BATCH.get(kind, 32))
                 with RoundedExecution(bits=32, device=get_device("cpu"), policy=policy, step=t) as rx:
                     opt.zero_grad()
                     F.cross_entropy(model(x), y).backward()

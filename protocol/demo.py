@@ -67,7 +67,7 @@ class DemoOptions:
     auditor_device: str | None = None  # default: the first emulated device
     referee_device: str = "cpu"
     rpc: str | None = None  # None: an embedded eth-tester chain
-    workdir: Path = Path("vtrain-demo")
+    workdir: Path = Path("demo-runs")  # git-ignored in this repository
     challenge_window: int = 3600
     clock_per_side: int = 1800
     referee_window: int = 3600
@@ -231,7 +231,8 @@ def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = _silent) -
     stage.play(stories["liar"], f"Story 3: a lying auditor (wrong from step {liar_step}) loses its bond", "trainer",
                runs["honest"], "liar", runs["liar"])
     if stage.client.credit() > 0:  # the voided job's reward came back to the client
-        narrate(f"\n  [  client] {stage.client.withdraw().label}")
+        narrate("")
+        stage.client.withdraw()
     summary = {
         "chain": stage.chain, "chain_id": stage.w3.eth.chain_id, "contract": stage.binding.address,
         "spec": str(options.spec), "steps": spec.steps, "auditor_device": auditor_device,

@@ -74,11 +74,10 @@ def _prod(xs: Any) -> int:
 # -- matmul family and convolutions -----------------------------------------------------------------
 
 
-def _bilinear(k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
+def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
     """The op itself on absolute values, times gamma of the dot length (+ extra roundings)."""
 
     def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        func = bound.func  # type: ignore[attr-defined]
         v = outs[0]
         u = unit_roundoff(v.dtype)
         k = k_of(args) + terms
@@ -88,9 +87,57 @@ def _bilinear(k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
     return bound
 
 
-def _with_func(func: Any, bound: Bound) -> Bound:
-    bound.func = func  # type: ignore[attr-defined]
+# Matmuls get two cheaper forms, so that the full |A||B| product (as costly as the matmul itself) is
+# never needed: a Cauchy-Schwarz bound gamma_K ||a_i|| ||b_j|| >= gamma_K sum_k |a_ik b_kj| from row and
+# column norms (an outer product) to pre-filter candidates, and the exact sum_k |a_ik b_kj| gathered only
+# at the few positions that are candidates (trainer) or logged (auditor). Norms are taken in float64,
+# where squares of FP32-range grid values neither overflow nor underflow.
+
+PositionBound = Callable[[tuple, dict, Sequence["torch.Tensor | None"], torch.Tensor], torch.Tensor]
+_GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk
+
+
+def _mm_operands(func: Any, args: tuple, kwargs: dict) -> tuple:
+    """(bias or None, beta, alpha, A as (B, M, K), B as (B, K, N), extra roundings)."""
+    if func is aten.addmm.default:
+        bias, a, b = args[:3]
+        return bias, kwargs.get("beta", 1), kwargs.get("alpha", 1), a.unsqueeze(0), b.unsqueeze(0), 3
+    if func is aten.bmm.default:
+        return None, 1, 1, args[0], args[1], 0
+    return None, 1, 1, args[0].unsqueeze(0), args[1].unsqueeze(0), 0
+
+
+def _matmul_cheap(func: Any) -> Bound:
+    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        v = outs[0]
+        bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
+        u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
+        rows = torch.linalg.vector_norm(a.double(), dim=-1).unsqueeze(-1)  # (B, M, 1)
+        cols = torch.linalg.vector_norm(b.double(), dim=-2).unsqueeze(-2)  # (B, 1, N)
+        cs = rows * cols * abs(alpha)
+        if bias is not None:
+            cs = cs + abs(beta) * bias.double().abs()
+        return [_finish(gamma(k, u) * cs.reshape(v.shape).to(v.dtype), k, u, v.dtype)]
+
     return bound
+
+
+def _matmul_at(func: Any) -> PositionBound:
+    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], pos: torch.Tensor) -> torch.Tensor:
+        v = outs[0]
+        bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
+        u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
+        m, n = a.shape[1], b.shape[2]
+        batch, rem = pos // (m * n), pos % (m * n)
+        i, j = rem // n, rem % n
+        step = max(1, _GATHER_ELEMENTS // max(a.shape[-1], 1))
+        absval = torch.cat([(a[batch[s:s + step], i[s:s + step], :].abs() * b[batch[s:s + step], :, j[s:s + step]].abs())
+                            .sum(-1) for s in range(0, pos.numel(), step)]) * abs(alpha)
+        if bias is not None:
+            absval = absval + abs(beta) * bias.expand(v.shape).reshape(-1)[pos].abs()
+        return _finish(gamma(k, u) * absval, k, u, v.dtype)
+
+    return bound_at
 
 
 def _conv_k(args: tuple) -> int:
@@ -252,12 +299,12 @@ def _addmm_k(args: tuple) -> int:
 
 
 BOUNDS: dict[Any, Bound] = {
-    aten.mm.default: _with_func(aten.mm.default, _bilinear(_mm_k)),
-    aten.bmm.default: _with_func(aten.bmm.default, _bilinear(_mm_k)),
-    aten.dot.default: _with_func(aten.dot.default, _bilinear(_mm_k)),
-    aten.mv.default: _with_func(aten.mv.default, _bilinear(_mm_k)),
-    aten.addmm.default: _with_func(aten.addmm.default, _bilinear(_addmm_k, terms=3)),
-    aten.convolution.default: _with_func(aten.convolution.default, _bilinear(_conv_k, terms=1)),
+    aten.mm.default: _bilinear(aten.mm.default, _mm_k),
+    aten.bmm.default: _bilinear(aten.bmm.default, _mm_k),
+    aten.dot.default: _bilinear(aten.dot.default, _mm_k),
+    aten.mv.default: _bilinear(aten.mv.default, _mm_k),
+    aten.addmm.default: _bilinear(aten.addmm.default, _addmm_k, terms=3),
+    aten.convolution.default: _bilinear(aten.convolution.default, _conv_k, terms=1),
     aten.convolution_backward.default: _convolution_backward,
     aten.sum.default: _sum,
     aten.sum.dim_IntList: _sum,
@@ -280,4 +327,9 @@ BOUNDS: dict[Any, Bound] = {
     aten.log1p.default: _transcendental,
     aten.rsqrt.default: _transcendental,
     aten.pow.Tensor_Scalar: _transcendental,
+}
+
+# op -> (cheap elementwise upper bound of BOUNDS[op], BOUNDS[op] evaluated only at flat positions)
+MATMUL_SHORTCUTS: dict[Any, tuple[Bound, PositionBound]] = {
+    op: (_matmul_cheap(op), _matmul_at(op)) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)
 }

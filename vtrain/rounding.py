@@ -39,7 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
-from vtrain.grid import GridOverflowError, check_bits, check_finite_range, neighbours, round_to_grid, round_unchecked, spacing_below
+from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, grid_ulp, round_to_grid, round_unchecked,
+                         spacing_below)
 from vtrain.ops import OpClass, OpSpec, classify
 from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
 
@@ -110,11 +111,16 @@ class RoundedExecution(TorchDispatchMode):
 
     def __enter__(self) -> RoundedExecution:
         self._t0 = time.perf_counter()
+        # TF32 matmuls/convolutions (on by default for cuDNN) carry 10-bit products: far outside the
+        # float32 error bounds. Inside rounded execution float32 means IEEE float32.
+        self._tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         super().__enter__()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         super().__exit__(exc_type, exc, tb)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._tf32
         self._seconds += time.perf_counter() - self._t0
         self._derived = None  # storage numbers are computed (once) on the first stats access after this
         if exc_type is None and self.mode == "replay" and self._counts["sites"] != len(self.replay_log.sites):
@@ -197,11 +203,14 @@ class RoundedExecution(TorchDispatchMode):
         for i, v in enumerate(floats):
             if v is None:
                 continue
+            if self._trivial(v):  # nothing to round, so no site: trainer and auditor skip it alike
+                outs[i] = self._round(v, spec)
+                continue
             site = self._counts["sites"]
             self._counts["sites"] += 1
             offset = self._counts["rounded"]
             r = self._round(v, spec)
-            if self.mode == "plain" or self._trivial(v):
+            if self.mode == "plain":
                 outs[i] = r
                 continue
             shape = tuple(v.shape)
@@ -247,20 +256,26 @@ class RoundedExecution(TorchDispatchMode):
         if cand.numel() == 0:
             return SiteLog(site, op, shape)
         vv, rr, ww = vf[cand], rf[cand], band[cand]
-        lower, upper = neighbours(rr, self.bits)
-        d_lo = vv - (rr + lower) * 0.5
-        d_hi = (rr + upper) * 0.5 - vv
+        diff, down, up = self._geometry(vv, rr)
+        d_lo = diff + down * 0.5  # distance to the boundary below r
+        d_hi = up * 0.5 - diff  # distance to the boundary above r
         near_lo = d_lo <= d_hi
         logged = torch.minimum(d_lo, d_hi) < ww
         if self.policy == "bound":
-            spacing = torch.minimum(rr - lower, upper - rr)
-            as_value = logged & (ww >= spacing * VALUE_FRACTION)
+            as_value = logged & (ww >= torch.minimum(down, up) * VALUE_FRACTION)
         else:
             as_value = torch.zeros_like(logged)
         as_dir = logged & ~as_value
         return SiteLog(site, op, shape,
                        cand[as_dir].cpu().numpy(), near_lo[as_dir].cpu().numpy(),
                        cand[as_value].cpu().numpy(), rr[as_value].to(torch.float32).cpu().numpy())
+
+    def _geometry(self, vv: torch.Tensor, rr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(v - r, the grid spacing below r, the grid spacing above r) for grid values r."""
+        toward_zero = spacing_below(rr, self.bits)
+        away = grid_ulp(rr, self.bits)
+        negative = rr < 0
+        return vv - rr, torch.where(negative, away, toward_zero), torch.where(negative, toward_zero, away)
 
     # -- replay -------------------------------------------------------------------------------------
 
@@ -282,10 +297,10 @@ class RoundedExecution(TorchDispatchMode):
         if entry.dir_pos.size:
             pos = torch.from_numpy(entry.dir_pos).to(dev)
             vv, rr = vf[pos], rf[pos]
-            lower, upper = neighbours(rr, self.bits)
-            near_lo = vv - (rr + lower) * 0.5 <= (rr + upper) * 0.5 - vv
-            lo = torch.where(near_lo, lower, rr)
-            hi = torch.where(near_lo, rr, upper)
+            diff, down, up = self._geometry(vv, rr)
+            near_lo = diff + down * 0.5 <= up * 0.5 - diff
+            lo = torch.where(near_lo, rr - down, rr)
+            hi = torch.where(near_lo, rr, rr + up)
             claims.append(torch.where(torch.from_numpy(entry.dir_up).to(dev), hi, lo))
             positions.append(pos)
         if entry.val_pos.size:

@@ -55,6 +55,9 @@ class Spec:
     tau: float = 0.25              # tau policy: log when |v - rounded| > tau grid ulps
     checkpoint_interval: int = 1   # a state and a leaf every step (only 1 is supported)
 
+    def __post_init__(self) -> None:
+        _check(self)   # also guards dataclasses.replace: no Spec object is ever out of range
+
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. This exact text is what the spec hash covers."""
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
@@ -82,6 +85,27 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+def _check(spec: Spec) -> None:
+    """Types, choices and ranges of every field; a message without the source (the caller adds it)."""
+    for f in dataclasses.fields(Spec):
+        key, value = f.name, getattr(spec, f.name)
+        if f.type == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif f.type == "float":
+            ok = isinstance(value, float)
+        else:
+            ok = isinstance(value, str)
+        if not ok:
+            raise SpecError(f"key {key!r} must be {f.type}, got {type(value).__name__} {value!r}")
+        if key in _CHOICES and value not in _CHOICES[key]:
+            raise SpecError(f"key {key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
+        if key in _RANGES and not _RANGES[key][0] <= value <= _RANGES[key][1]:
+            lo, hi = _RANGES[key]
+            raise SpecError(f"key {key!r} must lie in [{lo}, {hi}], got {value!r}")
+    if spec.schedule == "warmup-cosine" and spec.warmup_steps >= spec.steps:
+        raise SpecError(f"warmup_steps ({spec.warmup_steps}) must be below steps ({spec.steps})")
+
+
 def spec_from_dict(data: dict[str, Any], source: str = "<dict>") -> Spec:
     """Build a Spec from plain values, checking every key, type and range."""
     fields = {f.name: f for f in dataclasses.fields(Spec)}
@@ -89,26 +113,14 @@ def spec_from_dict(data: dict[str, Any], source: str = "<dict>") -> Spec:
     for key, value in data.items():
         if key not in fields:
             raise SpecError(f"{source}: unknown key {key!r}; valid keys: {', '.join(sorted(fields))}")
-        want = fields[key].type
-        if want == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif want == "float":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # TOML writes 1 for 1.0: an integer where a float is wanted is that float (same hash)
+        if fields[key].type == "float" and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        else:
-            ok = isinstance(value, str)
-        if not ok:
-            raise SpecError(f"{source}: key {key!r} must be {want}, got {type(value).__name__} {value!r}")
-        if key in _CHOICES and value not in _CHOICES[key]:
-            raise SpecError(f"{source}: key {key!r} must be one of {', '.join(_CHOICES[key])}, got {value!r}")
-        if key in _RANGES and not _RANGES[key][0] <= value <= _RANGES[key][1]:
-            lo, hi = _RANGES[key]
-            raise SpecError(f"{source}: key {key!r} must lie in [{lo}, {hi}], got {value!r}")
         values[key] = value
-    spec = Spec(**values)
-    if spec.schedule == "warmup-cosine" and spec.warmup_steps >= spec.steps:
-        raise SpecError(f"{source}: warmup_steps ({spec.warmup_steps}) must be below steps ({spec.steps})")
-    return spec
+    try:
+        return Spec(**values)
+    except SpecError as exc:
+        raise SpecError(f"{source}: {exc}") from None
 
 
 def load_spec(path: str | Path) -> Spec:

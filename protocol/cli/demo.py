@@ -24,7 +24,7 @@ from protocol.cli.chain import chain_errors
 @click.option("--fault", "fault_kind", type=click.Choice(["poison-batch", "skip-step", "perturb-weights"]),
               default="poison-batch", show_default=True, help="The kind of fault of the cheater and the liar.")
 @click.option("--auditor-device", default=None, help="Device the auditor replays on [default: the first emu: profile].")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("vtrain-demo"),
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("demo-runs"),
               show_default=True, help="Where runs, audits and agent state files go.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of the story.")
 @chain_errors
@@ -65,12 +65,12 @@ def _print_table(summary: dict[str, Any]) -> None:
 
     table = Table(title="demo summary")
     for col in ("story", "outcome", "txs", "gas", "train s", "audit s", "on-chain s", "replay s"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for s in summary["stories"]:
         sec = s["seconds"]
         table.add_row(s["name"], s["outcome"], str(len(s["txs"])), f"{s['gas']:,}", f"{sec['training']:.2f}",
                       f"{sec['auditing']:.2f}", f"{sec['onchain']:.2f}", f"{sec['replay']:.2f}")
-    console = Console()
+    console = Console(width=max(Console().width, 110))  # one line per story even when piped
     console.print(table)
     console.print(f"fault at step {summary['fault_step']}, game isolated step {summary['isolated_step']}; "
                   f"liar wrong from step {summary['liar_step']}, isolated {summary['liar_isolated_step']}; "

@@ -37,6 +37,8 @@ def cli_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except VtrainError as exc:
             _fail(str(exc), 2)
+        except OSError as exc:   # unreadable input, unwritable --out, disk full: say which file
+            _fail(f"{exc.filename or ''}: {exc.strerror or exc}", 2)
         except KeyboardInterrupt:
             _fail("interrupted; `vtrain train` resumes from the last complete step", 130)
 

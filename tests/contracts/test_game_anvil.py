@@ -107,8 +107,21 @@ def test_locally_signed_transactions(world):
     assert game.balance() == REWARD
 
 
-def test_solvency_machine_on_anvil(anvil_base):
+def anvil_machine(anvil_base) -> type[GameMachine]:
     class AnvilMachine(GameMachine):
         world_factory = staticmethod(lambda: anvil_base)
 
-    run_state_machine_as_test(AnvilMachine, settings=settings(max_examples=5, stateful_step_count=20, **SETTINGS))
+    return AnvilMachine
+
+
+def test_solvency_machine_on_anvil(anvil_base):
+    run_state_machine_as_test(anvil_machine(anvil_base), settings=settings(max_examples=5, stateful_step_count=20, **SETTINGS))
+
+
+@pytest.mark.slow
+def test_solvency_machine_on_anvil_200(anvil_base):
+    """The issue's >= 200 random sequences, randomised per run (a failure prints its sequence)."""
+    run_state_machine_as_test(
+        anvil_machine(anvil_base),
+        settings=settings(max_examples=200, stateful_step_count=25, **{**SETTINGS, "derandomize": False}),
+    )

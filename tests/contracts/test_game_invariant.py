@@ -291,7 +291,5 @@ SETTINGS = dict(deadline=None, suppress_health_check=list(HealthCheck), derandom
 class TestSolvencyFast(GameMachine.TestCase):
     settings = settings(max_examples=6, stateful_step_count=20, **SETTINGS)
 
-
-@pytest.mark.slow
-class TestSolvencySlow(GameMachine.TestCase):
-    settings = settings(max_examples=200, stateful_step_count=25, **{**SETTINGS, "derandomize": False})
+# The 200-sequence run is test_game_anvil.py::test_solvency_machine_on_anvil_200: the same
+# machine on anvil, ~20x faster per transaction than eth-tester.

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from protokit import Chain, Runs, make_chain, start_anvil, stop_anvil, train_runs
+from protokit import Chain, Runs, make_chain, train_runs
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +38,14 @@ def tester_chain(artifact) -> Chain:
 
 @pytest.fixture
 def anvil():
-    a = start_anvil()
-    yield a
-    stop_anvil(a)
+    """A fresh anvil on a free loopback port (protocol.anvil), stopped by its PID afterwards."""
+    from protocol.anvil import ANVIL_BINARY, start_anvil
+
+    if not ANVIL_BINARY.is_file():
+        pytest.skip(f"anvil binary missing at {ANVIL_BINARY}: run scripts/setup.sh")
+    node = start_anvil()
+    yield node
+    node.stop()
 
 
 @pytest.fixture

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from eth_account import Account
 
 from protocol.agents.agent import AuditorAgent, RefereeAgent, TrainerAgent
@@ -26,7 +22,6 @@ from protocol.runsource import RunSource
 from vtrain.run import Run
 
 REPO = Path(__file__).resolve().parents[2]
-ANVIL = REPO / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"
 CAST = REPO / "node_modules" / "@foundry-rs" / "cast-linux-amd64" / "bin" / "cast"
 VTRAIN = [str(Path(sys.executable).parent / "vtrain")]
 STEPS = 8
@@ -90,47 +85,6 @@ def make_chain(w3, rpc: str | None) -> Chain:  # noqa: ANN001
     keys = {name: Account.create() for name in ROLES}
     fund(w3, [k.address for k in keys.values()], 100 * ETHER)
     return Chain(w3, deploy(w3, keys["client"]), keys, rpc)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Anvil:
-    url: str
-    port: int
-    proc: subprocess.Popen
-
-
-def start_anvil() -> Anvil:
-    if not ANVIL.exists():
-        pytest.skip(f"anvil binary missing at {ANVIL}: run scripts/setup.sh")
-    port = free_port()
-    proc = subprocess.Popen([str(ANVIL), "--port", str(port), "--host", "127.0.0.1", "--silent"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    from web3 import Web3
-
-    w3 = Web3(Web3.HTTPProvider(url))
-    for _ in range(100):
-        try:
-            w3.eth.chain_id
-            return Anvil(url, port, proc)
-        except Exception:  # noqa: BLE001 - not up yet
-            time.sleep(0.05)
-    proc.terminate()
-    raise RuntimeError("anvil did not answer within 5 s")
-
-
-def stop_anvil(a: Anvil) -> None:
-    a.proc.terminate()
-    try:
-        a.proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        a.proc.kill()
 
 
 def vtrain_env(**extra: str) -> dict:

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from protokit import CAST, ETHER, FAULT_STEP, REPO, Runs, free_port
+from protokit import CAST, ETHER, FAULT_STEP, REPO, Runs
 from eth_account import Account
 
+from protocol.anvil import free_port
 from protocol.keys import write_keystore
 from protocol.roles import read_audit_leaves as read_leaves
 from protocol.roles.network import connect, fund
 from vtrain.spec import to_toml
 
-pytestmark = pytest.mark.anvil
 
 
 def vt(*args: str, env: dict, input: str | None = None) -> Result:
@@ -37,6 +37,7 @@ def one_clear_line(p: Result) -> str:
     return lines[0]
 
 
+@pytest.mark.anvil
 def test_deploy_create_commit_and_cast_reads_the_job_back(anvil, runs: Runs, tmp_path: Path) -> None:
     w3 = connect(anvil.url)
     deployer, trainer, referee = Account.create(), Account.create(), Account.create()
@@ -85,6 +86,7 @@ def test_deploy_create_commit_and_cast_reads_the_job_back(anvil, runs: Runs, tmp
     assert w3.eth.get_transaction_count(trainer.address) == 1  # only the commit was ever sent
 
 
+@pytest.mark.anvil
 def test_bad_input_is_one_clear_line(anvil, runs: Runs, tmp_path: Path) -> None:
     w3 = connect(anvil.url)
     rich, poor = Account.create(), Account.create()
@@ -132,6 +134,7 @@ def test_bad_input_is_one_clear_line(anvil, runs: Runs, tmp_path: Path) -> None:
     assert "s3cret" not in p.stdout + p.stderr and json.loads(p.stdout)["address"] in deps.read_text()
 
 
+@pytest.mark.anvil
 def test_challenge_resolve_and_withdraw_from_the_command_line(anvil_chain, runs: Runs, tmp_path: Path) -> None:
     """The cheater's job disputed with the one-shot commands; the bisection moves are the agents' job."""
     from protocol.chain import GameStatus, JobStatus
@@ -175,3 +178,16 @@ def test_challenge_resolve_and_withdraw_from_the_command_line(anvil_chain, runs:
     p = vt("status", "--job", str(job), "--contract", chain.binding.address, "--json", env=env)
     games = json.loads(p.stdout)["games"]
     assert games[0]["status"] == "CHALLENGER_WON" and games[0]["isolated_step"] == FAULT_STEP
+
+
+@pytest.mark.parametrize("args, message", [
+    (["watch", "--role", "trainer", "--state", "s.json"], "--role trainer needs --job"),
+    (["watch", "--role", "auditor", "--job", "1", "--state", "s.json"], "needs --run (to audit) or --audit"),
+    (["watch", "--role", "referee", "--run", "one=http://x/", "--state", "s.json"], "expected JOB=DIR_OR_URL"),
+    (["demo", "--steps", "4", "--fault-step", "9"], "fault steps must lie in 1..4"),
+    (["job", "create", "examples/logreg.toml", "--referee", "0x" + "11" * 20, "--reward", "-1"], "not a non-negative"),
+    (["status", "--job", "1"], "the embedded chain starts empty in every command"),
+])
+def test_usage_errors_exit_2_without_a_traceback(args: list[str], message: str, tmp_path: Path) -> None:
+    p = vt(*args, env={"VTRAIN_PRIVATE_KEY": Account.create().key.hex()})
+    assert p.exit_code == 2 and message in p.stderr and "Traceback" not in p.stderr

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import cli, example
+from enginekit import cli, example
 from vtrain.audit import audit, replay_step_detail
 from vtrain.leaves import LeafRecord, keccak256
 from vtrain.merkle import verify_proof
@@ -36,6 +36,14 @@ def test_layout_and_commitment(run12):
         assert run.read_state(t)[:8] == b"VTSTATE\0"
     assert len(run.metrics()) == 12 and [m["step"] for m in run.metrics()] == list(range(1, 13))
     assert not list(run12.rglob("*.tmp*"))
+
+
+def test_cli_inspect(run12):
+    r = cli("inspect", str(run12), "--verify")
+    run = Run.open(run12)
+    assert r.returncode == 0, r.stderr
+    assert f"root:       0x{run.root.hex()}  size=13" in r.stdout and "steps:      12 of 12" in r.stdout
+    assert "verified:   13 states and 12 logs match their leaves" in r.stdout and "log bytes:" in r.stdout
 
 
 def test_inclusion_proofs_of_every_leaf(run12):

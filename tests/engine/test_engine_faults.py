@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cli, emulated_devices, example
+from enginekit import cli, emulated_devices, example
 from vtrain.audit import audit, replay_step_detail
 from vtrain.faults import Fault, FaultError, parse_fault
 from vtrain.run import Run

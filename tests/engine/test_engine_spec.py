@@ -62,6 +62,13 @@ def test_bad_specs_name_key_and_file(tmp_path, text, words):
         assert w in str(exc.value)
 
 
+def test_replace_is_checked_too():
+    with pytest.raises(SpecError, match="bits"):
+        dataclasses.replace(Spec(), bits=40)
+    with pytest.raises(SpecError, match="lr"):
+        dataclasses.replace(Spec(), lr="0.1")
+
+
 def test_missing_spec_file(tmp_path):
     with pytest.raises(SpecError, match="not found"):
         load_spec(tmp_path / "nope.toml")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from conftest import emulated_devices, example
+from enginekit import emulated_devices, example
 from vtrain.data import batch_indices, keyed_generator, load_dataset
 from vtrain.grid import round_to_grid
 from vtrain.models import build_model, dropout_masks

@@ -13,7 +13,7 @@ import shutil
 
 import numpy as np
 
-from conftest import cli, example
+from enginekit import cli, example
 from vtrain.audit import audit, replay_step_detail
 from vtrain.leaves import LeafRecord, keccak256
 from vtrain.roundlog import StepLog

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import cli, emulated_devices, example
+from enginekit import cli, emulated_devices, example
 from vtrain.audit import audit
 from vtrain.run import Run
 from vtrain.train import TrainingSession

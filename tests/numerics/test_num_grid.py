@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.numerics.reference import ref_neighbours, ref_round
+from numref import ref_neighbours, ref_round
 from vtrain.grid import GridError, GridOverflowError, grid_max, grid_ulp, rev, round_to_grid
 
 FP32_MAX = float(np.finfo(np.float32).max)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.numerics.training import batch, make_model, make_optimizer, params_equal, run
+from numkit import batch, make_model, make_optimizer, params_equal, run
 from vtrain.devices import get_device, list_devices
 from vtrain.grid import round_to_grid
 from vtrain.ops import UnsupportedOpError
@@ -15,7 +15,7 @@ from vtrain.rounding import IllegitimateLogEntryError, NonFiniteError, RoundedEx
 from vtrain.roundlog import SiteLog, StepLog
 
 EMULATED = [d.name for d in list_devices() if d.emulated]
-STEPS = {"mlp": 12, "cnn": 10}
+STEPS = {"mlp": 16, "cnn": 10}
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +186,10 @@ def test_optimizer_variants_and_smooth_activations_replay_exactly(make_opt) -> N
     trainer, logs = train("emu:splitk16-revseq", "record", None)
     auditor, _ = train("emu:lanes8-butterfly", "replay", logs)
     assert len(trainer) == len(auditor) and all(torch.equal(a, b) for a, b in zip(trainer, auditor))
+
+
+def test_float32_work_at_bits32_is_plain_float32_with_an_empty_log() -> None:
+    model, logs, stats = run("mlp", "cpu", "record", 2, dtype=torch.float32, bits=32)
+    assert all(log.num_entries() == 0 and not log.sites for log in logs)
+    replayed, _, _ = run("mlp", "cpu", "replay", 2, logs=logs, dtype=torch.float32, bits=32)
+    assert params_equal(model, replayed)
