@@ -31,6 +31,7 @@ Bands carry a relative slack of 2^-10 (see vtrain.bounds for how E itself is inf
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -215,10 +216,16 @@ class RoundedExecution(TorchDispatchMode):
                 continue
             shape = tuple(v.shape)
             if self.mode == "record":
-                if self.policy == "bound" and bounds is None:
-                    bounds = spec.bound(args, kwargs, floats)
-                band = self._band(r, None if bounds is None else bounds[i])
-                entry = self._find_entries(site, spec.name, shape, v, r, band)
+                exact_at = None
+                if self.policy == "bound" and spec.cheap_bound is not None:
+                    # filter with the cheap bound; the exact one only where the filter leaves candidates
+                    band = self._band(r, spec.cheap_bound(args, kwargs, floats)[i])
+                    exact_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i)
+                else:
+                    if self.policy == "bound" and bounds is None:
+                        bounds = spec.bound(args, kwargs, floats)
+                    band = self._band(r, None if bounds is None else bounds[i])
+                entry = self._find_entries(site, spec.name, shape, v, r, band, exact_at)
                 self._sites.append(entry)
                 self._offsets.append(offset)
                 self._counts["logged"] += entry.num_entries
@@ -227,9 +234,12 @@ class RoundedExecution(TorchDispatchMode):
                 entry = self._expect_site(site, spec.name, shape)
                 self._offsets.append(offset)
                 if entry.num_entries:
-                    if self.policy == "bound" and bounds is None:
-                        bounds = spec.bound(args, kwargs, floats)
-                    r = self._apply_entries(entry, spec.name, v, r, None if bounds is None else bounds[i])
+                    bound_at = None
+                    if self.policy == "bound":
+                        if bounds is None and spec.bound_at is None:
+                            bounds = spec.bound(args, kwargs, floats)
+                        bound_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i, full=bounds)
+                    r = self._apply_entries(entry, spec.name, v, r, bound_at)
             outs[i] = r
         if spec.inplace:
             args[0].copy_(outs[0])
@@ -246,8 +256,19 @@ class RoundedExecution(TorchDispatchMode):
             return (bound.expand(r.shape) * (2 * BAND_SLACK)).reshape(-1)
         return spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
 
+    def _bound_at(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, pos: torch.Tensor,
+                  full: list | None = None) -> torch.Tensor:
+        """The error bound E of output i at flat positions `pos`."""
+        v = floats[i]
+        if full is None and spec.bound_at is not None and pos.numel() * 8 <= v.numel():
+            return spec.bound_at(args, kwargs, floats, pos)
+        full = full if full is not None else spec.bound(args, kwargs, floats)
+        if full[i] is None:  # an output without an error bound (an exact count): nothing is ambiguous
+            return torch.zeros(pos.numel(), dtype=v.dtype, device=v.device)
+        return full[i].expand(v.shape).reshape(-1)[pos]
+
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
-                      band: torch.Tensor) -> SiteLog:
+                      band: torch.Tensor, exact_at: Any = None) -> SiteLog:
         vf, rf = v.reshape(-1), r.reshape(-1)
         half = spacing_below(rf, self.bits) * 0.5
         # The nearest boundary is at least half a (lower) spacing minus |v - r| away: a cheap filter that
@@ -255,7 +276,9 @@ class RoundedExecution(TorchDispatchMode):
         cand = ((vf - rf).abs_() + band > half).nonzero().squeeze(1)
         if cand.numel() == 0:
             return SiteLog(site, op, shape)
-        vv, rr, ww = vf[cand], rf[cand], band[cand]
+        vv, rr = vf[cand], rf[cand]
+        # `band` may come from a cheaper, larger bound: the decision itself uses the exact one
+        ww = band[cand] if exact_at is None else exact_at(cand) * (2 * BAND_SLACK)
         diff, down, up = self._geometry(vv, rr)
         d_lo = diff + down * 0.5  # distance to the boundary below r
         d_hi = up * 0.5 - diff  # distance to the boundary above r
@@ -289,7 +312,7 @@ class RoundedExecution(TorchDispatchMode):
         return entry
 
     def _apply_entries(self, entry: SiteLog, op: str, v: torch.Tensor, r: torch.Tensor,
-                       bound: torch.Tensor | None) -> torch.Tensor:
+                       bound_at: Any) -> torch.Tensor:
         r = r.contiguous()
         vf, rf = v.reshape(-1), r.view(-1)
         dev = r.device
@@ -310,7 +333,7 @@ class RoundedExecution(TorchDispatchMode):
         claim = torch.cat(claims)
         vv = vf[pos]
         if self.policy == "bound":
-            w = torch.zeros_like(vv) if bound is None else bound.expand(v.shape).reshape(-1)[pos] * (2 * BAND_SLACK)
+            w = bound_at(pos) * (2 * BAND_SLACK)
         else:
             w = spacing_below(rf[pos], self.bits) * (0.5 - self.tau) * BAND_SLACK
         ok = (round_unchecked(vv - w, self.bits) <= claim) & (claim <= round_unchecked(vv + w, self.bits))
