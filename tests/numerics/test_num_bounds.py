@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vtrain.bounds import BOUNDS
+from vtrain.bounds import BOUNDS, unit_roundoff
 from vtrain.devices import get_device, list_devices
 from vtrain.grid import round_to_grid
 
@@ -117,3 +117,29 @@ def test_conv_softmax_and_loss_orders_stay_within_the_band() -> None:
             for o2 in outs:
                 for a, b, e in zip(o1, o2, bounds):
                     assert ((a.double() - b.double()).abs() <= 2 * e.double()).all(), func
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float32, 19), (torch.float64, 32)])
+def test_matmul_shortcuts_agree_with_the_full_bound(dtype: torch.dtype, bits: int) -> None:
+    from vtrain.bounds import MATMUL_SHORTCUTS
+
+    gen = torch.Generator().manual_seed(11)
+    a = _grid((3, 12, 40), gen, dtype, bits)
+    b = _grid((3, 40, 7), gen, dtype, bits)
+    bias = _grid((7,), gen, dtype, bits)
+    cases = [
+        (aten.mm.default, (a[0], b[0]), {}),
+        (aten.mm.default, (a[1].T.contiguous().T, b[1].T.contiguous().T), {}),  # strided operands
+        (aten.bmm.default, (a, b), {}),
+        (aten.addmm.default, (bias, a[2], b[2]), {"beta": 0.5, "alpha": -2.0}),
+    ]
+    for func, args, kwargs in cases:
+        out = func(*args, **kwargs)
+        (full,) = BOUNDS[func](args, kwargs, [out])
+        cheap_fn, at_fn = MATMUL_SHORTCUTS[func]
+        (cheap,) = cheap_fn(args, kwargs, [out])
+        assert (cheap >= full).all(), func  # Cauchy-Schwarz: a valid pre-filter
+        pos = torch.arange(out.numel())
+        at = at_fn(args, kwargs, [out], pos)
+        rel = ((at - full.reshape(-1)).abs() / full.reshape(-1)).max()
+        assert rel < 64 * unit_roundoff(dtype) * 40, func  # the same sums, in another order
