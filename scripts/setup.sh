@@ -73,12 +73,7 @@ scripts/solc --version | grep -q "Version: " || fail "scripts/solc (the npm solc
 
 # ---- the main job ---------------------------------------------------------------------------
 if [ "$RUN_DEMO" = 1 ]; then
-  if .venv/bin/vtrain demo --help >/dev/null 2>&1; then
-    step "Running the main job: vtrain demo (the whole story on the embedded chain)"
-    .venv/bin/vtrain demo
-  else
-    step "Smoke check: compile the contracts, start and stop anvil"
-    .venv/bin/python scripts/smoke.py
-  fi
+  step "Running the main job: vtrain demo (the whole story on the embedded chain)"
+  .venv/bin/vtrain demo || fail "vtrain demo failed (see above); the environment is installed, rerun it with .venv/bin/vtrain demo"
 fi
 step "Done. Run the tests with: .venv/bin/pytest"

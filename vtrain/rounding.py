@@ -260,7 +260,7 @@ class RoundedExecution(TorchDispatchMode):
                   full: list | None = None) -> torch.Tensor:
         """The error bound E of output i at flat positions `pos`."""
         v = floats[i]
-        if full is None and spec.bound_at is not None and pos.numel() * 8 <= v.numel():
+        if full is None and spec.bound_at is not None and pos.numel() * 64 <= v.numel():
             return spec.bound_at(args, kwargs, floats, pos)
         full = full if full is not None else spec.bound(args, kwargs, floats)
         if full[i] is None:  # an output without an error bound (an exact count): nothing is ambiguous

@@ -26,14 +26,22 @@ class SpecError(VtrainError):
 class Spec:
     name: str = ""                 # free text; part of the hash like everything else
     # model
-    model: str = "mlp"             # logreg | mlp | cnn
+    model: str = "mlp"             # logreg | mlp | cnn | gpt2 | resnet
     hidden: int = 64               # mlp: width of each hidden layer
     depth: int = 2                 # mlp: number of hidden layers
     dropout: float = 0.0           # mlp: dropout probability after each hidden ReLU (masks from the seed)
     channels1: int = 8             # cnn: channels of the first 3x3 convolution
     channels2: int = 16            # cnn: channels of the second 3x3 convolution
+    layers: int = 2                # gpt2: transformer blocks
+    heads: int = 2                 # gpt2: attention heads (must divide d_model)
+    d_model: int = 64              # gpt2: embedding width
+    context: int = 64              # gpt2: tokens per training sequence
+    stages: int = 2                # resnet: residual stages (width doubles, stride 2 after the first)
+    blocks: int = 1                # resnet: basic blocks per stage
+    width: int = 16                # resnet: channels of the stem and the first stage
     # data
-    dataset: str = "digits"        # digits = sklearn.datasets.load_digits, pixels scaled by 1/16 (exact)
+    dataset: str = "digits"        # digits (sklearn, pixels/16, exact) | cifar10 (python batches) | text (chars)
+    data_path: str = ""            # cifar10: the cifar-10-batches-py directory; text: a UTF-8 file
     batch_size: int = 32           # examples per step; epochs are seeded permutations, last partial batch dropped
     # optimisation
     optimizer: str = "sgd"         # sgd | adam | adamw (torch.optim, foreach=False)
@@ -69,8 +77,8 @@ class Spec:
 
 
 _CHOICES = {
-    "model": ("logreg", "mlp", "cnn"),
-    "dataset": ("digits",),
+    "model": ("logreg", "mlp", "cnn", "gpt2", "resnet"),
+    "dataset": ("digits", "cifar10", "text"),
     "optimizer": ("sgd", "adam", "adamw"),
     "schedule": ("constant", "cosine", "warmup-cosine"),
     "dtype": ("float64", "float32"),
@@ -78,7 +86,9 @@ _CHOICES = {
 }
 _RANGES: dict[str, tuple[float, float]] = {
     "hidden": (1, 1 << 16), "depth": (1, 64), "channels1": (1, 1024), "channels2": (1, 1024),
-    "batch_size": (1, 1797), "steps": (1, 10_000_000), "seed": (0, (1 << 63) - 1),
+    "batch_size": (1, 1 << 16),
+    "layers": (1, 64), "heads": (1, 64), "d_model": (1, 1 << 14), "context": (1, 1 << 14), "stages": (1, 8),
+    "blocks": (1, 16), "width": (1, 1024), "steps": (1, 10_000_000), "seed": (0, (1 << 63) - 1),
     "bits": (10, 32), "warmup_steps": (0, 10_000_000), "checkpoint_interval": (1, 1),
     "dropout": (0.0, 0.95), "lr": (0.0, 10.0), "momentum": (0.0, 1.0), "weight_decay": (0.0, 1.0),
     "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, 1.0), "min_lr": (0.0, 10.0), "tau": (0.0, 0.5),
@@ -102,6 +112,13 @@ def _check(spec: Spec) -> None:
         if key in _RANGES and not _RANGES[key][0] <= value <= _RANGES[key][1]:
             lo, hi = _RANGES[key]
             raise SpecError(f"key {key!r} must lie in [{lo}, {hi}], got {value!r}")
+    if spec.model == "gpt2" and spec.d_model % spec.heads:
+        raise SpecError(f"heads ({spec.heads}) must divide d_model ({spec.d_model})")
+    if (spec.model == "gpt2") != (spec.dataset == "text"):
+        raise SpecError(f"model {spec.model!r} cannot train on dataset {spec.dataset!r}: gpt2 needs text, "
+                        "and text needs gpt2")
+    if spec.dataset != "digits" and not spec.data_path:
+        raise SpecError(f"dataset {spec.dataset!r} needs data_path (a local directory or file)")
     if spec.schedule == "warmup-cosine" and spec.warmup_steps >= spec.steps:
         raise SpecError(f"warmup_steps ({spec.warmup_steps}) must be below steps ({spec.steps})")
 

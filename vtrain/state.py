@@ -1,7 +1,7 @@
 """Canonical serialisation of the training state, and its hash.
 
-The state after step t is every model parameter, every optimizer state tensor (momentum buffers,
-Adam moments and step counts) and the step counter. Its canonical bytes (the .vst file) are:
+The state after step t is every model parameter and floating buffer (batch norm running statistics),
+every optimizer state tensor (momentum buffers, Adam moments and step counts) and the step counter. Its canonical bytes (the .vst file) are:
 
     header  b"VTSTATE\\0" | uint16 version | uint64 step | uint32 count          (big-endian)
     entry   uint16 name length | name (utf-8) | uint8 dtype code (0 float64, 1 float32) |
@@ -39,10 +39,18 @@ class CorruptStateError(StateError):
     """A state file is truncated, corrupt or of another format."""
 
 
+def _state_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Floating buffers that are part of the state (batch norm's running statistics); masks and
+    other non-persistent buffers are rebuilt by the model and left out."""
+    persistent = model.state_dict(keep_vars=True).keys()
+    return [(n, b) for n, b in model.named_buffers() if n in persistent and b.is_floating_point()]
+
+
 def capture_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """The named tensors that make up the training state (views, not copies)."""
     names = {id(p): n for n, p in model.named_parameters()}
     out = {f"model/{n}": p.detach() for n, p in model.named_parameters()}
+    out.update({f"model/{n}": b.detach() for n, b in _state_buffers(model)})
     for p, st in optimizer.state.items():
         for key, value in st.items():
             if torch.is_tensor(value):
@@ -55,11 +63,12 @@ def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: d
                   source: str = "<state>") -> None:
     """Load `tensors` (as returned by decode_state) into the model and a fresh optimizer state."""
     params = dict(model.named_parameters())
-    expected = {f"model/{n}" for n in params}
+    targets = {**params, **dict(_state_buffers(model))}
+    expected = {f"model/{n}" for n in targets}
     missing = expected - tensors.keys()
     if missing:
         raise StateError(f"{source}: missing parameters {sorted(missing)}; is it a state of this spec's model?")
-    for n, p in params.items():
+    for n, p in targets.items():
         t = tensors[f"model/{n}"]
         if t.shape != p.shape:
             raise StateError(f"{source}: parameter {n} has shape {tuple(t.shape)}, the model wants {tuple(p.shape)}")

@@ -63,7 +63,7 @@ class TrainingSession:
         self.spec = spec
         self.device = get_device(device)
         self.dtype = getattr(torch, spec.dtype)
-        self.data = load_dataset(spec.dataset, self.dtype)
+        self.data = load_dataset(spec.dataset, self.dtype, path=spec.data_path, context=spec.context, bits=spec.bits)
         self.model = build_model(spec, self.data).to(self.device.torch_device)
         self.optimizer = build_optimizer(spec, self.model)
         self.step_count = 0
@@ -106,7 +106,7 @@ class TrainingSession:
             self.step_count = t
             return StepResult(t, float("nan"), bh, StepLog.empty().to_bytes())
         where = self.device.torch_device
-        x, y = self.data.x[idx].to(where), self.data.y[idx].to(where)
+        x, y = (v.to(where) for v in self.data.batch(idx))
         if fault is not None and fault.kind == "poison-batch":
             y = poison_labels(y, self.data.num_classes)
         masks = [m.to(where) for m in dropout_masks(self.model, len(idx), spec.seed, t, spec.bits)]
@@ -117,7 +117,8 @@ class TrainingSession:
         start = time.perf_counter()
         with ctx as rx:
             self.optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(self.model(x, masks), y)
+            # (B, classes) or, for a language model, (B, T, vocab): one prediction per target
+            loss = F.cross_entropy(self.model(x, masks).flatten(0, -2), y.flatten())
             loss.backward()
             self.optimizer.step()
         seconds = time.perf_counter() - start

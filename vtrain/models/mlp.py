@@ -16,8 +16,9 @@ class MLP(nn.Module):
         self.head = nn.Linear(widths[-1], classes)
         self.dropout = dropout
 
-    def dropout_widths(self) -> list[int]:
-        return [layer.out_features for layer in self.hidden]
+    def dropout_shapes(self) -> list[tuple[int, ...]]:
+        """Per-example shapes of the dropout masks, in the order forward uses them."""
+        return [(layer.out_features,) for layer in self.hidden]
 
     def forward(self, x: torch.Tensor, masks: Sequence[torch.Tensor] = ()) -> torch.Tensor:
         for i, layer in enumerate(self.hidden):

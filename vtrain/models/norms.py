@@ -1,0 +1,58 @@
+"""LayerNorm and BatchNorm written out in the primitives the rounded execution supports.
+
+torch's fused kernels (native_layer_norm, native_batch_norm and their backward) compute mean,
+variance and normalisation in one opaque op; written out, every step is a reduction (mean, a
+device-dependent op with an error bound) or a single IEEE op (sub, mul, add, sqrt, div), so the
+rounding log covers exactly the reductions and nothing else needs one. The mathematics is that of
+nn.LayerNorm and nn.BatchNorm2d (biased variance in the normalisation, unbiased in the running
+variance, eps inside the square root).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LayerNorm(nn.Module):
+    """Normalise the last dimension; learned gain (init 1) and bias (init 0)."""
+
+    def __init__(self, width: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xc = x - x.mean(-1, keepdim=True)
+        var = (xc * xc).mean(-1, keepdim=True)
+        return xc / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class BatchNorm2d(nn.Module):
+    """Normalise each channel over (batch, height, width); running statistics for evaluation."""
+
+    def __init__(self, channels: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+        self.eps, self.momentum = eps, momentum
+        self.update_running = True   # data parallel: only the first shard updates the statistics
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = (1, -1, 1, 1)
+        if not self.training:
+            return (x - self.running_mean.reshape(shape)) / torch.sqrt(self.running_var.reshape(shape) + self.eps) \
+                * self.weight.reshape(shape) + self.bias.reshape(shape)
+        mean = x.mean((0, 2, 3), keepdim=True)              # (1, C, 1, 1)
+        xc = x - mean
+        var = (xc * xc).mean((0, 2, 3), keepdim=True)       # biased, as in the normalisation
+        if self.update_running:
+            n = x.numel() // x.shape[1]
+            with torch.no_grad():
+                m = self.momentum
+                self.running_mean.mul_(1.0 - m).add_(mean.reshape(-1) * m)
+                self.running_var.mul_(1.0 - m).add_(var.reshape(-1) * (m * n / (n - 1)))
+        return xc / torch.sqrt(var + self.eps) * self.weight.reshape(shape) + self.bias.reshape(shape)
