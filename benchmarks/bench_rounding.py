@@ -2,10 +2,11 @@
 
     .venv/bin/python benchmarks/bench_rounding.py [--steps 20] [--reps 5] [--threads 1]
 
-Models are the numerics tests' MLP (64-64-10, Adam) and CNN (two 3x3 convs, AdamW) plus wider MLPs
-(mlp-wide 64-256-256-10; mlp-xl 64-1024-1024-10 at batch 256, with --models), batch 32 of sklearn digits, float64 work at bits = 32 on device cpu. Timings are
-medians over interleaved repetitions of `--steps` steps (so load from other processes hits every variant
-alike). Prints a markdown table.
+Models are the numerics tests' MLP (64-64-10, Adam) and CNN (two 3x3 convs, AdamW), batch 32 of sklearn
+digits, plus wider MLPs: mlp-wide 64-256-256-10 (batch 32) and mlp-xl 64-1024-1024-10 (batch 256). Float64
+work at bits = 32 on device cpu. Timings are process CPU time (time.process_time: with one thread that is
+the compute time, which other processes on a shared machine disturb far less than wall time), medians over
+interleaved repetitions of `--steps` steps. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _steps(kind: str, variant: str, steps: int, logs: list | None) -> tuple[floa
     model, opt = _model(kind, dtype)
     out_logs, stats = [], []
     data = [batch(t, dtype, BATCH.get(kind, 32)) for t in range(steps)]
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     for t, (x, y) in enumerate(data):
         if variant.startswith("plain-fp"):
             opt.zero_grad()
@@ -67,7 +68,7 @@ def _steps(kind: str, variant: str, steps: int, logs: list | None) -> tuple[floa
             opt.step()
         out_logs.append(rx.log)
         stats.append(rx.stats)
-    return (time.perf_counter() - t0) / steps, out_logs, stats
+    return (time.process_time() - t0) / steps, out_logs, stats
 
 
 def main() -> None:

@@ -87,11 +87,10 @@ def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
     return bound
 
 
-# Matmuls get two cheaper forms, so that the full |A||B| product (as costly as the matmul itself) is
-# never needed: a Cauchy-Schwarz bound gamma_K ||a_i|| ||b_j|| >= gamma_K sum_k |a_ik b_kj| from row and
-# column norms (an outer product) to pre-filter candidates, and the exact sum_k |a_ik b_kj| gathered only
-# at the few positions that are candidates (trainer) or logged (auditor). Norms are taken in float64,
-# where squares of FP32-range grid values neither overflow nor underflow.
+# The auditor needs E only at the logged positions: for matmuls, sum_k |a_ik b_kj| gathered at those
+# positions costs K per entry instead of a second matmul. (The trainer needs E everywhere to decide what
+# to log. A Cauchy-Schwarz pre-filter, gamma_K ||a_i|| ||b_j|| from row and column norms, was measured
+# slower overall: relu-sparse operands make it loose, so too many candidates remain.)
 
 PositionBound = Callable[[tuple, dict, Sequence["torch.Tensor | None"], torch.Tensor], torch.Tensor]
 _GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk
@@ -105,21 +104,6 @@ def _mm_operands(func: Any, args: tuple, kwargs: dict) -> tuple:
     if func is aten.bmm.default:
         return None, 1, 1, args[0], args[1], 0
     return None, 1, 1, args[0].unsqueeze(0), args[1].unsqueeze(0), 0
-
-
-def _matmul_cheap(func: Any) -> Bound:
-    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        v = outs[0]
-        bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
-        u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
-        rows = torch.linalg.vector_norm(a.double(), dim=-1).unsqueeze(-1)  # (B, M, 1)
-        cols = torch.linalg.vector_norm(b.double(), dim=-2).unsqueeze(-2)  # (B, 1, N)
-        cs = rows * cols * abs(alpha)
-        if bias is not None:
-            cs = cs + abs(beta) * bias.double().abs()
-        return [_finish(gamma(k, u) * cs.reshape(v.shape).to(v.dtype), k, u, v.dtype)]
-
-    return bound
 
 
 def _matmul_at(func: Any) -> PositionBound:
@@ -329,7 +313,5 @@ BOUNDS: dict[Any, Bound] = {
     aten.pow.Tensor_Scalar: _transcendental,
 }
 
-# op -> (cheap elementwise upper bound of BOUNDS[op], BOUNDS[op] evaluated only at flat positions)
-MATMUL_SHORTCUTS: dict[Any, tuple[Bound, PositionBound]] = {
-    op: (_matmul_cheap(op), _matmul_at(op)) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)
-}
+# op -> BOUNDS[op] evaluated only at given flat positions (same sums, gathered)
+BOUNDS_AT: dict[Any, PositionBound] = {op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)}

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from vtrain.bounds import BOUNDS, MATMUL_SHORTCUTS, Bound, PositionBound
+from vtrain.bounds import BOUNDS, BOUNDS_AT, Bound, PositionBound
 from vtrain.errors import VtrainError
 
 aten = torch.ops.aten
@@ -62,7 +62,6 @@ class OpSpec:
     inplace: bool = False  # writes its result into args[0]
     functional: Any = None  # class 3 in-place ops: the out-of-place overload actually computed
     bound: Bound | None = None  # class 3: the error bound of vtrain.bounds
-    cheap_bound: Bound | None = None  # class 3 matmuls: an elementwise upper bound of `bound`, cheaper
     bound_at: PositionBound | None = None  # class 3 matmuls: `bound` at given flat positions only
     decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
 
@@ -188,8 +187,7 @@ def _build() -> dict[Any, OpSpec]:
     for op in _IEEE:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():
-        cheap, at = MATMUL_SHORTCUTS.get(op, (None, None))
-        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, cheap_bound=cheap, bound_at=at)
+        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op))
     for op, functional in _DEVICE_INPLACE.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional])
     for op, (fn, inplace) in _DECOMPOSED.items():

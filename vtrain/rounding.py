@@ -216,16 +216,10 @@ class RoundedExecution(TorchDispatchMode):
                 continue
             shape = tuple(v.shape)
             if self.mode == "record":
-                exact_at = None
-                if self.policy == "bound" and spec.cheap_bound is not None:
-                    # filter with the cheap bound; the exact one only where the filter leaves candidates
-                    band = self._band(r, spec.cheap_bound(args, kwargs, floats)[i])
-                    exact_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i)
-                else:
-                    if self.policy == "bound" and bounds is None:
-                        bounds = spec.bound(args, kwargs, floats)
-                    band = self._band(r, None if bounds is None else bounds[i])
-                entry = self._find_entries(site, spec.name, shape, v, r, band, exact_at)
+                if self.policy == "bound" and bounds is None:
+                    bounds = spec.bound(args, kwargs, floats)
+                band = self._band(r, None if bounds is None else bounds[i])
+                entry = self._find_entries(site, spec.name, shape, v, r, band)
                 self._sites.append(entry)
                 self._offsets.append(offset)
                 self._counts["logged"] += entry.num_entries
@@ -258,7 +252,7 @@ class RoundedExecution(TorchDispatchMode):
 
     def _bound_at(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, pos: torch.Tensor,
                   full: list | None = None) -> torch.Tensor:
-        """The error bound E of output i at flat positions `pos`."""
+        """The error bound E of output i at flat positions `pos` (gathered when that is much cheaper)."""
         v = floats[i]
         if full is None and spec.bound_at is not None and pos.numel() * 64 <= v.numel():
             return spec.bound_at(args, kwargs, floats, pos)
@@ -268,7 +262,7 @@ class RoundedExecution(TorchDispatchMode):
         return full[i].expand(v.shape).reshape(-1)[pos]
 
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
-                      band: torch.Tensor, exact_at: Any = None) -> SiteLog:
+                      band: torch.Tensor) -> SiteLog:
         vf, rf = v.reshape(-1), r.reshape(-1)
         half = spacing_below(rf, self.bits) * 0.5
         # The nearest boundary is at least half a (lower) spacing minus |v - r| away: a cheap filter that
@@ -276,9 +270,7 @@ class RoundedExecution(TorchDispatchMode):
         cand = ((vf - rf).abs_() + band > half).nonzero().squeeze(1)
         if cand.numel() == 0:
             return SiteLog(site, op, shape)
-        vv, rr = vf[cand], rf[cand]
-        # `band` may come from a cheaper, larger bound: the decision itself uses the exact one
-        ww = band[cand] if exact_at is None else exact_at(cand) * (2 * BAND_SLACK)
+        vv, rr, ww = vf[cand], rf[cand], band[cand]
         diff, down, up = self._geometry(vv, rr)
         d_lo = diff + down * 0.5  # distance to the boundary below r
         d_hi = up * 0.5 - diff  # distance to the boundary above r

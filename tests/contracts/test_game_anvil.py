@@ -17,7 +17,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from gamekit import CLOCK, REWARD, TRAINER_BOND, leaves, make_world, play, reverts
 from protocol.anvil import start_anvil
 from protocol.chain import GameStatus, JobStatus, Side, TreeProver, VerificationGame, revert, rpc_web3, snapshot
-from test_game_bisection import isolate
+from test_game_bisection import isolate, sweep_cases
 from test_game_invariant import SETTINGS, GameMachine
 
 pytestmark = [pytest.mark.anvil, pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")]
@@ -93,6 +93,13 @@ def test_clock_and_timeout_on_anvil(world):
 @pytest.mark.parametrize("num_steps, diverge_at", [(1, 1), (2, 2), (1023, 700), (1024, 1)])
 def test_bisection_on_anvil(world, num_steps, diverge_at):
     isolate(world, num_steps, diverge_at)
+
+
+@pytest.mark.slow
+def test_sweep_of_sizes_2_to_1025_on_anvil(world):
+    for num_steps, diverge_at in sweep_cases():
+        with world.rewind():
+            isolate(world, num_steps, diverge_at)
 
 
 def test_locally_signed_transactions(world):

@@ -1,8 +1,8 @@
 """A game between two honest but different runs isolates exactly their first differing leaf.
 
 Sizes (numSteps + 1) are sampled in the fast test, always including 2, 3, 1024 and 1025 and
-powers of two ± 1, with the first difference at both ends and in the middle; the slow test
-sweeps many more sizes and positions.
+powers of two ± 1, with the first difference at both ends and in the middle; the slow sweep
+(`sweep_cases`, run on anvil) covers many more sizes and positions.
 """
 
 from __future__ import annotations
@@ -42,12 +42,22 @@ def test_honest_game_isolates_the_first_differing_leaf(world, num_steps, diverge
     isolate(world, num_steps, diverge_at)
 
 
-@pytest.mark.slow
-def test_sweep_of_sizes_2_to_1025(world):
+def sweep_cases() -> list[tuple[int, int]]:
+    """(numSteps, first difference) for the slow sweep: every size 2..69 at a random position
+    (and at both ends up to size 9), powers of two ± 1 up to 1025 at both ends and a random
+    position, and 20 random sizes up to 1025 at a random position."""
     rng = random.Random(4)
-    sizes = sorted({*range(2, 70), *(2**k + e for k in range(6, 11) for e in (-1, 0, 1)), *rng.sample(range(70, 1026), 40)})
-    for size in sizes:
-        n = size - 1
-        for d in sorted({1, n, rng.randint(1, n)}):
-            with world.rewind():
-                isolate(world, n, d)
+    cases = set()
+    for size in range(2, 70):
+        cases.add((size - 1, rng.randint(1, size - 1)))
+        if size <= 9:
+            cases |= {(size - 1, 1), (size - 1, size - 1)}
+    for size in (2**k + e for k in range(6, 11) for e in (-1, 0, 1)):
+        cases |= {(size - 1, 1), (size - 1, size - 1), (size - 1, rng.randint(1, size - 1))}
+    for size in rng.sample(range(70, 1026), 20):
+        cases.add((size - 1, rng.randint(1, size - 1)))
+    return sorted(cases)
+
+
+# The sweep itself runs on anvil (test_game_anvil.py::test_sweep_of_sizes_2_to_1025_on_anvil):
+# its games take several times longer on eth-tester.

@@ -44,3 +44,33 @@ def write_corpus(path: Path, lines: int = 400, seed: int = 0) -> Path:
         out.append(f"{speaker}:\n{WORDS[rng.integers(len(WORDS))]} {VERBS[rng.integers(len(VERBS))]}.\n")
     path.write_text("\n".join(out), encoding="utf-8")
     return path
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def family_spec(name: str, data: dict[str, Path], **changes):
+    """An example spec (e.g. "gpt2-tiny" or "scale/resnet-tiny") pointed at the generated data."""
+    import dataclasses
+
+    from vtrain.spec import load_spec
+    spec = load_spec(ROOT / "examples" / f"{name}.toml")
+    return dataclasses.replace(spec, data_path=str(data[spec.dataset]), **changes)
+
+
+class RunCache:
+    """Train each (spec, device) once per test session."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.runs: dict[tuple, Path] = {}
+
+    def get(self, spec, device: str = "cpu") -> Path:
+        from vtrain.spec import to_toml
+        from vtrain.train import train
+        key = (spec.to_json(), device)
+        if key not in self.runs:
+            out = self.base / f"run{len(self.runs)}"
+            train(spec, out, spec_toml=to_toml(spec), device=device)
+            self.runs[key] = out
+        return self.runs[key]
