@@ -496,7 +496,7 @@ contract VerificationGame {
         return jobs[jobId];
     }
 
-    /// @notice A game, as stored (the Clock as its packed uint128; see `timeLeft` for seconds).
+    /// @notice A game, as stored (the Clock as its packed uint112; see `timeLeft` for seconds).
     /// @param gameId The game.
     /// @return The game (all-zero with status None when it does not exist).
     function getGame(uint256 gameId) external view returns (Game memory) {

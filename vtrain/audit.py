@@ -16,9 +16,11 @@ from typing import Callable
 
 from vtrain.leaves import LeafRecord, hex0x, keccak256
 from vtrain.merkle import MerkleTree
+from vtrain.parallel import SINGLE, Group, ShardLogRejected, check_workers, run_workers
 from vtrain.rounding import IllegitimateLogEntryError, TraceMismatchError
-from vtrain.roundlog import CorruptLogError, StepLog
+from vtrain.roundlog import CorruptLogError
 from vtrain.run import Run, RunError, atomic_write, encode_leaves, write_commitment
+from vtrain.shardlog import parse_step_log
 from vtrain.state import state_hash
 from vtrain.train import StepResult, TrainingSession
 
@@ -64,22 +66,39 @@ def _replay(session: TrainingSession, run: Run, t: int) -> tuple[StepResult, str
         # the bytes hash to the trainer's leaf (read_log_bytes checks), so a log that does not
         # parse was committed that way: it is the trainer's fault, not a download problem
         data = run.read_log_bytes(t)
-        result = session.step(t, "replay", replay_log=StepLog.from_bytes(data, str(run.log_path(t))))
+        log = parse_step_log(data, str(run.log_path(t)), run.spec.shards)
+        result = session.step(t, "replay", replay_log=log)
         result.log_bytes = data   # the leaf commits to the file as published, not to a re-encoding
         return result, None
-    except (CorruptLogError, IllegitimateLogEntryError, TraceMismatchError) as exc:
+    except (CorruptLogError, IllegitimateLogEntryError, TraceMismatchError, ShardLogRejected) as exc:
         session.restore(snap)
         return session.step(t, "record"), f"log rejected: {exc}"
 
 
 def audit(run: Run, device: str = "cpu", *, out: str | Path | None = None, ignore_log: bool = False,
-          progress: Callable[[int, StepResult], None] | None = None) -> AuditReport:
+          progress: Callable[[int, StepResult], None] | None = None, workers: int = 1,
+          threads: int = 1) -> AuditReport:
     """Replay `run` on `device`; with `ignore_log`, round without applying the trainer's log.
 
     With `ignore_log` the auditor's leaves still carry the trainer's log hashes (it read the logs,
     it only did not apply them), so a reported divergence is a difference of state, not of logs.
+    With `workers` > 1 the replay shares the spec's shards out over that many processes, whatever
+    number of processes trained the run. `progress` is only called in a single process.
     """
-    session = TrainingSession(run.spec, device)
+    if workers == 1:
+        return _audit(SINGLE, run, device, out, ignore_log, progress)
+    check_workers(workers, run.spec.shards)
+    return run_workers(_audit_worker, workers, str(run.path), device, None if out is None else str(out),
+                       ignore_log, threads=threads)
+
+
+def _audit_worker(group: Group, path: str, device: str, out: str | None, ignore_log: bool) -> AuditReport:
+    return _audit(group, Run.open(path), device, out if group.rank == 0 else None, ignore_log, None)
+
+
+def _audit(group: Group, run: Run, device: str, out: str | Path | None, ignore_log: bool,
+           progress: Callable[[int, StepResult], None] | None) -> AuditReport:
+    session = TrainingSession(run.spec, device, group)
     records = [session.record()]
     divergence = None if records[0].leaf == run.records[0].leaf else Divergence(0, "initial state differs")
     report = AuditReport(hex0x(run.root), "", run.size, None)

@@ -11,8 +11,9 @@ gamma_n = n*u / (1 - n*u):
   sqrt(K) times looser and would log more);
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
-- transcendental functions (exp, log, tanh, sigmoid, expm1, log1p, pow, rsqrt): TRANSCENDENTAL_ULPS ulps
-  of the work dtype. We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
+- transcendental functions (exp, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf): TRANSCENDENTAL_ULPS
+  ulps of the work dtype; GELU and its backward a few of those ulps of (|y| + |x|), see below;
+- embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|. We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
   document <= 2 ulps for these functions in double precision.
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
 
@@ -179,13 +180,19 @@ def _t(dtype: torch.dtype) -> float:
     return TRANSCENDENTAL_ULPS * 2 * unit_roundoff(dtype)  # relative error of exp/log in the work dtype
 
 
+def _shifted(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x - max, max - min) along dim, with -inf entries (masking) counted as the max: exp(-inf) = 0
+    exactly on every device, so masked entries add no error, and must not turn the bound into inf/NaN."""
+    mx = x.amax(dim, keepdim=True)
+    xs = torch.where(x == float("-inf"), mx, x)
+    return xs - mx, mx - xs.amin(dim, keepdim=True)
+
+
 def _log_softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     x, dim = args[0], args[1]
     y = outs[0]
     u, t, n = unit_roundoff(y.dtype), _t(y.dtype), x.shape[dim] if x.dim() else 1
-    mx = x.amax(dim, keepdim=True)
-    s = x - mx  # <= 0
-    spread = mx - x.amin(dim, keepdim=True)  # max |s| in the row: bounds every exp argument's error
+    s, spread = _shifted(x, dim)  # s <= 0; spread bounds every exp argument's error
     lse = s - y  # log(sum exp(s)) up to rounding, >= 0
     # y = s - log(S): error of s (u|s|), of S (relative gamma_n + t + u*spread from the exp arguments),
     # of log (t |log S| + the relative error of S), and the final subtraction (u |y|).
@@ -197,10 +204,9 @@ def _softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> 
     x, dim = args[0], args[1]
     p = outs[0]
     u, t, n = unit_roundoff(p.dtype), _t(p.dtype), x.shape[dim] if x.dim() else 1
-    mx = x.amax(dim, keepdim=True)
-    spread = mx - x.amin(dim, keepdim=True)
+    s, spread = _shifted(x, dim)
     # p = exp(s)/S: relative errors of exp(s) (t + u|s|), of S (gamma_n + t + u*spread), the division u.
-    rel = u * ((x - mx).abs() + spread) + 2 * t + gamma(n + 1, u)
+    rel = u * (s.abs() + spread) + 2 * t + gamma(n + 1, u)
     return [_finish(p.abs() * rel, n, u, p.dtype)]
 
 
@@ -257,6 +263,30 @@ def _transcendental(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | Non
     return [_finish(_t(y.dtype) * y.abs(), 1, u, y.dtype)]
 
 
+def _gelu(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    y, x = outs[0], args[0]
+    u = unit_roundoff(y.dtype)
+    # 0.5 x (1 + erf(x / sqrt 2)) (or the tanh form): 1 + erf cancels for negative x, so the error is
+    # a few ulps of |x| as well as of |y|.
+    return [_finish(_t(y.dtype) * (y.abs() + x.abs()), 4, u, y.dtype)]
+
+
+def _gelu_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    y, grad, x = outs[0], args[0], args[1]
+    u = unit_roundoff(y.dtype)
+    # g (Phi(x) + x phi(x)): the derivative lies in [-0.17, 1.13], each of its terms within a few ulps
+    # of (1 + |x|); then one product with g.
+    return [_finish(4 * _t(y.dtype) * grad.abs() * (1 + x.abs()) + 2 * u * y.abs(), 4, u, y.dtype)]
+
+
+def _embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    y, grad, indices = outs[0], args[0], args[1]
+    u = unit_roundoff(y.dtype)
+    n = indices.numel() + 1  # rows summed into one weight row (+ the frequency scaling, if asked)
+    absval = aten.embedding_dense_backward.default(grad.abs(), *args[1:], **kwargs)
+    return [_finish(gamma(n, u) * absval, n, u, y.dtype)]
+
+
 # -- pooling ----------------------------------------------------------------------------------------
 
 
@@ -311,6 +341,10 @@ BOUNDS: dict[Any, Bound] = {
     aten.log1p.default: _transcendental,
     aten.rsqrt.default: _transcendental,
     aten.pow.Tensor_Scalar: _transcendental,
+    aten.erf.default: _transcendental,
+    aten.gelu.default: _gelu,
+    aten.gelu_backward.default: _gelu_backward,
+    aten.embedding_dense_backward.default: _embedding_dense_backward,
 }
 
 # op -> BOUNDS[op] evaluated only at given flat positions (same sums, gathered)

@@ -10,8 +10,8 @@
    correctly rounded, so the sequence gives the same bits on every device, and only the final result is
    rounded to the grid. No log, no bound, and cheaper than a device op.
 3. DEVICE: device-dependent (matmuls, convolutions, reductions, softmax family, NLL loss, pooling sums,
-   transcendental functions): computed by the Device, rounded, and logged with an error bound from
-   vtrain.bounds.
+   embedding backward, transcendental functions, GELU): computed by the Device, rounded, and logged with
+   an error bound from vtrain.bounds.
 
 An op in no class raises UnsupportedOpError naming it: nothing passes through silently. In-place class 3
 ops are computed out of place (through their functional overload) so that the error bound sees the
@@ -83,7 +83,8 @@ _EXACT = _names(
     aten.index_select.default, aten.gather.default, aten.index.Tensor, aten.cat.default, aten.stack.default,
     aten.embedding.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.scatter.value,
     aten.scatter.src, aten.scatter_.value, aten.scatter_.src, aten.index_put_.default, aten.index_put.default,
-    aten.constant_pad_nd.default, aten.sort.default, aten.topk.default,
+    aten.constant_pad_nd.default, aten.sort.default, aten.topk.default, aten.masked_fill.Tensor,
+    aten.masked_fill_.Tensor, aten.tril.default, aten.triu.default, aten.tril_.default, aten.triu_.default,
     # creation and fills with grid constants (zero, one, a grid scalar)
     aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
@@ -177,6 +178,7 @@ _DEVICE_INPLACE = {
     aten.exp_.default: aten.exp.default, aten.log_.default: aten.log.default,
     aten.tanh_.default: aten.tanh.default, aten.sigmoid_.default: aten.sigmoid.default,
     aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.rsqrt_.default: aten.rsqrt.default,
+    aten.erf_.default: aten.erf.default,
 }
 
 

@@ -329,6 +329,7 @@ class RoundedExecution(TorchDispatchMode):
         else:
             w = spacing_below(rf[pos], self.bits) * (0.5 - self.tau) * BAND_SLACK
         ok = (round_unchecked(vv - w, self.bits) <= claim) & (claim <= round_unchecked(vv + w, self.bits))
+        ok |= w == float("inf")  # no finite bound (e.g. an overflowing |A||B|): any grid value is possible
         ok &= round_unchecked(claim, self.bits) == claim  # a value entry must itself be a grid value
         if not bool(ok.all()):
             first = int((~ok).nonzero()[0, 0])

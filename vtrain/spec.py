@@ -43,6 +43,8 @@ class Spec:
     dataset: str = "digits"        # digits (sklearn, pixels/16, exact) | cifar10 (python batches) | text (chars)
     data_path: str = ""            # cifar10: the cifar-10-batches-py directory; text: a UTF-8 file
     batch_size: int = 32           # examples per step; epochs are seeded permutations, last partial batch dropped
+    shards: int = 1                # micro-batches per step (gradients summed, canonically rounded); any
+                                   # divisor of it may train or audit it as processes (--workers)
     # optimisation
     optimizer: str = "sgd"         # sgd | adam | adamw (torch.optim, foreach=False)
     lr: float = 0.05               # peak learning rate
@@ -88,7 +90,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "hidden": (1, 1 << 16), "depth": (1, 64), "channels1": (1, 1024), "channels2": (1, 1024),
     "batch_size": (1, 1 << 16),
     "layers": (1, 64), "heads": (1, 64), "d_model": (1, 1 << 14), "context": (1, 1 << 14), "stages": (1, 8),
-    "blocks": (1, 16), "width": (1, 1024), "steps": (1, 10_000_000), "seed": (0, (1 << 63) - 1),
+    "blocks": (1, 16), "width": (1, 1024), "shards": (1, 1024), "steps": (1, 10_000_000), "seed": (0, (1 << 63) - 1),
     "bits": (10, 32), "warmup_steps": (0, 10_000_000), "checkpoint_interval": (1, 1),
     "dropout": (0.0, 0.95), "lr": (0.0, 10.0), "momentum": (0.0, 1.0), "weight_decay": (0.0, 1.0),
     "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, 1.0), "min_lr": (0.0, 10.0), "tau": (0.0, 0.5),
@@ -112,6 +114,8 @@ def _check(spec: Spec) -> None:
         if key in _RANGES and not _RANGES[key][0] <= value <= _RANGES[key][1]:
             lo, hi = _RANGES[key]
             raise SpecError(f"key {key!r} must lie in [{lo}, {hi}], got {value!r}")
+    if spec.batch_size % spec.shards:
+        raise SpecError(f"shards ({spec.shards}) must divide batch_size ({spec.batch_size})")
     if spec.model == "gpt2" and spec.d_model % spec.heads:
         raise SpecError(f"heads ({spec.heads}) must divide d_model ({spec.d_model})")
     if (spec.model == "gpt2") != (spec.dataset == "text"):

@@ -27,6 +27,9 @@ library LibClock {
     uint256 private constant TURN_SHIFT = 104; // above since (64 + 40)
 
     /// @notice A clock where each side has `budget` seconds and `first` is to move from `at`.
+    /// @param budget Seconds per side.
+    /// @param at The timestamp the first move's time starts from.
+    /// @param first The side to move first.
     function start(uint32 budget, uint256 at, Side first) internal pure returns (Clock) {
         return pack(first, at, budget, budget);
     }
@@ -42,12 +45,16 @@ library LibClock {
     }
 
     /// @notice Seconds `side` had left when the move last changed hands.
+    /// @param c The clock.
+    /// @param side Whose budget.
     function budget(Clock c, Side side) internal pure returns (uint256) {
         uint256 shift = side == Side.Trainer ? TRAINER_SHIFT : 0;
         return (Clock.unwrap(c) >> shift) & MASK32;
     }
 
     /// @notice Seconds the side to move has left at time `at` (zero once it has run out).
+    /// @param c The clock.
+    /// @param at A timestamp not before `since`.
     function remaining(Clock c, uint256 at) internal pure returns (uint256) {
         uint256 elapsed = at - c.since();
         uint256 b = c.budget(c.turn());
@@ -56,12 +63,16 @@ library LibClock {
 
     /// @notice True when the side to move has used more than its budget at time `at`; a side may
     ///         still move at the exact second its budget reaches zero.
+    /// @param c The clock.
+    /// @param at A timestamp not before `since`.
     function expired(Clock c, uint256 at) internal pure returns (bool) {
         return at - c.since() > c.budget(c.turn());
     }
 
     /// @notice The clock after the side to move moved at `at`: its time is charged and the move
     ///         passes to the other side. The caller has checked `!expired(at)`.
+    /// @param c The clock.
+    /// @param at The move's timestamp.
     function pass(Clock c, uint256 at) internal pure returns (Clock) {
         Side mover = c.turn();
         // Cannot underflow: the caller checked at - since <= budget(mover).

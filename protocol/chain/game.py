@@ -10,6 +10,7 @@ leaves), computing indices and proofs from the on-chain state.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence, Union
 
 from eth_account.signers.local import LocalAccount
@@ -156,7 +157,7 @@ class VerificationGame:
     def create_job(self, terms: JobTerms, reward: int, sender: Sender) -> TxResult:
         """Post a job with `reward` wei in escrow; result.value is the job id."""
         r = self.tx.send("createJob", terms.as_tuple(), sender=sender, value=reward)
-        return _with_value(r, r.event("JobCreated")["jobId"])
+        return replace(r, value=r.event("JobCreated")["jobId"])
 
     def cancel_job(self, job_id: int, sender: Sender) -> TxResult:
         return self.tx.send("cancelJob", job_id, sender=sender)
@@ -178,7 +179,7 @@ class VerificationGame:
         r = self.tx.send(
             "challenge", job_id, root, final_leaf, list(final_proof), mid_leaf, list(mid_proof), sender=sender, value=value
         )
-        return _with_value(r, r.event("Challenged")["gameId"])
+        return replace(r, value=r.event("Challenged")["gameId"])
 
     def move(
         self, game_id: int, answer: bytes, answer_proof: Sequence[bytes], next_leaf: bytes, next_proof: Sequence[bytes],
@@ -278,10 +279,6 @@ class VerificationGame:
         """Every event this contract emitted in the block range, decoded, in chain order."""
         logs = self.w3.eth.get_logs({"address": self.address, "fromBlock": from_block, "toBlock": to_block})
         return self.tx.decode_logs(logs)
-
-
-def _with_value(r: TxResult, value: Any) -> TxResult:
-    return TxResult(r.function, r.tx_hash, r.block_number, r.gas_used, r.events, value)
 
 
 def deploy(w3: Web3, sender: Sender) -> VerificationGame:

@@ -29,9 +29,9 @@ def test_examples_round_trip_to_the_same_hash(path, tmp_path):
     # the hash is keccak-256 of the canonical JSON, checked with an independent implementation
     assert spec.hash == keccak(json.dumps(dataclasses.asdict(spec), sort_keys=True, separators=(",", ":")).encode())
     if path.parent.name == "scale":
-        assert (spec.dtype, spec.bits) == ("float32", 19)
-    else:
-        assert (spec.dtype, spec.bits) == ("float64", 32) and spec.steps >= 100
+        assert spec.dtype == "float32" and spec.bits < 32
+    else:   # the issue-3 examples run 100 steps; the model families (issue 6) 50
+        assert (spec.dtype, spec.bits) == ("float64", 32) and spec.steps >= (50 if "tiny" in path.name else 100)
 
 
 def test_every_field_changes_the_hash():
@@ -46,7 +46,7 @@ def test_every_field_changes_the_hash():
     ("steps = '100'", ["steps", "int"]),
     ("steps = 1.5", ["steps", "int"]),
     ("lr = true", ["lr", "float"]),
-    ("model = 'resnet'", ["model", "logreg"]),
+    ("model = 'vgg'", ["model", "logreg"]),
     ("bits = 33", ["bits", "[10, 32]"]),
     ("bits = 9", ["bits"]),
     ("schedule = 'warmup-cosine'\nwarmup_steps = 100\nsteps = 100", ["warmup_steps"]),

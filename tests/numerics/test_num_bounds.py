@@ -101,6 +101,8 @@ def test_conv_softmax_and_loss_orders_stay_within_the_band() -> None:
         (aten.convolution_backward.default, back_args),
         (aten._log_softmax.default, (logits, 1, False)),
         (aten._softmax.default, (logits, 1, False)),
+        (aten._softmax.default, (logits.masked_fill(torch.ones(16, 10, dtype=torch.bool).triu(1), float("-inf")), 1,
+                                 False)),  # causal masking: exp(-inf) = 0 must not make the bound inf or NaN
         (aten._log_softmax_backward_data.default, (g[:, 0, 0, :].contiguous(),
                                                    round_to_grid(torch.log_softmax(logits[:4, :9], 1), bits), 1, dtype)),
         (aten._softmax_backward_data.default, (g[:, 0, 0, :].contiguous(),
@@ -116,6 +118,7 @@ def test_conv_softmax_and_loss_orders_stay_within_the_band() -> None:
         for o1 in outs:
             for o2 in outs:
                 for a, b, e in zip(o1, o2, bounds):
+                    assert torch.isfinite(e).all(), func
                     assert ((a.double() - b.double()).abs() <= 2 * e.double()).all(), func
 
 
@@ -140,3 +143,24 @@ def test_matmul_bound_at_positions_agrees_with_the_full_bound(dtype: torch.dtype
         at = BOUNDS_AT[func](args, kwargs, [out], pos)
         rel = ((at - full.reshape(-1)).abs() / full.reshape(-1)).max()
         assert rel < 64 * unit_roundoff(dtype) * 40, func  # the same sums, in another order
+
+
+def test_transcendental_bounds_cover_float32_against_float64() -> None:
+    # libm-style ops: the float32 result must lie within E of the (much more accurate) float64 one
+    x = round_to_grid(torch.linspace(-12, 12, 20001, dtype=torch.float64), 31).float()
+    g = round_to_grid(torch.randn(20001, generator=torch.Generator().manual_seed(4), dtype=torch.float64), 31).float()
+    cases = [
+        (aten.gelu.default, (x,), {}),
+        (aten.gelu.default, (x,), {"approximate": "tanh"}),
+        (aten.gelu_backward.default, (g, x), {}),
+        (aten.gelu_backward.default, (g, x), {"approximate": "tanh"}),
+        (aten.erf.default, (x,), {}),
+        (aten.exp.default, (x,), {}),
+        (aten.tanh.default, (x,), {}),
+        (aten.sigmoid.default, (x,), {}),
+    ]
+    for func, args, kwargs in cases:
+        y32 = func(*args, **kwargs)
+        y64 = func(*[a.double() for a in args], **kwargs)
+        (e,) = BOUNDS[func](args, kwargs, [y32])
+        assert ((y32.double() - y64).abs() <= e.double()).all(), (func, kwargs)
