@@ -17,6 +17,10 @@ DEVICE_OPTION = click.option(
     "--device", "-d", default="cpu", show_default=True, envvar="VTRAIN_DEVICE", show_envvar=True,
     help="Device that executes the device-dependent ops: cpu, cuda, or an emulated profile emu:NAME "
          "(see `vtrain devices`).")
+WORKERS_OPTION = click.option(
+    "--workers", "-w", type=click.IntRange(1, 1024), default=1, show_default=True,
+    help="Processes sharing each step's micro-batch shards (data parallel over gloo); must divide the "
+         "spec's shards. The result does not depend on it: a run trained with N audits with any M.")
 THREADS_OPTION = click.option(
     "--threads", type=click.IntRange(1, 256), default=None, envvar="VTRAIN_THREADS", show_envvar=True,
     help="torch CPU threads (default: torch's choice). Results do not depend on it; that is the point.")
@@ -102,9 +106,11 @@ def devices() -> None:
 @click.option("--fault", "faults", multiple=True, metavar="STEP:KIND",
               help="Make a dishonest run for protocol tests; KIND is poison-batch, skip-step or "
                    "perturb-weights. Repeatable.")
+@WORKERS_OPTION
 @THREADS_OPTION
 @cli_errors
-def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[str, ...], threads: int | None) -> None:
+def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[str, ...], workers: int,
+          threads: int | None) -> None:
     """Train a spec on the FP32 grid, log ambiguous roundings, and commit to every step.
 
     Writes the run directory (spec, a state and a rounding log per step, leaves, metrics) and
@@ -115,6 +121,7 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
       vtrain train examples/mlp.toml --out runs/mlp
       vtrain train examples/cnn.toml --out runs/cnn --device emu:splitk8-tree --threads 2
       vtrain train examples/mlp.toml --out runs/bad --fault 40:poison-batch
+      vtrain train examples/gpt2-tiny.toml --out runs/gpt2 --workers 4   (needs shards = 4, or 8, ...)
     """
     from vtrain.faults import parse_fault
     from vtrain.spec import load_spec
@@ -123,9 +130,13 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
     s = load_spec(spec)
     _prepare(device, threads)
     total = s.steps if steps is None else min(steps, s.steps)
-    with _Progress(total, "train") as bar:
-        result = run_training(s, out, spec_toml=spec.read_text(encoding="utf-8"), device=device, steps=steps,
-                              faults=parsed, progress=bar)
+    toml = spec.read_text(encoding="utf-8")
+    if workers > 1:   # the steps run in other processes: no progress bar
+        result = run_training(s, out, spec_toml=toml, device=device, steps=steps, faults=parsed, workers=workers,
+                              threads=threads or 1)
+    else:
+        with _Progress(total, "train") as bar:
+            result = run_training(s, out, spec_toml=toml, device=device, steps=steps, faults=parsed, progress=bar)
     if result.resumed_from >= 0:
         click.echo(f"resumed after step {result.resumed_from}", err=True)
     click.echo(f"root={result.root} size={result.size}")
@@ -138,9 +149,10 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
               help="Directory for the auditor's own leaves.bin, commitment.json and report.json.")
 @click.option("--ignore-log", is_flag=True,
               help="Round without applying the trainer's log (the ablation: shows the log is needed).")
+@WORKERS_OPTION
 @THREADS_OPTION
 @cli_errors
-def audit(run: Path, device: str, out: Path | None, ignore_log: bool, threads: int | None) -> None:
+def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: int, threads: int | None) -> None:
     """Replay a trainer's run from its spec and compare every step's leaf.
 
     Ends with `MATCH root=0x…` (exit 0) or `DIVERGED step=K …` (exit 1) at the first differing
@@ -150,13 +162,17 @@ def audit(run: Path, device: str, out: Path | None, ignore_log: bool, threads: i
     Examples:
       vtrain audit runs/mlp --device emu:splitk8-tree --out runs/mlp-audit
       vtrain audit runs/mlp --ignore-log
+      vtrain audit runs/gpt2 --workers 2 --device emu:lanes8-butterfly
     """
     from vtrain.audit import audit as run_audit
     from vtrain.run import Run
     r = Run.open(run)
     _prepare(device, threads)
-    with _Progress(r.size - 1, "audit") as bar:
-        report = run_audit(r, device, out=out, ignore_log=ignore_log, progress=bar)
+    if workers > 1:
+        report = run_audit(r, device, out=out, ignore_log=ignore_log, workers=workers, threads=threads or 1)
+    else:
+        with _Progress(r.size - 1, "audit") as bar:
+            report = run_audit(r, device, out=out, ignore_log=ignore_log, progress=bar)
     corr = report.corrections
     nonzero = [f"{t}:{c}" for t, c in enumerate(corr, start=1) if c]
     click.echo(f"corrections: total={sum(corr)} max={max(corr, default=0)} steps_with_corrections={len(nonzero)}")

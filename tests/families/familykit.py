@@ -74,3 +74,14 @@ class RunCache:
             train(spec, out, spec_toml=to_toml(spec), device=device)
             self.runs[key] = out
         return self.runs[key]
+
+
+def cli(*args: str):
+    """Run `vtrain ARGS` in this process through click's runner; (exit code, stdout, stderr)."""
+    from click.testing import CliRunner
+
+    from protocol.cli import main
+    r = CliRunner().invoke(main, list(args), env={"VTRAIN_THREADS": "1"})
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return r.exit_code, r.stdout, r.stderr

@@ -1,0 +1,85 @@
+"""Data-parallel training: the canonical rounding of the gradient sum, and runs trained with N
+processes audited bit-exactly with another number of processes."""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from familykit import cli, family_spec
+from vtrain.audit import audit
+from vtrain.grid import round_to_grid
+from vtrain.parallel import SINGLE, ParallelError, reduce_gradients
+from vtrain.run import Run
+from vtrain.spec import spec_from_dict, to_toml
+from vtrain.train import train
+
+
+def _rne_fp32(s: Fraction) -> float:
+    """Independent reference: the nearest FP32 value to s, ties to the even significand."""
+    f = np.float32(float(s))
+    cands = {float(f), float(np.nextafter(f, np.float32(np.inf))), float(np.nextafter(f, np.float32(-np.inf)))}
+    best = min(abs(Fraction(c) - s) for c in cands)
+    near = sorted(c for c in cands if abs(Fraction(c) - s) == best)
+    if len(near) == 1:
+        return near[0]
+    return next(c for c in near if np.float32(c).view(np.int32) % 2 == 0)
+
+
+def _grid(values: list[float]) -> torch.Tensor:
+    return round_to_grid(torch.tensor(values, dtype=torch.float64), 32)
+
+
+def test_reduction_is_the_correctly_rounded_exact_mean():
+    rng = random.Random(7)
+    shards = 4
+    # cancellation (FP64 sums lose the small terms), ties of the grid, and ordinary values
+    columns = [[2.0**30, 2.0**-30 * (1 + 2.0**-23), -(2.0**30), 0.0],
+               [1.0, 2.0**-24, 2.0**-48, 0.0],
+               [1.0, -(2.0**-25), 2.0**-60, 0.0]]
+    columns += [[rng.uniform(-1, 1) * 2.0 ** rng.randint(-40, 40) for _ in range(shards)] for _ in range(300)]
+    grads = {i: [_grid([c[i] for c in columns])] for i in range(shards)}
+    (mean,) = reduce_gradients(grads, shards, 32, SINGLE)
+    addends = [[float(grads[i][0][j]) for i in range(shards)] for j in range(len(columns))]
+    for j, terms in enumerate(addends):
+        exact_sum = _rne_fp32(sum(map(Fraction, terms), Fraction(0)))
+        assert float(mean[j]) == _rne_fp32(Fraction(exact_sum) / shards), (j, terms)
+    assert float(mean[0]) == 2.0**-32 * (1 + 2.0**-23)   # an FP64 sum in this order gives 0
+
+
+def test_workers_must_divide_the_shards(tmp_path):
+    spec = spec_from_dict({"model": "mlp", "batch_size": 12, "shards": 3, "steps": 2})
+    with pytest.raises(ParallelError, match="must divide the spec's shards"):
+        train(spec, tmp_path / "r", spec_toml=to_toml(spec), workers=2)
+
+
+def test_two_processes_train_what_one_process_audits(tmp_path):
+    spec = spec_from_dict({"model": "mlp", "dropout": 0.1, "optimizer": "adamw", "batch_size": 32, "shards": 2,
+                           "steps": 3})
+    result = train(spec, tmp_path / "r2", spec_toml=to_toml(spec), workers=2)
+    run = Run.open(tmp_path / "r2")
+    assert result.root == "0x" + run.root.hex() and result.size == 4
+    report = audit(run, "emu:splitk8-tree")
+    assert report.matched, report.divergence
+    single = train(spec, tmp_path / "r1", spec_toml=to_toml(spec))
+    assert single.root == result.root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2-tiny", "resnet-tiny"])
+def test_four_process_trainer_audited_by_one_and_two_processes(family_data, tmp_path, family):
+    spec = family_spec(family, family_data, shards=4, steps=8, warmup_steps=2)
+    (tmp_path / "spec.toml").write_text(to_toml(spec))
+    code, out, err = cli("train", str(tmp_path / "spec.toml"), "--out", str(tmp_path / "run"), "--workers", "4")
+    assert code == 0, err
+    run = Run.open(tmp_path / "run")
+    assert out.strip().splitlines()[-1] == f"root=0x{run.root.hex()} size=9"
+    one = audit(run, "emu:lanes8-butterfly")
+    assert one.matched, one.divergence
+    code, out, err = cli("audit", str(run.path), "--workers", "2", "--device", "emu:splitk8-tree")
+    assert code == 0, out + err
+    assert out.strip().splitlines()[-1] == f"MATCH root=0x{run.root.hex()} size=9"
