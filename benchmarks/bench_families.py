@@ -60,7 +60,8 @@ def timing(spec, steps: int) -> dict:
     def mean(rows: list[dict], key: str) -> float:
         return statistics.fmean(float(x.get(key, 0)) for x in rows)
 
-    return {"ms": ms, "trainer/plain64": ms["trainer"] / ms["plain64"], "auditor/plain64": ms["auditor"] / ms["plain64"],
+    return {"ms": ms,
+            "trainer/plain64": ms["trainer"] / ms["plain64"], "auditor/plain64": ms["auditor"] / ms["plain64"],
             "trainer/plain32": ms["trainer"] / ms["plain32"], "auditor/plain32": ms["auditor"] / ms["plain32"],
             "log_bytes": mean(stats, "log_file_bytes"), "dense_bytes": mean(stats, "dense_bytes"),
             "dense_zip_bytes": mean(stats, "dense_zip_bytes"), "rounded": mean(stats, "rounded"),
@@ -86,6 +87,32 @@ def divergence(spec, steps: int) -> dict[str, list[float]]:
             auditor.step(t, mode_a, replay_log=StepLog.from_bytes(r.log_bytes) if mode_a == "replay" else None)
             dist.append(float(torch.linalg.vector_norm(_weights(trainer) - _weights(auditor))))
         out[label] = dist
+    return out
+
+
+def _allreduce_worker(group, path: str) -> list[float]:
+    import torch.distributed as dist
+    grads = torch.load(path)                              # (shards, P) grid values
+    v = grads[list(group.shards(grads.shape[0]))].sum(0)  # this process's shards, then gloo's order
+    if group.world > 1:
+        dist.all_reduce(v)
+    return v.tolist()
+
+
+def allreduce_orders(shards: int = 4, elements: int = 100_000) -> dict[str, float]:
+    """Fraction of FP64 gradient-sum elements that differ from the 1-process sum, per world size."""
+    from vtrain.grid import round_to_grid
+    from vtrain.parallel import run_workers
+    g = torch.Generator().manual_seed(0)
+    grads = round_to_grid(torch.randn(shards, elements, generator=g, dtype=torch.float64)
+                          * torch.exp(torch.randn(1, elements, generator=g, dtype=torch.float64) * 3), 32)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "grads.pt")
+        torch.save(grads, path)
+        sums = {n: torch.tensor(run_workers(_allreduce_worker, n, path)) if n > 1 else grads.sum(0)
+                for n in (1, 2, 4)}
+    out = {f"N={n} vs N=1": float((sums[n] != sums[1]).double().mean()) for n in (2, 4)}
+    out["N=4 vs N=2"] = float((sums[4] != sums[2]).double().mean())
     return out
 
 
@@ -115,8 +142,14 @@ def main() -> None:
     ap.add_argument("--fig-steps", type=int, default=50, help="steps of the divergence figure")
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "families-divergence.png")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    ap.add_argument("--only-allreduce", action="store_true", help="only measure the all-reduce orders")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.only_allreduce:
+        fractions = allreduce_orders()
+        print("FP64 gradient-sum elements that differ: " + ", ".join(f"{k}: {100 * f:.1f}%"
+                                                                     for k, f in fractions.items()))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
         results, curves = {}, {}

@@ -104,9 +104,10 @@ def reduce_gradients(own: dict[int, list[torch.Tensor]], total: int, bits: int, 
     if group.world > 1:
         dist.all_reduce(v)
         dist.all_reduce(a)
-    # |v - S| <= gamma_(M-1) sum|g| for any order; `a` itself is computed with the same relative error
+    # |v - S| <= E = gamma_(M-1) sum|g| for any order; `a` itself is computed with the same relative error.
+    # The band is twice that, plus 2u|v| for the roundings of v -+ band themselves.
     e = gamma(max(total - 1, 1), _U64)
-    band = 2 * (e * (1 + 2 * e) * a + 2.0**-1074)
+    band = 2 * (e * (1 + 2 * e) * a + 2.0**-1074) + 2 * _U64 * v.abs()
     try:
         lo, hi = round_unchecked(v - band, bits), round_unchecked(v + band, bits)
         summed = round_to_grid(v, bits)

@@ -6,6 +6,10 @@ output onto the grid and records (trainer), replays (auditor) or ignores (ablati
 log. The same `TrainingSession.step` serves the trainer, the auditor and the referee, so the three
 cannot drift apart.
 
+With spec.shards = M > 1 the step is M micro-batches, each under its own rounded execution with its
+own log part, then the canonically rounded mean gradient and the optimizer step under one more
+(vtrain.parallel); the processes of a data-parallel job each run their share of the micro-batches.
+
 Rounding modes: "record" | "replay" | "plain" are RoundedExecution's; "none" runs native torch with
 no dispatch mode at all (the baseline of the benchmarks and of "plain float32 training").
 """
@@ -159,9 +163,9 @@ class TrainingSession:
         try:
             for i in group.shards(spec.shards):
                 rows = slice(i * size, (i + 1) * size)
-                for m in self.model.modules():
-                    if isinstance(m, BatchNorm2d):
-                        m.update_running = i == 0
+                for module in self.model.modules():
+                    if isinstance(module, BatchNorm2d):
+                        module.update_running = i == 0
                 with self._context(rounding, t, replay.parts[i] if replay is not None else None) as rx:
                     for p in params:
                         p.grad = None
@@ -178,7 +182,7 @@ class TrainingSession:
         failures = [f for f, _ in gathered if f is not None]
         if failures:
             raise ShardLogRejected(failures[0])
-        shards = {i: part for _, m in gathered for i, part in m.items()}
+        done = {i: part for _, theirs in gathered for i, part in theirs.items()}   # shard -> (loss, log, counts)
         for p in params:
             p.grad = None
         if rounding == "none":   # the unrounded baseline: a plain mean
@@ -195,12 +199,12 @@ class TrainingSession:
         with self._context(rounding, t, replay.parts[-1] if replay is not None else None) as rx:
             self.optimizer.step()
         group.broadcast_buffers(self.model)
-        parts = [shards[i][1] for i in range(spec.shards)] + [self._part_bytes(rx, rounding, replay, spec.shards)]
+        parts = [done[i][1] for i in range(spec.shards)] + [self._part_bytes(rx, rounding, replay, spec.shards)]
         stats: dict = {}
-        for counts in [shards[i][2] for i in range(spec.shards)] + [_counts(rx)]:
+        for counts in [done[i][2] for i in range(spec.shards)] + [_counts(rx)]:
             for k, v in counts.items():
                 stats[k] = stats.get(k, 0) + v
-        loss_value = sum(shards[i][0] for i in range(spec.shards)) / spec.shards
+        loss_value = sum(done[i][0] for i in range(spec.shards)) / spec.shards
         log = ShardedLog([StepLog.from_bytes(b) for b in parts]) if rounding == "record" else replay
         return loss_value, (log if log is not None else ShardedLog.empty(spec.shards + 1)).to_bytes(), stats
 

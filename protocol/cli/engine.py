@@ -20,7 +20,8 @@ DEVICE_OPTION = click.option(
 WORKERS_OPTION = click.option(
     "--workers", "-w", type=click.IntRange(1, 1024), default=1, show_default=True,
     help="Processes sharing each step's micro-batch shards (data parallel over gloo); must divide the "
-         "spec's shards. The result does not depend on it: a run trained with N audits with any M.")
+         "spec's shards. The result does not depend on it: a run trained by N processes audits "
+         "bit-exactly with any other divisor.")
 THREADS_OPTION = click.option(
     "--threads", type=click.IntRange(1, 256), default=None, envvar="VTRAIN_THREADS", show_envvar=True,
     help="torch CPU threads (default: torch's choice). Results do not depend on it; that is the point.")
@@ -121,7 +122,7 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
       vtrain train examples/mlp.toml --out runs/mlp
       vtrain train examples/cnn.toml --out runs/cnn --device emu:splitk8-tree --threads 2
       vtrain train examples/mlp.toml --out runs/bad --fault 40:poison-batch
-      vtrain train examples/gpt2-tiny.toml --out runs/gpt2 --workers 4   (needs shards = 4, or 8, ...)
+      vtrain train gpt2-dp.toml --out runs/gpt2 --workers 4     (a spec with shards = 4 or 8, ...)
     """
     from vtrain.faults import parse_fault
     from vtrain.spec import load_spec

@@ -225,7 +225,8 @@ class GameMachine(RuleBasedStateMachine):
         elif tamper == "proof":
             proof = proof[::-1] if len(proof) > 1 else [os.urandom(32)]
         elif tamper == "sender":
-            sender = self.world.stranger
+            # Anyone but the side to move (the stranger may itself be this game's challenger).
+            sender = next(a for a in (self.world.stranger, self.world.client) if a != sender)
         elif tamper == "next" and hi - lo > 1:
             nxt = os.urandom(32)
         r = self.send("move", game_id, answer, proof, nxt, nproof, sender)

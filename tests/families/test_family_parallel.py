@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from familykit import cli, family_spec
-from vtrain.audit import audit
+from vtrain.audit import audit, replay_step_detail
 from vtrain.grid import round_to_grid
 from vtrain.parallel import SINGLE, ParallelError, reduce_gradients
 from vtrain.run import Run
@@ -65,6 +65,7 @@ def test_two_processes_train_what_one_process_audits(tmp_path):
     assert result.root == "0x" + run.root.hex() and result.size == 4
     report = audit(run, "emu:splitk8-tree")
     assert report.matched, report.divergence
+    assert replay_step_detail(run, 2, "emu:lanes8-butterfly").equal   # the referee replays one sharded step
     single = train(spec, tmp_path / "r1", spec_toml=to_toml(spec))
     assert single.root == result.root
 
@@ -72,14 +73,48 @@ def test_two_processes_train_what_one_process_audits(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2-tiny", "resnet-tiny"])
 def test_four_process_trainer_audited_by_one_and_two_processes(family_data, tmp_path, family):
-    spec = family_spec(family, family_data, shards=4, steps=8, warmup_steps=2)
+    spec = family_spec(family, family_data, shards=4, steps=4, warmup_steps=2)
     (tmp_path / "spec.toml").write_text(to_toml(spec))
     code, out, err = cli("train", str(tmp_path / "spec.toml"), "--out", str(tmp_path / "run"), "--workers", "4")
     assert code == 0, err
     run = Run.open(tmp_path / "run")
-    assert out.strip().splitlines()[-1] == f"root=0x{run.root.hex()} size=9"
+    assert out.strip().splitlines()[-1] == f"root=0x{run.root.hex()} size=5"
     one = audit(run, "emu:lanes8-butterfly")
     assert one.matched, one.divergence
     code, out, err = cli("audit", str(run.path), "--workers", "2", "--device", "emu:splitk8-tree")
     assert code == 0, out + err
-    assert out.strip().splitlines()[-1] == f"MATCH root=0x{run.root.hex()} size=9"
+    assert out.strip().splitlines()[-1] == f"MATCH root=0x{run.root.hex()} size=5"
+
+
+def _steer_shard(run_dir, step: int, shard: int) -> None:
+    """Act as a dishonest trainer: add an entry forcing an unambiguous value in one shard's log of
+    `step`, and commit to the doctored log (leaf and commitment rewritten to match)."""
+    from vtrain.leaves import LeafRecord, keccak256
+    from vtrain.roundlog import SiteLog
+    from vtrain.run import atomic_write, encode_leaves, write_commitment
+    from vtrain.shardlog import ShardedLog
+
+    run = Run.open(run_dir)
+    log = ShardedLog.from_bytes(run.read_log_bytes(step), "x", run.spec.shards + 1)
+    part = log.parts[shard]
+    i = next(k for k, s in enumerate(part.sites) if s.num_entries == 0)
+    s = part.sites[i]
+    part.sites[i] = SiteLog(s.site, s.op, s.shape, val_pos=np.array([0]), val=np.array([1024.0], np.float32))
+    data = log.to_bytes()
+    atomic_write(run.log_path(step), data)
+    old = run.records[step]
+    records = list(run.records)
+    records[step] = LeafRecord(step, old.state_hash, keccak256(data), old.batch_hash)
+    atomic_write(run.path / "leaves.bin", encode_leaves(records))
+    write_commitment(run.path / "commitment.json", records, run.spec)
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_a_steered_shard_log_is_rejected_by_every_worker(tmp_path, workers):
+    spec = spec_from_dict({"model": "mlp", "batch_size": 32, "shards": 2, "steps": 3})
+    train(spec, tmp_path / "r", spec_toml=to_toml(spec))
+    _steer_shard(tmp_path / "r", step=2, shard=1)
+    report = audit(Run.open(tmp_path / "r"), "cpu", workers=workers)
+    d = report.divergence
+    assert d is not None and d.step == 2 and "log rejected" in d.reason and "illegitimate" in d.reason
+    assert report.size == 4   # the auditor went on honestly after the rejection
