@@ -12,21 +12,30 @@ import {Clock, LibClock, Side} from "./lib/Clock.sol";
 ///            referee, windows, clock, bonds). Status Open. `cancelJob` returns the reward while no
 ///            one has committed.
 ///         2. `commit`: the first trainer to post the tree root of leaves 0..numSteps, the trainer
-///            bond and its final leaf (with an inclusion proof) holds the job. First come: the client
+///            bond and its final leaf (with inclusion proofs of it and of leaf 0 = job.leaf0)
+///            holds the job. First come: the client
 ///            names no trainer, and a wrong commitment only costs its author the bond. Status
 ///            Committed; the challenge window opens.
 ///         3. `challenge`: before the window closes, any auditor whose tree ends in a different
-///            final leaf posts its root, final leaf and the challenger bond. Each challenge is a game.
-///            The challenger also reveals its leaf at the first midpoint, so the trainer moves first.
+///            final leaf posts its root, final leaf (proofs of it and of leaf 0, as in `commit`) and
+///            the challenger bond. Each challenge is a game. The challenger also reveals its root's
+///            two children, so the trainer moves first.
 ///            (A tree that ends in the trainer's final leaf is not a dispute: the client gets the
 ///            same final state either way, and bisection needs a differing leaf at hi to start.)
-///         4. `move`: the game keeps (lo, hi) with the two trees agreeing at leaf lo (leaf 0 is fixed
-///            by the job) and differing at hi (initially the final leaves). The side to move answers
-///            the leaf its opponent revealed at mid = (lo + hi) / 2 with its own leaf at mid and a
-///            proof against its own root; the contract compares and narrows (equal: lo = mid, else
-///            hi = mid). If hi > lo + 1 the mover, who now knows the next midpoint, reveals its leaf
-///            there too and the move passes. One transaction is thus one halving. When hi = lo + 1
-///            the step hi is isolated: pre-leaf (agreed at lo) and both post-leaves are recorded.
+///         4. `move`: both trees have the same RFC 9162 shape (same size), so the game descends
+///            them together, Cartesi-style, with no inclusion proofs. It keeps a node [start, end)
+///            whose hashes differ in the two trees, every leaf left of it agreeing (initially the
+///            roots). The side to move reveals its two children of the node, checked against its
+///            own hash of it, and the contract compares them with the children its opponent
+///            revealed: different left children -> descend left, else right (the left sibling is
+///            then agreed). Descending leftmost-differing ends at the FIRST differing leaf. Unless
+///            that is a single leaf, the mover reveals its children of the new node too and the
+///            move passes: one transaction is one halving, 64 + 64 bytes of calldata. Children
+///            that are single leaves are revealed as raw leaves (hashed here), so at the bottom
+///            both post-leaves are known. Leaf 0 is proven equal to job.leaf0 in both trees, so
+///            step 0 is never isolated; the agreed pre-leaf at step - 1 is the left child just
+///            compared when the last node had two leaves, else the isolating move proves it
+///            against the mover's root (one proof per game).
 ///         5. `resolve`: the referee replays step hi off-chain and names the winner before its
 ///            deadline; `refund` returns the challenger's bond if it does not. `timeout`: anyone ends
 ///            a game whose side to move ran out of its chess-clock time; that side loses.
@@ -121,34 +130,39 @@ contract VerificationGame {
         bytes32 finalLeaf;
     }
 
-    /// @notice One bisection game between a job's trainer and one challenger.
+    /// @notice One bisection game between a job's trainer and one challenger: a descent of both
+    ///         trees to the first leaf where they differ.
     /// @param challenger The auditor that challenged.
     /// @param jobId The job whose commitment is disputed.
     /// @param status See GameStatus.
     /// @param shareClaimed Whether a winning challenger pulled its share of the trainer's bond.
     /// @param root The challenger's tree root (same size as the trainer's).
-    /// @param lo Highest index known where the two trees agree.
-    /// @param hi Lowest index known where they differ.
+    /// @param start First leaf of the disputed node [start, end): its hashes differ in the two
+    ///        trees and every leaf before `start` agrees. Once isolated, the step is `start`.
+    /// @param end One past the node's last leaf (end - start = 1 exactly when a step is isolated).
     /// @param size Both trees' size, job.numSteps + 1 (copied here: one slot holds all a move needs).
     /// @param clock The chess clock; once the game stopped, clock.since() is when it stopped.
-    /// @param pending The leaf at (lo + hi) / 2 that the last mover revealed, awaiting an answer.
-    /// @param leafLo The agreed leaf at lo (job.leaf0 while lo = 0).
-    /// @param trainerLeafHi The trainer's leaf at hi.
-    /// @param challengerLeafHi The challenger's leaf at hi.
+    /// @param node Active: the side to move's hash of node [start, end).
+    ///        Isolated and after: the agreed pre-leaf (leaf start - 1 of both trees).
+    /// @param left Active: the opponent's left child of the node (the raw leaf when that child is
+    ///        one leaf). Isolated and after: the trainer's leaf at step `start`.
+    /// @param right Active: the opponent's right child likewise. Isolated and after: the
+    ///        challenger's leaf at step `start`.
+    /// @dev node/left/right serve both phases because the isolating move has read all three: it
+    ///      rewrites warm slots (2.9k gas each) instead of filling fresh ones (22.1k each).
     struct Game {
         address challenger;
         uint64 jobId;
         GameStatus status;
         bool shareClaimed;
         bytes32 root;
-        uint48 lo;
-        uint48 hi;
+        uint48 start;
+        uint48 end;
         uint48 size;
         Clock clock;
-        bytes32 pending;
-        bytes32 leafLo;
-        bytes32 trainerLeafHi;
-        bytes32 challengerLeafHi;
+        bytes32 node;
+        bytes32 left;
+        bytes32 right;
     }
 
     // ------------------------------------------------------------------ errors
@@ -181,6 +195,8 @@ contract VerificationGame {
     error GamesOpen(uint256 jobId, uint256 openGames);
     /// @notice Thrown when a challenger's final leaf equals the trainer's: nothing to dispute.
     error SameFinalLeaf(bytes32 finalLeaf);
+    /// @notice Thrown when revealed children do not hash to the revealer's node [start, end).
+    error InvalidChildren(uint256 start, uint256 end);
     /// @notice Thrown when the caller is not the side to move (`turn`).
     error NotYourTurn(uint256 gameId, Side turn);
     /// @notice Thrown when the side to move has run out of time; the game can only be timed out.
@@ -209,13 +225,20 @@ contract VerificationGame {
     event JobCancelled(uint256 indexed jobId);
     /// @notice Emitted when a trainer commits its tree (root, size) with final leaf `finalLeaf`.
     event Committed(uint256 indexed jobId, address indexed trainer, bytes32 root, uint256 size, bytes32 finalLeaf);
-    /// @notice Emitted when an auditor challenges; `midLeaf` is its leaf at (0 + numSteps) / 2.
+    /// @notice Emitted when an auditor challenges; `left` and `right` are its root's children (raw
+    ///         leaves where a child is one leaf; zero when numSteps = 1 isolates step 1 at once).
     event Challenged(
-        uint256 indexed jobId, uint256 indexed gameId, address indexed challenger, bytes32 root, bytes32 finalLeaf, bytes32 midLeaf
+        uint256 indexed jobId,
+        uint256 indexed gameId,
+        address indexed challenger,
+        bytes32 root,
+        bytes32 finalLeaf,
+        bytes32 left,
+        bytes32 right
     );
-    /// @notice Emitted after every move: the new interval and, unless isolated, the mover's leaf at
-    ///         the new midpoint (lo + hi) / 2, which the other side must answer.
-    event Moved(uint256 indexed gameId, Side mover, uint256 lo, uint256 hi, bytes32 next);
+    /// @notice Emitted after every move that does not isolate a step: the new node [start, end)
+    ///         and the mover's children of it, which the other side must answer.
+    event Moved(uint256 indexed gameId, Side mover, uint256 start, uint256 end, bytes32 left, bytes32 right);
     /// @notice Emitted when a game has narrowed to one step: step `step` turns `preLeaf` (agreed,
     ///         at step - 1) into `trainerLeaf` according to the trainer, `challengerLeaf` according
     ///         to the challenger. The referee must resolve by `deadline`.
@@ -294,10 +317,15 @@ contract VerificationGame {
     /// @param size The tree's size; must be numSteps + 1.
     /// @param finalLeaf Leaf numSteps, the claimed final state.
     /// @param finalProof Its inclusion proof against `root`.
-    function commit(uint256 jobId, bytes32 root, uint256 size, bytes32 finalLeaf, bytes32[] calldata finalProof)
-        external
-        payable
-    {
+    /// @param leaf0Proof The inclusion proof of job.leaf0 at index 0 against `root`.
+    function commit(
+        uint256 jobId,
+        bytes32 root,
+        uint256 size,
+        bytes32 finalLeaf,
+        bytes32[] calldata finalProof,
+        bytes32[] calldata leaf0Proof
+    ) external payable {
         Job storage job = _job(jobId);
         // INVARIANT: a job holds at most one commitment.
         if (job.status != JobStatus.Open) revert WrongJobStatus(jobId, job.status);
@@ -306,8 +334,8 @@ contract VerificationGame {
         if (size != expected) revert WrongSize(expected, size);
         // INVARIANT: the trainer's stake is exactly the agreed bond.
         if (msg.value != job.terms.trainerBond) revert WrongValue(job.terms.trainerBond, msg.value);
-        // INVARIANT: the final leaf every game starts from is in the trainer's tree.
-        _requireProof(root, finalLeaf, size - 1, size, finalProof);
+        // INVARIANT: the final leaf every game starts from, and leaf 0, are in the trainer's tree.
+        _requireEnds(root, size, job.terms.leaf0, finalLeaf, finalProof, leaf0Proof);
 
         job.status = JobStatus.Committed;
         job.trainer = msg.sender;
@@ -322,80 +350,97 @@ contract VerificationGame {
     /// @param root The challenger's root over numSteps + 1 leaves.
     /// @param finalLeaf The challenger's leaf numSteps; must differ from the trainer's.
     /// @param finalProof Its proof against `root`.
-    /// @param midLeaf The challenger's leaf at numSteps / 2, the first midpoint (ignored when
-    ///        numSteps = 1: the only step is isolated at once).
-    /// @param midProof Its proof against `root`.
+    /// @param leaf0Proof The proof of job.leaf0 at index 0 against `root`.
+    /// @param left The challenger's left child of its root (the raw leaf when it is one leaf;
+    ///        ignored when numSteps = 1: the only step is isolated at once).
+    /// @param right Its right child likewise.
     /// @return gameId The new game's id.
     function challenge(
         uint256 jobId,
         bytes32 root,
         bytes32 finalLeaf,
         bytes32[] calldata finalProof,
-        bytes32 midLeaf,
-        bytes32[] calldata midProof
+        bytes32[] calldata leaf0Proof,
+        bytes32 left,
+        bytes32 right
     ) external payable returns (uint256 gameId) {
         Job storage job = _job(jobId);
         _checkChallenge(jobId, job, finalLeaf);
-        uint256 hi = job.terms.numSteps;
-        // INVARIANT: the disputed final leaf is in the challenger's own tree.
-        _requireProof(root, finalLeaf, hi, hi + 1, finalProof);
-        bool isolated = hi == 1;
-        // INVARIANT: the first revealed midpoint leaf is in the challenger's tree.
-        if (!isolated) _requireProof(root, midLeaf, hi / 2, hi + 1, midProof);
+        uint256 size = uint256(job.terms.numSteps) + 1;
+        // INVARIANT: the disputed final leaf, and leaf 0, are in the challenger's own tree.
+        _requireEnds(root, size, job.terms.leaf0, finalLeaf, finalProof, leaf0Proof);
+        // INVARIANT: the children the trainer must answer are the challenger's root's.
+        if (size > 2 && _parent(left, right, 0, size) != root) revert InvalidChildren(0, size);
+        gameId = _openGame(jobId, job, root, finalLeaf, left, right);
+    }
 
+    /// @dev Store a new game of `job` (guards done) and start its clock, or isolate step 1 at once
+    ///      when the trees have two leaves.
+    function _openGame(uint256 jobId, Job storage job, bytes32 root, bytes32 finalLeaf, bytes32 left, bytes32 right)
+        internal
+        returns (uint256 gameId)
+    {
+        uint256 size = uint256(job.terms.numSteps) + 1;
         gameId = ++gameCount;
         Game storage game = games[gameId];
         game.challenger = msg.sender;
         game.jobId = uint64(jobId); // lossless: ids count transactions, far below 2^64
         game.root = root;
-        game.hi = uint48(hi);
-        game.size = uint48(hi + 1);
-        game.leafLo = job.terms.leaf0;
-        game.trainerLeafHi = job.finalLeaf;
-        game.challengerLeafHi = finalLeaf;
+        game.end = uint48(size);
+        game.size = uint48(size);
         game.clock = LibClock.start(job.terms.clockPerSide, block.timestamp, Side.Trainer);
         job.openGames += 1;
-        emit Challenged(jobId, gameId, msg.sender, root, finalLeaf, isolated ? bytes32(0) : midLeaf);
-        if (isolated) {
-            _isolate(gameId, game);
+        if (size == 2) {
+            emit Challenged(jobId, gameId, msg.sender, root, finalLeaf, bytes32(0), bytes32(0));
+            // Two leaves, leaf 0 agreed: step 1 is the first difference.
+            game.start = 1;
+            _isolate(gameId, game, job.terms.leaf0, job.finalLeaf, finalLeaf);
         } else {
+            emit Challenged(jobId, gameId, msg.sender, root, finalLeaf, left, right);
             game.status = GameStatus.Active;
-            game.pending = midLeaf;
+            (game.node, game.left, game.right) = (job.root, left, right);
         }
     }
 
     // ------------------------------------------------------------------ games
 
-    /// @notice Answer the opponent's leaf at mid = (lo + hi) / 2 and, unless that isolates the
-    ///         step, reveal the own leaf at the next midpoint. Proofs are against the mover's root.
+    /// @notice Reveal the own children of the disputed node [start, end); the contract descends
+    ///         into the leftmost child where they differ from the opponent's. Unless that child is
+    ///         one leaf (the move isolates a step), also reveal the own children of that child,
+    ///         which the opponent must answer. Children that are single leaves are given raw.
     /// @param gameId The game.
-    /// @param answer The mover's leaf at mid.
-    /// @param answerProof Its proof.
-    /// @param next The mover's leaf at the next midpoint (ignored when this move isolates a step).
-    /// @param nextProof Its proof (ignored likewise).
+    /// @param children The mover's (left, right) children of [start, end).
+    /// @param next The mover's (left, right) children of the node descended into (ignored when
+    ///        that node is one leaf).
+    /// @param preLeaf Leaf step - 1, when this move isolates `step` and the node had more than two
+    ///        leaves or the descent went left (ignored otherwise: the pre-leaf is then the agreed
+    ///        left child).
+    /// @param preProof Its proof against the mover's root (ignored likewise).
     function move(
         uint256 gameId,
-        bytes32 answer,
-        bytes32[] calldata answerProof,
-        bytes32 next,
-        bytes32[] calldata nextProof
+        bytes32[2] calldata children,
+        bytes32[2] calldata next,
+        bytes32 preLeaf,
+        bytes32[] calldata preProof
     ) external {
         Game storage game = _game(gameId);
-        (Side mover, bytes32 root, uint256 size) = _checkMove(gameId, game);
-        // INVARIANT: every compared leaf is bound to its position in the mover's tree.
-        _requireProof(root, answer, _mid(game.lo, game.hi), size, answerProof);
-        (uint256 lo, uint256 hi) = _narrow(game, mover, answer);
+        Side mover = _checkMove(gameId, game);
+        (bytes32 mine, bytes32 theirs, bool agreedLeftLeaf) = _descend(game, children[0], children[1]);
         game.clock = game.clock.pass(block.timestamp);
-
-        if (hi - lo == 1) {
-            emit Moved(gameId, mover, lo, hi, bytes32(0));
-            _isolate(gameId, game);
+        if (game.end - game.start > 1) {
+            _reveal(gameId, game, mover, mine, theirs, next);
             return;
         }
-        // INVARIANT: the leaf the opponent must answer is bound to its position in the mover's tree.
-        _requireProof(root, next, _mid(lo, hi), size, nextProof);
-        game.pending = next;
-        emit Moved(gameId, mover, lo, hi, next);
+        if (agreedLeftLeaf) {
+            preLeaf = children[0];
+        } else {
+            // start >= 1: leaf 0 agrees (commit and challenge proved it), so it never differs.
+            // INVARIANT: the pre-leaf is in the mover's tree; leaves before `start` agree, so it
+            // is the opponent's too.
+            _requireProof(_root(game, mover), preLeaf, game.start - 1, game.size, preProof);
+        }
+        bool t = mover == Side.Trainer;
+        _isolate(gameId, game, preLeaf, t ? mine : theirs, t ? theirs : mine);
     }
 
     /// @notice End a game whose side to move ran out of time; that side loses. Anyone may call.
@@ -570,47 +615,90 @@ contract VerificationGame {
         if (finalLeaf == job.finalLeaf) revert SameFinalLeaf(finalLeaf);
     }
 
-    /// @dev The guards of `move`; returns the mover, its root and the trees' size.
-    function _checkMove(uint256 gameId, Game storage game) internal view returns (Side mover, bytes32 root, uint256 size) {
+    /// @dev The guards of `move`; returns the mover.
+    function _checkMove(uint256 gameId, Game storage game) internal view returns (Side mover) {
         // INVARIANT: moves happen only during bisection.
         if (game.status != GameStatus.Active) revert WrongGameStatus(gameId, game.status);
         Clock clock = game.clock;
         mover = clock.turn();
-        address player;
-        if (mover == Side.Trainer) {
-            Job storage job = jobs[game.jobId];
-            (player, root) = (job.trainer, job.root);
-        } else {
-            (player, root) = (game.challenger, game.root);
-        }
+        address player = mover == Side.Trainer ? jobs[game.jobId].trainer : game.challenger;
         // INVARIANT: only the side to move moves, so each side's clock is charged for its own time.
         if (msg.sender != player) revert NotYourTurn(gameId, mover);
         // INVARIANT: a side out of time has lost; it cannot move any more.
         if (clock.expired(block.timestamp)) revert ClockExpired(gameId, mover);
-        size = game.size;
     }
 
-    /// @dev The midpoint of (lo, hi); cannot overflow as lo < hi < 2^48.
-    function _mid(uint256 lo, uint256 hi) internal pure returns (uint256) {
-        return (lo + hi) / 2;
-    }
-
-    /// @dev Compare the mover's (proven) leaf at the midpoint with the opponent's pending one and
-    ///      keep the half where the trees first differ: equal leaves move lo up, different ones hi
-    ///      down, so the trees always agree at lo and differ at hi.
-    function _narrow(Game storage game, Side mover, bytes32 answer) internal returns (uint256 lo, uint256 hi) {
-        (lo, hi) = (game.lo, game.hi);
-        uint256 mid = _mid(lo, hi);
-        bytes32 opponent = game.pending;
-        if (answer == opponent) {
-            lo = mid;
-            game.lo = uint48(mid);
-            game.leafLo = answer;
+    /// @dev Check the mover's children (`left`, `right`) of the node against its own hash of it and
+    ///      descend into the leftmost child where they differ from the opponent's. Returns the two
+    ///      sides' values of that child and whether it is the right one past a single agreed leaf.
+    function _descend(Game storage game, bytes32 left, bytes32 right)
+        internal
+        returns (bytes32 mine, bytes32 theirs, bool agreedLeftLeaf)
+    {
+        (uint256 start, uint256 end) = (game.start, game.end);
+        uint256 k = _split(end - start);
+        // INVARIANT: revealed children are the mover's own (its node is bound to its root).
+        if (_parent(left, right, k, end - start) != game.node) revert InvalidChildren(start, end);
+        if (left != game.left) {
+            (game.end, mine, theirs) = (uint48(start + k), left, game.left);
         } else {
-            hi = mid;
-            game.hi = uint48(mid);
-            (game.trainerLeafHi, game.challengerLeafHi) = mover == Side.Trainer ? (answer, opponent) : (opponent, answer);
+            // The nodes differ and the left children agree, so the right children differ.
+            (game.start, mine, theirs, agreedLeftLeaf) = (uint48(start + k), right, game.right, k == 1);
         }
+    }
+
+    /// @dev Store the mover's children `next` of the node just descended into (where the mover's
+    ///      hash is `mine`, the opponent's `theirs`) for the opponent to answer, and pass the move.
+    function _reveal(uint256 gameId, Game storage game, Side mover, bytes32 mine, bytes32 theirs, bytes32[2] calldata next)
+        internal
+    {
+        (uint256 start, uint256 end) = (game.start, game.end);
+        // INVARIANT: the children the opponent must answer are the mover's own.
+        if (_parent(next[0], next[1], 0, end - start) != mine) revert InvalidChildren(start, end);
+        (game.node, game.left, game.right) = (theirs, next[0], next[1]);
+        emit Moved(gameId, mover, start, end, next[0], next[1]);
+    }
+
+    /// @dev The root of `side`'s tree in `game`.
+    function _root(Game storage game, Side side) internal view returns (bytes32) {
+        return side == Side.Trainer ? jobs[game.jobId].root : game.root;
+    }
+
+    /// @dev RFC 9162's split of a node of `width` >= 2 leaves: the largest power of two below it.
+    function _split(uint256 width) internal pure returns (uint256) {
+        // Smear the highest set bit of width - 1 (< 2^48) down, then keep only that bit.
+        uint256 x = width - 1;
+        unchecked {
+            x |= x >> 1;
+            x |= x >> 2;
+            x |= x >> 4;
+            x |= x >> 8;
+            x |= x >> 16;
+            x |= x >> 32;
+            return (x >> 1) + 1;
+        }
+    }
+
+    /// @dev The hash of a node of `width` >= 2 leaves split at `k` (0: compute the split) from its
+    ///      revealed children, a child of one leaf being given raw.
+    function _parent(bytes32 left, bytes32 right, uint256 k, uint256 width) internal pure returns (bytes32) {
+        if (k == 0) k = _split(width);
+        if (k == 1) left = MerkleVerifier.leafNode(left);
+        if (width - k == 1) right = MerkleVerifier.leafNode(right);
+        return MerkleVerifier.innerNode(left, right);
+    }
+
+    /// @dev Revert unless the proofs show `finalLeaf` and `leaf0` at both ends of the tree (`root`, `size`).
+    function _requireEnds(
+        bytes32 root,
+        uint256 size,
+        bytes32 leaf0,
+        bytes32 finalLeaf,
+        bytes32[] calldata finalProof,
+        bytes32[] calldata leaf0Proof
+    ) internal pure {
+        _requireProof(root, finalLeaf, size - 1, size, finalProof);
+        _requireProof(root, leaf0, 0, size, leaf0Proof);
     }
 
     /// @dev Revert unless `proof` shows `leaf` at `index` in the tree (`root`, `size`).
@@ -621,11 +709,15 @@ contract VerificationGame {
         if (!MerkleVerifier.verify(root, leaf, index, size, proof)) revert InvalidProof(index, leaf);
     }
 
-    /// @dev Record the isolated step hi; the clock's `since` is now the isolation time.
-    function _isolate(uint256 gameId, Game storage game) internal {
+    /// @dev Record the isolated step `game.start` and its leaves; the clock's `since` is now the
+    ///      isolation time.
+    function _isolate(uint256 gameId, Game storage game, bytes32 preLeaf, bytes32 trainerLeaf, bytes32 challengerLeaf)
+        internal
+    {
         game.status = GameStatus.Isolated;
+        (game.node, game.left, game.right) = (preLeaf, trainerLeaf, challengerLeaf);
         uint256 deadline = block.timestamp + jobs[game.jobId].terms.refereeWindow;
-        emit StepIsolated(gameId, game.hi, game.leafLo, game.trainerLeafHi, game.challengerLeafHi, deadline);
+        emit StepIsolated(gameId, game.start, preLeaf, trainerLeaf, challengerLeaf, deadline);
     }
 
     /// @dev Apply a game's outcome to credits and to its job (effects only; nothing is sent).

@@ -56,8 +56,13 @@ class Dataset:
         return windows[:, :-1], windows[:, 1:]
 
 
-def load_dataset(name: str, dtype: torch.dtype, *, path: str = "", context: int = 0, bits: int = 32) -> Dataset:
-    """Load a data set in the work dtype; pixels that are not exact on the grid are rounded to `bits`."""
+def load_dataset(name: str, dtype: torch.dtype, *, path: str = "", context: int = 0, bits: int = 32,
+                 data_hash: str = "") -> Dataset:
+    """Load a data set in the work dtype; pixels that are not exact on the grid are rounded to `bits`.
+
+    For data read from local files, a non-empty `data_hash` ("0x" + keccak-256 of the files' bytes)
+    must match them: the spec, and so the commitment, then pins the data and not just its path.
+    """
     if name == "digits":
         from sklearn.datasets import load_digits  # imported here: sklearn is slow to import
 
@@ -69,18 +74,27 @@ def load_dataset(name: str, dtype: torch.dtype, *, path: str = "", context: int 
     from vtrain.loaders import CIFAR_IMAGE, LoaderError, load_cifar10, load_text
     try:
         if name == "cifar10":
-            pixels, y = load_cifar10(path)
+            pixels, y, digest = load_cifar10(path)
+            _check_hash(path, digest, data_hash)
             # k/255 is not a grid value: round once, on the CPU, so every device sees the same pixels
             x = round_to_grid(pixels.to(torch.float64).div_(255.0), bits).to(dtype)
             return Dataset("cifar10", x, y, CIFAR_IMAGE, 10)
         if name == "text":
-            tokens, vocab = load_text(path)
+            tokens, vocab, digest = load_text(path)
+            _check_hash(path, digest, data_hash)
             if tokens.numel() <= context + 1:
                 raise DatasetError(f"{path}: {tokens.numel()} characters, fewer than context + 2 = {context + 2}")
             return Dataset("text", tokens, torch.empty(0, dtype=torch.int64), (0, 0, 0), len(vocab), context)
     except LoaderError as exc:
         raise DatasetError(str(exc)) from None
     raise DatasetError(f"unknown dataset {name!r}; available: digits, cifar10, text")
+
+
+def _check_hash(path: str, digest: bytes, expected: str) -> None:
+    found = "0x" + digest.hex()
+    if expected and expected.lower() != found:
+        raise DatasetError(f"{path}: the data hashes to {found} but the spec's data_hash is {expected}; this is "
+                           "not the data the run was specified with (fetch the right files, or fix data_hash)")
 
 
 def batch_indices(seed: int, step: int, batch_size: int, n: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from vtrain.errors import VtrainError
+from vtrain.leaves import keccak256
 
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_IMAGE = (3, 32, 32)
@@ -36,12 +37,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar_batch(path: Path, raw: bytes) -> tuple[np.ndarray, np.ndarray]:
     fix = "download the CIFAR-10 python version (cifar-10-python.tar.gz) and give its extracted directory"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise LoaderError(f"{path}: missing CIFAR-10 batch; {fix}") from None
     try:
         d = _NumpyOnlyUnpickler(io.BytesIO(raw), encoding="bytes").load()
         data = np.asarray(d[b"data"], dtype=np.uint8)
@@ -56,22 +53,32 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
-def load_cifar10(directory: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 50,000 training images of CIFAR-10 as (uint8 pixels (N, 3072) channel-major, int64 labels)."""
+def load_cifar10(directory: str | Path) -> tuple[torch.Tensor, torch.Tensor, bytes]:
+    """The 50,000 training images of CIFAR-10 as (uint8 pixels (N, 3072) channel-major, int64 labels,
+    keccak-256 of the five batch files' bytes in order)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise LoaderError(f"{directory}: not a directory; data_path must be the extracted cifar-10-batches-py")
-    parts = [_read_cifar_batch(directory / name) for name in CIFAR_TRAIN_FILES]
+    raws = []
+    for name in CIFAR_TRAIN_FILES:
+        try:
+            raws.append((directory / name).read_bytes())
+        except FileNotFoundError:
+            raise LoaderError(f"{directory / name}: missing CIFAR-10 batch; give the extracted cifar-10-batches-py "
+                              "directory of the python version (cifar-10-python.tar.gz)") from None
+    parts = [_read_cifar_batch(directory / name, raw) for name, raw in zip(CIFAR_TRAIN_FILES, raws)]
     x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
     y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
-    return x, y
+    return x, y, keccak256(b"".join(raws))
 
 
-def load_text(path: str | Path) -> tuple[torch.Tensor, list[str]]:
-    """A UTF-8 corpus as character tokens (int64) and its vocabulary (sorted distinct characters)."""
+def load_text(path: str | Path) -> tuple[torch.Tensor, list[str], bytes]:
+    """A UTF-8 corpus as character tokens (int64), its vocabulary (sorted distinct characters) and
+    the keccak-256 of the file's bytes."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise LoaderError(f"{path}: text corpus not found; data_path must be a local UTF-8 file") from None
     except UnicodeDecodeError as exc:
@@ -79,4 +86,4 @@ def load_text(path: str | Path) -> tuple[torch.Tensor, list[str]]:
     vocab = sorted(set(text))
     index = {c: i for i, c in enumerate(vocab)}
     tokens = torch.tensor([index[c] for c in text], dtype=torch.int64)
-    return tokens, vocab
+    return tokens, vocab, keccak256(raw)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ class Spec:
     # data
     dataset: str = "digits"        # digits (sklearn, pixels/16, exact) | cifar10 (python batches) | text (chars)
     data_path: str = ""            # cifar10: the cifar-10-batches-py directory; text: a UTF-8 file
+    data_hash: str = ""            # "0x" + keccak-256 of the data files' bytes: pins the data (empty: not pinned)
     batch_size: int = 32           # examples per step; epochs are seeded permutations, last partial batch dropped
     shards: int = 1                # micro-batches per step (gradients summed, canonically rounded); any
                                    # divisor of it may train or audit it as processes (--workers)
@@ -121,6 +123,8 @@ def _check(spec: Spec) -> None:
     if (spec.model == "gpt2") != (spec.dataset == "text"):
         raise SpecError(f"model {spec.model!r} cannot train on dataset {spec.dataset!r}: gpt2 needs text, "
                         "and text needs gpt2")
+    if spec.data_hash and not re.fullmatch(r"0x[0-9a-fA-F]{64}", spec.data_hash):
+        raise SpecError(f"key 'data_hash' must be 0x and 64 hex digits (keccak-256), got {spec.data_hash!r}")
     if spec.dataset != "digits" and not spec.data_path:
         raise SpecError(f"dataset {spec.dataset!r} needs data_path (a local directory or file)")
     if spec.schedule == "warmup-cosine" and spec.warmup_steps >= spec.steps:

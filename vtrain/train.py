@@ -72,7 +72,8 @@ class TrainingSession:
         check_workers(group.world, spec.shards)
         self.device = get_device(device)
         self.dtype = getattr(torch, spec.dtype)
-        self.data = load_dataset(spec.dataset, self.dtype, path=spec.data_path, context=spec.context, bits=spec.bits)
+        self.data = load_dataset(spec.dataset, self.dtype, path=spec.data_path, context=spec.context, bits=spec.bits,
+                                 data_hash=spec.data_hash)
         self.model = build_model(spec, self.data).to(self.device.torch_device)
         self.optimizer = build_optimizer(spec, self.model)
         self.step_count = 0

@@ -92,6 +92,10 @@ class InvalidProof(ContractRevert):
     """The Merkle proof does not show this leaf at this index under the sender's root."""
 
 
+class InvalidChildren(ContractRevert):
+    """The revealed children do not hash to the revealer's node [start, end) of the game."""
+
+
 class ChallengeWindowClosed(ContractRevert):
     """The challenge window has closed; no new game can start."""
 

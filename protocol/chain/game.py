@@ -4,8 +4,8 @@ Every transaction method takes `sender` (an unlocked node account address, or a 
 `eth_account` account whose key signs here and never leaves the process), waits for the receipt
 and returns a `TxResult` with the gas used and the decoded events; a revert raises the matching
 `protocol.chain.errors.ContractRevert` subclass on every backend. Views return the dataclasses of
-`protocol.chain.types`. The `*_tree` helpers drive a game from a `TreeProver` (the party's own
-leaves), computing indices and proofs from the on-chain state.
+`protocol.chain.types`. The `*_tree` helpers drive a game from a `Prover` (the party's own
+tree), computing the reveals and proofs from the on-chain state (protocol.chain.bisection).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from web3.contract import Contract
 
 from protocol.chain.connect import is_tester
 from protocol.chain.errors import ChainError, RevertDecoder, TransactionError
-from protocol.chain.prover import TreeProver
+from protocol.chain.bisection import plan_move
+from protocol.chain.prover import Prover
 from protocol.chain.types import Event, Game, GameStatus, Job, JobStatus, JobTerms, Side, TxResult, enum_for
 
 Sender = Union[str, LocalAccount]
@@ -163,30 +164,35 @@ class VerificationGame:
         return self.tx.send("cancelJob", job_id, sender=sender)
 
     def commit(
-        self, job_id: int, root: bytes, size: int, final_leaf: bytes, final_proof: Sequence[bytes], sender: Sender,
-        bond: int | None = None,
+        self, job_id: int, root: bytes, size: int, final_leaf: bytes, final_proof: Sequence[bytes],
+        leaf0_proof: Sequence[bytes], sender: Sender, bond: int | None = None,
     ) -> TxResult:  # fmt: skip
-        """Commit (root, size) with the final leaf's proof; `bond` defaults to the job's trainer bond."""
+        """Commit (root, size) with the proofs of the final leaf and of leaf 0; `bond` defaults to
+        the job's trainer bond."""
         value = self.job(job_id).terms.trainer_bond if bond is None else bond
-        return self.tx.send("commit", job_id, root, size, final_leaf, list(final_proof), sender=sender, value=value)
+        return self.tx.send(
+            "commit", job_id, root, size, final_leaf, list(final_proof), list(leaf0_proof), sender=sender, value=value
+        )
 
     def challenge(
-        self, job_id: int, root: bytes, final_leaf: bytes, final_proof: Sequence[bytes], mid_leaf: bytes,
-        mid_proof: Sequence[bytes], sender: Sender, bond: int | None = None,
+        self, job_id: int, root: bytes, final_leaf: bytes, final_proof: Sequence[bytes], leaf0_proof: Sequence[bytes],
+        children: tuple[bytes, bytes], sender: Sender, bond: int | None = None,
     ) -> TxResult:  # fmt: skip
-        """Open a game against the job's commitment; result.value is the game id."""
+        """Open a game against the job's commitment, revealing the root's `children`; result.value
+        is the game id."""
         value = self.job(job_id).terms.challenger_bond if bond is None else bond
         r = self.tx.send(
-            "challenge", job_id, root, final_leaf, list(final_proof), mid_leaf, list(mid_proof), sender=sender, value=value
-        )
+            "challenge", job_id, root, final_leaf, list(final_proof), list(leaf0_proof), *children, sender=sender,
+            value=value,
+        )  # fmt: skip
         return replace(r, value=r.event("Challenged")["gameId"])
 
     def move(
-        self, game_id: int, answer: bytes, answer_proof: Sequence[bytes], next_leaf: bytes, next_proof: Sequence[bytes],
-        sender: Sender,
+        self, game_id: int, children: tuple[bytes, bytes], next_children: tuple[bytes, bytes], pre_leaf: bytes,
+        pre_proof: Sequence[bytes], sender: Sender,
     ) -> TxResult:  # fmt: skip
-        """Answer the leaf at the midpoint and reveal the next one (see the contract's `move`)."""
-        return self.tx.send("move", game_id, answer, list(answer_proof), next_leaf, list(next_proof), sender=sender)
+        """Reveal the own children of the disputed node and of the next one (see the contract's `move`)."""
+        return self.tx.send("move", game_id, list(children), list(next_children), pre_leaf, list(pre_proof), sender=sender)
 
     def timeout(self, game_id: int, sender: Sender) -> TxResult:
         return self.tx.send("timeout", game_id, sender=sender)
@@ -208,22 +214,20 @@ class VerificationGame:
 
     # ------------------------------------------------------------- driving a game from a tree
 
-    def commit_tree(self, job_id: int, prover: TreeProver, sender: Sender) -> TxResult:
+    def commit_tree(self, job_id: int, prover: Prover, sender: Sender) -> TxResult:
         last = prover.size - 1
-        return self.commit(job_id, prover.root, prover.size, prover.leaf(last), prover.proof(last), sender)
+        return self.commit(job_id, prover.root, prover.size, prover.leaf(last), prover.proof(last), prover.proof(0), sender)
 
-    def challenge_tree(self, job_id: int, prover: TreeProver, sender: Sender) -> TxResult:
+    def challenge_tree(self, job_id: int, prover: Prover, sender: Sender) -> TxResult:
         last = prover.size - 1
-        mid_leaf, mid_proof = prover.reveal(last // 2) if last > 1 else (bytes(32), [])
-        return self.challenge(job_id, prover.root, prover.leaf(last), prover.proof(last), mid_leaf, mid_proof, sender)
+        return self.challenge(
+            job_id, prover.root, prover.leaf(last), prover.proof(last), prover.proof(0), prover.root_children(), sender
+        )
 
-    def move_tree(self, game_id: int, prover: TreeProver, sender: Sender) -> TxResult:
-        """Make the next move of `game_id` from `prover`'s leaves (the caller must be to move)."""
+    def move_tree(self, game_id: int, prover: Prover, sender: Sender) -> TxResult:
+        """Make the next move of `game_id` from `prover`'s tree (the caller must be to move)."""
         g = self.game(game_id)
-        answer, answer_proof = prover.reveal(g.mid)
-        lo, hi = (g.mid, g.hi) if answer == g.pending else (g.lo, g.mid)
-        next_leaf, next_proof = prover.reveal((lo + hi) // 2) if hi - lo > 1 else (bytes(32), [])
-        return self.move(game_id, answer, answer_proof, next_leaf, next_proof, sender)
+        return self.move(*plan_move(g.start, g.end, g.opponent_children, prover).args(game_id), sender)
 
     # ------------------------------------------------------------- views
 
@@ -238,16 +242,16 @@ class VerificationGame:
 
     def game(self, game_id: int) -> Game:
         """The game (status NONE when it does not exist), its clock unpacked."""
-        (challenger, job_id, status, claimed, root, lo, hi, size, clock, pending, leaf_lo, t_hi, c_hi) = self.tx.call(
+        (challenger, job_id, status, claimed, root, start, end, size, clock, node, left, right) = self.tx.call(
             "getGame", game_id
         )
         # Clock layout (contracts/lib/Clock.sol): turn 8 | since 40 | trainerLeft 32 | challengerLeft 32.
         m32, m40 = (1 << 32) - 1, (1 << 40) - 1
         return Game(
             game_id=game_id, challenger=challenger, job_id=job_id, status=GameStatus(status), share_claimed=claimed,
-            root=bytes(root), lo=lo, hi=hi, size=size, turn=Side(clock >> 104), since=(clock >> 64) & m40,
-            trainer_left=(clock >> 32) & m32, challenger_left=clock & m32, pending=bytes(pending),
-            leaf_lo=bytes(leaf_lo), trainer_leaf_hi=bytes(t_hi), challenger_leaf_hi=bytes(c_hi),
+            root=bytes(root), start=start, end=end, size=size, turn=Side(clock >> 104), since=(clock >> 64) & m40,
+            trainer_left=(clock >> 32) & m32, challenger_left=clock & m32, node=bytes(node), left=bytes(left),
+            right=bytes(right),
         )  # fmt: skip
 
     def credit(self, account: str) -> int:

@@ -2,7 +2,7 @@
 
 The enums mirror the Solidity ones value for value (the ABI carries enums as uint8); the
 dataclasses are what the binding returns, with snake_case fields and a few derived values
-(midpoint, deadlines) that clients would otherwise recompute.
+(the interval lo..hi, the isolated step, deadlines) that clients would otherwise recompute.
 """
 
 from __future__ import annotations
@@ -107,7 +107,13 @@ class Job:
 
 @dataclass(frozen=True)
 class Game:
-    """A bisection game as stored on-chain, with its clock unpacked."""
+    """A bisection game as stored on-chain, with its clock unpacked.
+
+    The game descends both trees to the first leaf where they differ: [start, end) is the node
+    whose hashes differ, every leaf before `start` agreeing. `lo`/`hi` say the same as an
+    interval of steps: the trees agree up to leaf lo and first differ somewhere in (lo, hi]; a step
+    is isolated when hi = lo + 1 (the step is hi, its pre-leaf is at lo).
+    """
 
     game_id: int
     challenger: str
@@ -115,27 +121,51 @@ class Game:
     status: GameStatus
     share_claimed: bool
     root: bytes
-    lo: int
-    hi: int
+    start: int
+    end: int
     size: int
     turn: Side
     since: int  # when the side to move got the move (when the game stopped, once stopped)
     trainer_left: int  # seconds left when the move last changed hands
     challenger_left: int
-    pending: bytes  # the last mover's leaf at `mid`, to be answered
-    leaf_lo: bytes
-    trainer_leaf_hi: bytes
-    challenger_leaf_hi: bytes
+    node: bytes  # ACTIVE: the side to move's hash of [start, end); isolated: the pre-leaf
+    left: bytes  # ACTIVE: the opponent's left child (raw leaf if one leaf); isolated: trainer's leaf
+    right: bytes  # ACTIVE: the opponent's right child; isolated: challenger's leaf
 
     @property
-    def mid(self) -> int:
-        """The index whose leaf the side to move must reveal."""
-        return (self.lo + self.hi) // 2
+    def lo(self) -> int:
+        """The last leaf known to agree (-1 before the descent passed any agreed subtree)."""
+        return self.start - 1
+
+    @property
+    def hi(self) -> int:
+        """The last leaf of the disputed node."""
+        return self.end - 1
+
+    @property
+    def opponent_children(self) -> tuple[bytes, bytes]:
+        """The children the side to move must answer (while ACTIVE)."""
+        return self.left, self.right
 
     @property
     def isolated_step(self) -> int | None:
-        """The isolated step (hi) once the bisection ended there, else None."""
-        return self.hi if self.hi - self.lo == 1 and self.status != GameStatus.ACTIVE else None
+        """The isolated step once the bisection ended there, else None."""
+        return self.start if self.end - self.start == 1 and self.status != GameStatus.ACTIVE else None
+
+    @property
+    def leaf_lo(self) -> bytes | None:
+        """The agreed pre-leaf at step - 1, once a step is isolated."""
+        return self.node if self.isolated_step is not None else None
+
+    @property
+    def trainer_leaf_hi(self) -> bytes | None:
+        """The trainer's leaf at the isolated step."""
+        return self.left if self.isolated_step is not None else None
+
+    @property
+    def challenger_leaf_hi(self) -> bytes | None:
+        """The challenger's leaf at the isolated step."""
+        return self.right if self.isolated_step is not None else None
 
 
 @dataclass(frozen=True)

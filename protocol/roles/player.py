@@ -1,7 +1,7 @@
 """The two sides of a game: the trainer (commits a run) and the auditor (challenges it).
 
 Both hold a full list of step leaves — the trainer its run's, the auditor its own replay's — and
-play the same bisection rule (protocol.roles.game.plan_move). Each checks what it can before
+play the same bisection rule (protocol.chain.bisection.plan_move). Each checks what it can before
 sending, so a doomed transaction is refused with a reason instead of burning gas.
 """
 
@@ -10,11 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from protocol.chain import Game, GameStatus, Job, JobStatus, Side
+from protocol.chain import Game, GameStatus, Job, JobStatus, Side, TreeProver
+from protocol.chain.bisection import plan_move
 from protocol.roles.base import Role, RoleError
-from protocol.roles.game import plan_move
 from protocol.roles.tx import SentTx
-from vtrain.merkle import MerkleTree
 from vtrain.run import Run, RunError, decode_leaves
 
 
@@ -30,7 +29,7 @@ class Player(Role):
     def set_leaves(self, leaves: Sequence[bytes]) -> None:
         """Take this side's leaves (an auditor has them only once its audit finished)."""
         self.leaves = list(leaves)
-        self.tree = MerkleTree(self.leaves)
+        self.tree = TreeProver(self.leaves)
 
     @property
     def root(self) -> bytes:
@@ -48,10 +47,10 @@ class Player(Role):
         game = self.game(game_id)
         if not self.my_turn(game):
             return None
-        move = plan_move(game.lo, game.hi, game.pending, self.leaves, self.tree)
-        shown = f"reveal leaf {move.answer_index}" + (f" and {move.next_index}" if move.next_index is not None else "")
-        label = f"move in game {game_id}: {shown}, [{game.lo},{game.hi}] -> [{move.lo},{move.hi}]"
-        return self._send("move", *move.args(game_id), label=label, key=f"move:{game_id}:{game.lo}:{game.hi}")
+        move = plan_move(game.start, game.end, game.opponent_children, self.tree)
+        shown = f"isolate step {move.start}" if move.isolates else f"reveal children of [{move.start},{move.end})"
+        label = f"move in game {game_id}: [{game.start},{game.end}) -> {shown}"
+        return self._send("move", *move.args(game_id), label=label, key=f"move:{game_id}:{game.start}:{game.end}")
 
     def _check_size(self, job: Job) -> None:
         if self.size != job.terms.size:
@@ -81,8 +80,8 @@ class Trainer(Player):
                             f"0x{job.terms.leaf0.hex()}: it would lose any game isolating step 1")
         last = self.size - 1
         return self._send("commit", job_id, self.root, self.size, self.leaves[last], self.tree.proof(last),
-                          label=f"commit root 0x{self.root.hex()[:12]}… to job {job_id}", key=f"commit:{job_id}",
-                          value=job.terms.trainer_bond)
+                          self.tree.proof(0), label=f"commit root 0x{self.root.hex()[:12]}… to job {job_id}",
+                          key=f"commit:{job_id}", value=job.terms.trainer_bond)
 
 
 def read_audit_leaves(audit_dir: Path) -> list[bytes]:
@@ -111,9 +110,8 @@ class Auditor(Player):
         now = self.now()
         if now >= job.challenge_closes_at:
             raise RoleError(f"job {job_id}'s challenge window closed at {job.challenge_closes_at} (chain time {now})")
-        mid = last // 2
         result = self._send("challenge", job_id, self.root, self.leaves[last], self.tree.proof(last),
-                            self.leaves[mid], self.tree.proof(mid) if last > 1 else [],
+                            self.tree.proof(0), *self.tree.root_children(),
                             label=f"challenge job {job_id} with root 0x{self.root.hex()[:12]}…",
                             key=f"challenge:{job_id}", value=job.terms.challenger_bond)
         games = self.games_of_job(job_id, challenger=self.address, from_block=result.block)

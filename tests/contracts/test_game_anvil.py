@@ -67,7 +67,8 @@ def test_full_story_on_anvil(world):
 def test_custom_errors_decode_on_anvil(world):
     job_id, honest = world.committed_job(8)
     with reverts(world, "WrongValue", expected=TRAINER_BOND, sent=1):
-        world.game.commit(world.new_job(8), honest.root, 9, honest.leaf(8), honest.proof(8), world.trainer, bond=1)
+        world.game.commit(world.new_job(8), honest.root, 9, honest.leaf(8), honest.proof(8), honest.proof(0), world.trainer,
+                          bond=1)
     bad = TreeProver(leaves(8, diverge_at=3))
     game_id = world.game.challenge_tree(job_id, bad, world.auditor).value
     with reverts(world, "NotYourTurn", gameId=game_id, turn=Side.TRAINER) as info:

@@ -51,11 +51,11 @@ def test_revert_data_is_found_in_both_backends_exceptions(artifacts):
 def test_events_are_decoded_with_enums_in_chain_order(world):
     start = world.w3.eth.block_number + 1
     job_id, honest = world.committed_job(4)
-    bad = TreeProver(leaves(4, diverge_at=4))
+    bad = TreeProver(leaves(4, diverge_at=2))
     game_id = world.game.challenge_tree(job_id, bad, world.auditor).value
     world.game.move_tree(game_id, honest, world.trainer)
     names = [e.name for e in world.game.events(start)]
     assert names == ["JobCreated", "Committed", "Challenged", "Moved"]
     moved = world.game.events(start)[-1]
-    assert moved["mover"] is Side.TRAINER and (moved["lo"], moved["hi"]) == (2, 4)
+    assert moved["mover"] is Side.TRAINER and (moved["start"], moved["end"]) == (0, 4)
     assert world.game.game(game_id).status is GameStatus.ACTIVE

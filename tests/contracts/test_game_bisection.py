@@ -13,6 +13,17 @@ import pytest
 
 from gamekit import leaves, play
 from protocol.chain import GameStatus, TreeProver
+from protocol.chain.prover import split_point
+
+
+def depth(size: int, leaf: int) -> int:
+    """The depth of `leaf` in an RFC 9162 tree of `size` leaves (the root has depth 0)."""
+    start, end, d = 0, size, 0
+    while end - start > 1:
+        k = split_point(end - start)
+        start, end = (start, start + k) if leaf < start + k else (start + k, end)
+        d += 1
+    return d
 
 
 def isolate(world, num_steps: int, diverge_at: int) -> None:
@@ -27,8 +38,10 @@ def isolate(world, num_steps: int, diverge_at: int) -> None:
     assert iso["step"] == diverge_at
     assert iso["preLeaf"] == trainer.leaf(diverge_at - 1) == auditor.leaf(diverge_at - 1)
     assert (iso["trainerLeaf"], iso["challengerLeaf"]) == (trainer.leaf(diverge_at), auditor.leaf(diverge_at))
-    # One move per halving: between floor(log2 n) and ceil(log2 n) moves for n steps.
-    assert num_steps.bit_length() - 1 <= len(results) <= (num_steps - 1).bit_length()
+    # One move per level below the root (whose children the challenge revealed); two leaves
+    # isolate step 1 at the challenge.
+    assert len(results) == (depth(num_steps + 1, diverge_at) if num_steps > 1 else 0)
+    assert len(results) <= num_steps.bit_length()
 
 
 FAST_CASES = [

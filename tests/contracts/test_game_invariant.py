@@ -21,11 +21,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from gamekit import World, leaves, make_world
 from protocol.chain import ContractRevert, GameStatus, JobStatus, Side, TreeProver, revert, snapshot, tester_web3
+from protocol.chain.bisection import ZERO, plan_move
 from protocol.compile import compile_contracts
 
 pytestmark = pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
 
-N = 6  # steps per job: games of up to 3 moves, so sequences reach every phase
+N = 6  # steps per job: 7 leaves, games of up to 3 moves, so sequences reach every phase
 TRUTH = TreeProver(leaves(N))
 
 
@@ -204,12 +205,12 @@ class GameMachine(RuleBasedStateMachine):
             self.game_ids.append(r.value)
             self.trees[("challenger", r.value)] = TREES[tree]
 
-    @rule(i=st.integers(0, 20), tamper=st.sampled_from([None, "leaf", "proof", "sender", "next"]))
+    @rule(i=st.integers(0, 20), tamper=st.sampled_from([None, "child", "pre", "sender", "next"]))
     def move(self, i, tamper):
         game_id = self.pick(self.game_ids, i)
         g = self.world.game.game(game_id)
         if g.status != GameStatus.ACTIVE:  # also a game that does not exist
-            self.send("move_tree", game_id, TRUTH, self.world.trainer)  # must revert
+            self.send("move", game_id, (ZERO, ZERO), (ZERO, ZERO), ZERO, [], self.world.trainer)  # must revert
             return
         trainer = self.world.game.job(g.job_id).trainer
         side = (self.trees[("trainer", g.job_id)], trainer) if g.turn == Side.TRAINER else (self.trees[("challenger", game_id)], g.challenger)
@@ -217,20 +218,21 @@ class GameMachine(RuleBasedStateMachine):
         if tamper is None:
             self.send("move_tree", game_id, prover, sender)
             return
-        answer, proof = prover.reveal(g.mid)
-        lo, hi = (g.mid, g.hi) if answer == g.pending else (g.lo, g.mid)
-        nxt, nproof = prover.reveal((lo + hi) // 2) if hi - lo > 1 else (bytes(32), [])
-        if tamper == "leaf":
-            answer = os.urandom(32)
-        elif tamper == "proof":
-            proof = proof[::-1] if len(proof) > 1 else [os.urandom(32)]
+        m = plan_move(g.start, g.end, g.opponent_children, prover)
+        children, nxt, pre_leaf = list(m.children), list(m.next), m.pre_leaf
+        if tamper == "child":
+            children[0] = os.urandom(32)
+        elif tamper == "pre":
+            pre_leaf = os.urandom(32)
         elif tamper == "sender":
             # Anyone but the side to move (the stranger may itself be this game's challenger).
             sender = next(a for a in (self.world.stranger, self.world.client) if a != sender)
-        elif tamper == "next" and hi - lo > 1:
-            nxt = os.urandom(32)
-        r = self.send("move", game_id, answer, proof, nxt, nproof, sender)
-        assert r is None or (tamper == "next" and hi - lo == 1), f"a tampered move ({tamper}) was accepted"
+        elif tamper == "next":
+            nxt[1] = os.urandom(32)
+        r = self.send("move", game_id, children, nxt, pre_leaf, m.pre_proof, sender)
+        # Ignored inputs: `next` when the move isolates, `pre` unless it isolates with a proof.
+        ignored = (tamper == "next" and m.isolates) or (tamper == "pre" and not m.pre_proof)
+        assert r is None or ignored, f"a tampered move ({tamper}) was accepted"
 
     @rule(i=st.integers(0, 20))
     def honest_move(self, i):

@@ -13,8 +13,8 @@ import hashlib
 import pytest
 
 from protocol.chain import tester_web3
-from protocol.chain.prover import PiecewiseProver
-from vtrain.merkle import MerkleTree, verify_proof
+from protocol.chain.prover import PiecewiseProver, TreeProver, split_point
+from vtrain.merkle import MerkleTree, leaf_node, node, verify_proof
 
 MAX_SIZE = 64
 
@@ -91,15 +91,48 @@ def test_tampered_claims_are_rejected_exactly_as_the_python_tree_rejects_them(ha
         assert any(rejected_by_kind[kind]), kind
 
 
+def nodes(size: int) -> list[tuple[int, int]]:
+    """Every inner node [start, end) of an RFC 9162 tree of `size` leaves."""
+    out, todo = [], [(0, size)]
+    while todo:
+        start, end = todo.pop()
+        if end - start > 1:
+            out.append((start, end))
+            k = split_point(end - start)
+            todo += [(start, start + k), (start + k, end)]
+    return out
+
+
+def test_tree_prover_nodes_and_children_are_the_python_trees():
+    """Every node hash is the root of MerkleTree over its leaf range; children of one leaf are raw."""
+    for size in range(2, 34):
+        leaves, tree = tree_of(size)
+        p = TreeProver(leaves)
+        assert p.subtree(0, size) == p.root == tree.root
+        for start, end in nodes(size):
+            assert p.subtree(start, end - start) == MerkleTree(leaves[start:end]).root
+            left, right = p.children(start, end)
+            k = split_point(end - start)
+            assert left == (leaves[start] if k == 1 else MerkleTree(leaves[start : start + k]).root)
+            assert right == (leaves[start + k] if end - start - k == 1 else MerkleTree(leaves[start + k : end]).root)
+            lnode = leaf_node(left) if k == 1 else left
+            rnode = leaf_node(right) if end - start - k == 1 else right
+            assert node(lnode, rnode) == p.subtree(start, end - start)
+    with pytest.raises(ValueError, match="not an inner node"):
+        TreeProver(tree_of(4)[0]).children(2, 3)
+
+
 def test_piecewise_prover_matches_the_python_tree(harness):
-    """The benchmark's memoised big-tree prover is the same tree as MerkleTree (sizes 1..64)."""
+    """The benchmark's memoised big-tree prover is the same tree as MerkleTree and TreeProver
+    (sizes 1..64): roots, proofs, and every node's children."""
     a, b = hashlib.sha3_256(b"a").digest(), hashlib.sha3_256(b"b").digest()
     for size in range(1, MAX_SIZE + 1):
         for split in sorted({0, 1, size // 2, size - 1, size}):
             p = PiecewiseProver(size, a, b, split)
-            tree = MerkleTree([p.leaf(i) for i in range(size)])
-            assert p.root == tree.root
-            assert [p.proof(i) for i in range(size)] == [tree.proof(i) for i in range(size)]
+            full = TreeProver([p.leaf(i) for i in range(size)])
+            assert p.root == full.tree.root
+            assert [p.proof(i) for i in range(size)] == [full.proof(i) for i in range(size)]
+            assert [p.children(*n) for n in nodes(size)] == [full.children(*n) for n in nodes(size)]
 
 
 def test_game_exposes_the_same_verifier(world):

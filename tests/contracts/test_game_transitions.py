@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from gamekit import CHALLENGER_BOND, CLOCK, REFEREE_WINDOW, REWARD, TRAINER_BOND, leaves, play, reverts
+from gamekit import CHALLENGER_BOND, CLOCK, LEAF0, REFEREE_WINDOW, REWARD, TRAINER_BOND, leaves, play, reverts
 from protocol.chain import EndReason, GameStatus, JobStatus, Side, TreeProver
 
 ZERO = "0x0000000000000000000000000000000000000000"
+ZERO32 = bytes(32)
 
 
 # ------------------------------------------------------------------ jobs
@@ -58,7 +59,7 @@ def test_cancel_job_credits_the_client_only_while_open(world):
         world.game.cancel_job(999, world.client)
 
 
-def test_commit_binds_root_size_and_final_leaf(world):
+def test_commit_binds_root_size_final_leaf_and_leaf0(world):
     job_id = world.new_job(8)
     prover = TreeProver(leaves(8))
     r = world.game.commit_tree(job_id, prover, world.trainer)
@@ -78,28 +79,37 @@ def test_commit_reverts(world):
     job_id = world.new_job(8)
     p = TreeProver(leaves(8))
     with reverts(world, "WrongSize", expected=9, size=10):
-        world.game.commit(job_id, p.root, 10, p.leaf(8), p.proof(8), world.trainer)
+        world.game.commit(job_id, p.root, 10, p.leaf(8), p.proof(8), p.proof(0), world.trainer)
     with reverts(world, "WrongValue", expected=TRAINER_BOND, sent=TRAINER_BOND - 1):
-        world.game.commit(job_id, p.root, 9, p.leaf(8), p.proof(8), world.trainer, bond=TRAINER_BOND - 1)
+        world.game.commit(job_id, p.root, 9, p.leaf(8), p.proof(8), p.proof(0), world.trainer, bond=TRAINER_BOND - 1)
     with reverts(world, "InvalidProof", index=8, leaf=p.leaf(7)):
-        world.game.commit(job_id, p.root, 9, p.leaf(7), p.proof(8), world.trainer)
+        world.game.commit(job_id, p.root, 9, p.leaf(7), p.proof(8), p.proof(0), world.trainer)
+    with reverts(world, "InvalidProof", index=0, leaf=LEAF0):  # a proof of another leaf's place
+        world.game.commit(job_id, p.root, 9, p.leaf(8), p.proof(8), p.proof(1), world.trainer)
+    other_start = TreeProver(leaves(8, leaf0=leaves(0, tag="elsewhere")[0]))
+    with reverts(world, "InvalidProof", index=0, leaf=LEAF0):  # a tree not starting from the job's leaf 0
+        world.game.commit_tree(job_id, other_start, world.trainer)
     with reverts(world, "JobNotFound", jobId=77):
-        world.game.commit(77, p.root, 9, p.leaf(8), p.proof(8), world.trainer, bond=TRAINER_BOND)
+        world.game.commit(77, p.root, 9, p.leaf(8), p.proof(8), p.proof(0), world.trainer, bond=TRAINER_BOND)
 
 
 # ------------------------------------------------------------------ challenges
 
 
-def test_challenge_opens_a_game_with_the_first_midpoint_revealed(world):
-    job_id, _ = world.committed_job(8)
+def test_challenge_opens_a_game_with_the_roots_children_revealed(world):
+    job_id, honest = world.committed_job(8)
     bad = TreeProver(leaves(8, diverge_at=3))
     r = world.game.challenge_tree(job_id, bad, world.auditor)
     ev = r.event("Challenged")
-    assert (ev["jobId"], ev["challenger"], ev["root"], ev["finalLeaf"], ev["midLeaf"]) == (
-        job_id, world.auditor, bad.root, bad.leaf(8), bad.leaf(4)
+    # 9 leaves split 8 + 1: the right child is one leaf, revealed raw.
+    children = (bad.subtree(0, 8), bad.leaf(8))
+    assert bad.children(0, 9) == children
+    assert (ev["jobId"], ev["challenger"], ev["root"], ev["finalLeaf"], ev["left"], ev["right"]) == (
+        job_id, world.auditor, bad.root, bad.leaf(8), *children
     )  # fmt: skip
     g = world.game.game(r.value)
-    assert (g.status, g.lo, g.hi, g.size, g.turn, g.pending) == (GameStatus.ACTIVE, 0, 8, 9, Side.TRAINER, bad.leaf(4))
+    assert (g.status, g.start, g.end, g.size, g.turn) == (GameStatus.ACTIVE, 0, 9, 9, Side.TRAINER)
+    assert (g.node, g.opponent_children, g.isolated_step, g.leaf_lo) == (honest.root, children, None, None)
     assert (g.trainer_left, g.challenger_left, g.since) == (CLOCK, CLOCK, world.now())
     assert world.game.job(job_id).open_games == 1
     assert world.game.game_count() == r.value
@@ -111,14 +121,20 @@ def test_challenge_reverts(world):
     open_job = world.new_job(8)
     with reverts(world, "WrongJobStatus", jobId=open_job, status=JobStatus.OPEN):
         world.game.challenge_tree(open_job, bad, world.auditor)
+    children = bad.children(0, 9)
     with reverts(world, "WrongValue", expected=CHALLENGER_BOND, sent=0):
-        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(8), bad.leaf(4), bad.proof(4), world.auditor, bond=0)
+        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(8), bad.proof(0), children, world.auditor, bond=0)
     with reverts(world, "SameFinalLeaf", finalLeaf=honest.leaf(8)):
         world.game.challenge_tree(job_id, TreeProver(leaves(8, diverge_at=3)[:8] + [honest.leaf(8)]), world.auditor)
     with reverts(world, "InvalidProof", index=8):
-        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(7), bad.leaf(4), bad.proof(4), world.auditor)
-    with reverts(world, "InvalidProof", index=4, leaf=bad.leaf(3)):
-        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(8), bad.leaf(3), bad.proof(4), world.auditor)
+        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(7), bad.proof(0), children, world.auditor)
+    with reverts(world, "InvalidProof", index=0, leaf=LEAF0):  # a tree not starting from the job's leaf 0
+        world.game.challenge_tree(job_id, TreeProver(leaves(8, tag="elsewhere")), world.auditor)
+    with reverts(world, "InvalidChildren", start=0, end=9):  # the trainer's children, not the challenger's
+        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(8), bad.proof(0), honest.children(0, 9), world.auditor)
+    with reverts(world, "InvalidChildren", start=0, end=9):  # a one-leaf child must be given raw
+        world.game.challenge(job_id, bad.root, bad.leaf(8), bad.proof(8), bad.proof(0), (children[0], bad.subtree(8, 1)),
+                             world.auditor)
 
 
 def test_challenge_window_closes_exactly_at_commit_plus_window(world):
@@ -150,14 +166,39 @@ def test_moves_narrow_to_the_first_differing_step_and_record_it(world):
     bad = TreeProver(leaves(8, diverge_at=3))
     game_id = world.game.challenge_tree(job_id, bad, world.auditor).value
     results = play(world, game_id, honest, bad)
-    assert [(e["mover"], e["lo"], e["hi"]) for r in results for e in r.events if e.name == "Moved"] == [
-        (Side.TRAINER, 0, 4), (Side.CHALLENGER, 2, 4), (Side.TRAINER, 2, 3),
+    # [0,9) -> left [0,8) -> left [0,4) -> right [2,4) (leaves 0,1 agree) -> right: leaf 3, whose
+    # pre-leaf 2 is the agreed left child just compared (no proof).
+    moved = [(e["mover"], e["start"], e["end"], e["left"], e["right"]) for r in results for e in r.events if e.name == "Moved"]
+    assert moved == [
+        (Side.TRAINER, 0, 8, *honest.children(0, 8)), (Side.CHALLENGER, 0, 4, *bad.children(0, 4)),
+        (Side.TRAINER, 2, 4, *honest.children(2, 4)),
     ]  # fmt: skip
+    assert [r.function for r in results] == ["move"] * 4 and "Moved" not in [e.name for e in results[-1].events]
     iso = results[-1].event("StepIsolated")
     assert (iso["step"], iso["preLeaf"], iso["trainerLeaf"], iso["challengerLeaf"]) == (3, honest.leaf(2), honest.leaf(3), bad.leaf(3))
     g = world.game.game(game_id)
-    assert (g.status, g.lo, g.hi, g.isolated_step) == (GameStatus.ISOLATED, 2, 3, 3)
+    assert (g.status, g.start, g.end, g.lo, g.hi, g.isolated_step) == (GameStatus.ISOLATED, 3, 4, 2, 3, 3)
+    assert (g.leaf_lo, g.trainer_leaf_hi, g.challenger_leaf_hi) == (honest.leaf(2), honest.leaf(3), bad.leaf(3))
     assert world.game.referee_deadline(game_id) == world.now() + REFEREE_WINDOW
+
+
+def test_isolation_by_a_left_descent_proves_the_pre_leaf(world):
+    # Leaf 4 of 9 first differs: [0,9) -> [0,8) -> right [4,8) -> left [4,6) -> left: leaf 4, a
+    # left child, so the isolating mover (the challenger) proves leaf 3 against its own root.
+    job_id, honest, bad, game_id = game_on(world, 8, 4)
+    for prover, who in ((honest, world.trainer), (bad, world.auditor), (honest, world.trainer)):
+        world.game.move_tree(game_id, prover, who)
+    g = world.game.game(game_id)
+    assert (g.start, g.end, g.turn) == (4, 6, Side.CHALLENGER)
+    children = bad.children(4, 6)
+    with reverts(world, "InvalidProof", index=3, leaf=bad.leaf(4)):
+        world.game.move(game_id, children, (ZERO32, ZERO32), bad.leaf(4), bad.proof(3), world.auditor)
+    with reverts(world, "InvalidProof", index=3, leaf=bad.leaf(3)):  # the trainer's proof, not against this root
+        world.game.move(game_id, children, (ZERO32, ZERO32), bad.leaf(3), honest.proof(3), world.auditor)
+    r = world.game.move(game_id, children, (ZERO32, ZERO32), bad.leaf(3), bad.proof(3), world.auditor)
+    iso = r.event("StepIsolated")
+    assert (iso["step"], iso["preLeaf"], iso["trainerLeaf"], iso["challengerLeaf"]) == (4, honest.leaf(3), honest.leaf(4), bad.leaf(4))
+    assert world.game.game(game_id).isolated_step == 4
 
 
 def test_move_reverts(world):
@@ -166,15 +207,18 @@ def test_move_reverts(world):
     game_id = world.game.challenge_tree(job_id, bad, world.auditor).value
     with reverts(world, "NotYourTurn", gameId=game_id, turn=Side.TRAINER):
         world.game.move_tree(game_id, bad, world.auditor)
-    with reverts(world, "InvalidProof", index=4, leaf=bad.leaf(4)):  # the challenger's leaf, not in the trainer's tree
-        world.game.move(game_id, bad.leaf(4), honest.proof(4), honest.leaf(6), honest.proof(6), world.trainer)
-    with reverts(world, "InvalidProof", index=2):  # the next reveal is at 2 (leaves differ at 4), not 6
-        world.game.move(game_id, honest.leaf(4), honest.proof(4), honest.leaf(6), honest.proof(6), world.trainer)
+    none = (ZERO32, ZERO32)
+    with reverts(world, "InvalidChildren", start=0, end=9):  # the challenger's children, not the trainer's
+        world.game.move(game_id, bad.children(0, 9), honest.children(0, 8), ZERO32, [], world.trainer)
+    with reverts(world, "InvalidChildren", start=0, end=8):  # the descent goes into [0,8), not [8,9)
+        world.game.move(game_id, honest.children(0, 9), none, ZERO32, [], world.trainer)
+    with reverts(world, "InvalidChildren", start=0, end=8):  # next children of the wrong tree
+        world.game.move(game_id, honest.children(0, 9), bad.children(0, 8), ZERO32, [], world.trainer)
     with reverts(world, "GameNotFound", gameId=404):
-        world.game.move_tree(404, honest, world.trainer)
+        world.game.move(404, none, none, ZERO32, [], world.trainer)
     play(world, game_id, honest, bad)
     with reverts(world, "WrongGameStatus", gameId=game_id, status=GameStatus.ISOLATED):
-        world.game.move_tree(game_id, honest, world.trainer)
+        world.game.move(game_id, honest.children(2, 4), none, ZERO32, [], world.auditor)
 
 
 def test_clock_allows_its_last_second_and_charges_only_the_mover(world):
