@@ -11,6 +11,7 @@ import torch
 from familykit import family_spec, write_cifar, write_corpus
 from vtrain.data import DatasetError, batch_indices, load_dataset
 from vtrain.grid import round_to_grid
+from vtrain.leaves import keccak256
 from vtrain.loaders import LoaderError, load_cifar10, load_text
 from vtrain.spec import SpecError, spec_from_dict
 from vtrain.train import TrainingSession
@@ -18,7 +19,8 @@ from vtrain.train import TrainingSession
 
 def test_cifar_batches_load_in_order_and_on_the_grid(tmp_path):
     d = write_cifar(tmp_path / "c", per_batch=10)
-    pixels, labels = load_cifar10(d)
+    pixels, labels, digest = load_cifar10(d)
+    assert digest == keccak256(b"".join((d / f"data_batch_{i}").read_bytes() for i in range(1, 6)))
     assert pixels.shape == (50, 3072) and pixels.dtype == torch.uint8 and labels.shape == (50,)
     with open(d / "data_batch_2", "rb") as f:
         raw = pickle.load(f, encoding="bytes")
@@ -48,7 +50,8 @@ def test_cifar_loader_refuses_code_and_names_the_file(tmp_path):
 
 def test_text_corpus_is_character_level_and_windows_shift_by_one(tmp_path):
     path = write_corpus(tmp_path / "t.txt", lines=20)
-    tokens, vocab = load_text(path)
+    tokens, vocab, digest = load_text(path)
+    assert digest == keccak256(path.read_bytes())
     text = path.read_text(encoding="utf-8")
     assert "".join(vocab[i] for i in tokens.tolist()) == text and vocab == sorted(set(text))
     data = load_dataset("text", torch.float64, path=str(path), context=16)
@@ -60,6 +63,17 @@ def test_text_corpus_is_character_level_and_windows_shift_by_one(tmp_path):
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00")
     with pytest.raises(DatasetError, match="bad.txt: not UTF-8"):
         load_dataset("text", torch.float64, path=str(tmp_path / "bad.txt"), context=4)
+
+
+def test_data_hash_pins_the_data(tmp_path):
+    path = write_corpus(tmp_path / "t.txt", lines=20)
+    good = "0x" + keccak256(path.read_bytes()).hex()
+    assert load_dataset("text", torch.float64, path=str(path), context=4, data_hash=good).n > 0
+    path.write_text(path.read_text(encoding="utf-8") + "X", encoding="utf-8")   # one character more
+    with pytest.raises(DatasetError, match=f"t.txt: the data hashes to 0x[0-9a-f]{{64}} but the spec's data_hash is {good}"):
+        load_dataset("text", torch.float64, path=str(path), context=4, data_hash=good)
+    with pytest.raises(SpecError, match="data_hash"):
+        spec_from_dict({"model": "gpt2", "dataset": "text", "data_path": "x", "data_hash": "0x12"})
 
 
 def test_spec_checks_family_and_dataset():
