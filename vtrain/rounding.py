@@ -85,6 +85,12 @@ def _describe(op: str, shape: tuple[int, ...]) -> str:
 class RoundedExecution(TorchDispatchMode):
     """Round every floating op output to the `bits`-bit grid; record or replay the rounding log."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a Dynamo-disabling shim (two extra Python frames per
+        # aten op, ~10 % of a small step). Rounded training never runs under torch.compile, so skip it.
+        return False
+
     def __init__(self, *, bits: int, device: Device, policy: str = "bound", tau: float = 0.25,
                  mode: str = "record", replay_log: StepLog | None = None, step: int = 0,
                  measure_storage: bool = True):
