@@ -270,10 +270,11 @@ class RoundedExecution(TorchDispatchMode):
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
                       band: torch.Tensor) -> SiteLog:
         vf, rf = v.reshape(-1), r.reshape(-1)
-        half = spacing_below(rf, self.bits) * 0.5
+        half = spacing_below(rf, self.bits).mul_(0.5)
         # The nearest boundary is at least half a (lower) spacing minus |v - r| away: a cheap filter that
-        # never drops a value within the band, then the exact test on the few candidates.
-        cand = ((vf - rf).abs_() + band > half).nonzero().squeeze(1)
+        # never drops a value within the band, then the exact test on the few candidates. (In place on
+        # the temporaries: these passes run over every rounded value of every device op.)
+        cand = torch.sub(vf, rf).abs_().add_(band).gt_(half).nonzero().squeeze(1)
         if cand.numel() == 0:
             return SiteLog(site, op, shape)
         vv, rr, ww = vf[cand], rf[cand], band[cand]
