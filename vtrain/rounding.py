@@ -41,8 +41,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
-from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, round_to_grid, round_unchecked, spacing_below,
-                         spacings_np)
+from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, round_to_grid, round_unchecked,
+                         spacing_below, spacings_np)
 from vtrain.ops import OpClass, OpSpec, classify
 from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
 
