@@ -6,8 +6,9 @@ once, in turn, so machine load hits all modes alike):
   auditor   the same, replaying the trainer's logs (mode "replay")
   plain64   native torch FP64, no dispatch mode
   plain32   native torch FP32, no dispatch mode
-Time is the step itself (forward, loss, backward, optimizer step); state hashing and file writes
-are reported separately ("hash").
+Time is the step itself (forward, loss, backward, optimizer step, encoding the log); state hashing
+and file writes are reported separately ("hash"). The dense-baseline sizes are measured in the
+warm-up run only (the trainer does not compute them).
 
 Log bytes per step: bound sparse (ours) vs tau sparse (the paper's threshold, sparse format) vs the
 paper's dense ternary code (5 codes a byte over every rounded value) vs dense + zip; the fraction of
@@ -39,8 +40,10 @@ from vtrain.state import state_hash  # noqa: E402
 from vtrain.train import TrainingSession  # noqa: E402
 
 
-def run_steps(spec: Spec, device: str, rounding: str, steps: int, logs: list[StepLog] | None = None) -> dict:
+def run_steps(spec: Spec, device: str, rounding: str, steps: int, logs: list[StepLog] | None = None,
+              measure_storage: bool = False) -> dict:
     s = TrainingSession(spec, device)
+    s.measure_storage = measure_storage  # the dense baselines: measured once, outside the timed runs
     seconds, hash_s, out_logs, stats = [], [], [], []
     for t in range(1, steps + 1):
         r = s.step(t, rounding, replay_log=logs[t - 1] if logs else None)
@@ -61,7 +64,7 @@ def mean_stat(stats: list[dict], key: str) -> float:
 def bench_example(name: str, steps: int, reps: int, emu: str) -> dict:
     spec = dataclasses.replace(load_spec(ROOT / "examples" / f"{name}.toml"), steps=max(steps, 1))
     spec32 = dataclasses.replace(spec, dtype="float32")
-    trainer = run_steps(spec, "cpu", "record", steps)          # warm-up and the logs to replay
+    trainer = run_steps(spec, "cpu", "record", steps, measure_storage=True)  # warm-up, sizes, the logs to replay
     logs = trainer["logs"]
     times: dict[str, list[float]] = {k: [] for k in ("trainer", "auditor", "plain64", "plain32", "hash")}
     for _ in range(reps):

@@ -56,7 +56,8 @@ def gamma(n: int, u: float) -> float:
 
 
 def _finish(e: torch.Tensor, n: int, u: float, dtype: torch.dtype) -> torch.Tensor:
-    return e * (1 + 2 * gamma(n, u) + 2.0**-20) + max(n, 1) * _tiny(dtype)
+    # In place: every caller hands over a fresh temporary (same operations, same bits, no new buffers).
+    return e.mul_(1 + 2 * gamma(n, u) + 2.0**-20).add_(max(n, 1) * _tiny(dtype))
 
 
 def _abs(x: Any) -> Any:
@@ -83,7 +84,7 @@ def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
         u = unit_roundoff(v.dtype)
         k = k_of(args) + terms
         absval = func(*[_abs(a) for a in args], **{key: _abs(val) for key, val in kwargs.items()})
-        return [_finish(gamma(k, u) * absval, k, u, v.dtype)]
+        return [_finish(absval.mul_(gamma(k, u)), k, u, v.dtype)]
 
     return bound
 

@@ -35,13 +35,14 @@ import functools
 import time
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
-from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, grid_ulp, round_to_grid, round_unchecked,
-                         spacing_below)
+from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, round_to_grid, round_unchecked,
+                         spacing_below, spacings_np)
 from vtrain.ops import OpClass, OpSpec, classify
 from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
 
@@ -84,6 +85,12 @@ def _describe(op: str, shape: tuple[int, ...]) -> str:
 
 class RoundedExecution(TorchDispatchMode):
     """Round every floating op output to the `bits`-bit grid; record or replay the rounding log."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a Dynamo-disabling shim (two extra Python frames per
+        # aten op, ~10 % of a small step). Rounded training never runs under torch.compile, so skip it.
+        return False
 
     def __init__(self, *, bits: int, device: Device, policy: str = "bound", tau: float = 0.25,
                  mode: str = "record", replay_log: StepLog | None = None, step: int = 0,
@@ -264,33 +271,34 @@ class RoundedExecution(TorchDispatchMode):
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
                       band: torch.Tensor) -> SiteLog:
         vf, rf = v.reshape(-1), r.reshape(-1)
-        half = spacing_below(rf, self.bits) * 0.5
+        half = spacing_below(rf, self.bits).mul_(0.5)
         # The nearest boundary is at least half a (lower) spacing minus |v - r| away: a cheap filter that
-        # never drops a value within the band, then the exact test on the few candidates.
-        cand = ((vf - rf).abs_() + band > half).nonzero().squeeze(1)
+        # never drops a value within the band, then the exact test on the few candidates. (In place on
+        # the temporaries: these passes run over every rounded value of every device op.)
+        cand = torch.sub(vf, rf).abs_().add_(band).gt_(half).nonzero().squeeze(1)
         if cand.numel() == 0:
             return SiteLog(site, op, shape)
-        vv, rr, ww = vf[cand], rf[cand], band[cand]
+        # The exact test on the candidates in numpy (a few values per op: numpy's per-call cost is a
+        # fraction of torch's); the same IEEE operations in the same dtype, so the same decisions.
+        idx = cand.cpu().numpy()
+        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band[cand].cpu().numpy()
         diff, down, up = self._geometry(vv, rr)
         d_lo = diff + down * 0.5  # distance to the boundary below r
         d_hi = up * 0.5 - diff  # distance to the boundary above r
         near_lo = d_lo <= d_hi
-        logged = torch.minimum(d_lo, d_hi) < ww
+        logged = np.minimum(d_lo, d_hi) < ww
         if self.policy == "bound":
-            as_value = logged & (ww >= torch.minimum(down, up) * VALUE_FRACTION)
+            as_value = logged & (ww >= np.minimum(down, up) * VALUE_FRACTION)
         else:
-            as_value = torch.zeros_like(logged)
+            as_value = np.zeros_like(logged)
         as_dir = logged & ~as_value
-        return SiteLog(site, op, shape,
-                       cand[as_dir].cpu().numpy(), near_lo[as_dir].cpu().numpy(),
-                       cand[as_value].cpu().numpy(), rr[as_value].to(torch.float32).cpu().numpy())
+        return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value], rr[as_value].astype(np.float32))
 
-    def _geometry(self, vv: torch.Tensor, rr: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _geometry(self, vv: np.ndarray, rr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(v - r, the grid spacing below r, the grid spacing above r) for grid values r."""
-        toward_zero = spacing_below(rr, self.bits)
-        away = grid_ulp(rr, self.bits)
+        toward_zero, away = spacings_np(rr, self.bits)
         negative = rr < 0
-        return vv - rr, torch.where(negative, away, toward_zero), torch.where(negative, toward_zero, away)
+        return vv - rr, np.where(negative, away, toward_zero), np.where(negative, toward_zero, away)
 
     # -- replay -------------------------------------------------------------------------------------
 
@@ -311,12 +319,12 @@ class RoundedExecution(TorchDispatchMode):
         claims, positions = [], []
         if entry.dir_pos.size:
             pos = torch.from_numpy(entry.dir_pos).to(dev)
-            vv, rr = vf[pos], rf[pos]
+            vv, rr = vf[pos].cpu().numpy(), rf[pos].cpu().numpy()
             diff, down, up = self._geometry(vv, rr)
             near_lo = diff + down * 0.5 <= up * 0.5 - diff
-            lo = torch.where(near_lo, rr - down, rr)
-            hi = torch.where(near_lo, rr, rr + up)
-            claims.append(torch.where(torch.from_numpy(entry.dir_up).to(dev), hi, lo))
+            lo = np.where(near_lo, rr - down, rr)
+            hi = np.where(near_lo, rr, rr + up)
+            claims.append(torch.from_numpy(np.where(entry.dir_up, hi, lo)).to(dev))
             positions.append(pos)
         if entry.val_pos.size:
             claims.append(torch.from_numpy(entry.val).to(device=dev, dtype=r.dtype))

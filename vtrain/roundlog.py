@@ -108,9 +108,8 @@ class StepLog:
         heads: list[int] = []
         for s in self.sites:
             heads += [op_index[s.op], len(s.shape), *s.shape, int(s.dir_pos.size), int(s.val_pos.size)]
-        ints = [np.asarray(heads, np.uint64)]
-        ints += [_deltas(s.dir_pos) for s in self.sites] + [_deltas(s.val_pos) for s in self.sites]
-        allints = np.concatenate(ints) if ints else np.zeros(0, np.uint64)
+        allints = np.concatenate([np.asarray(heads, np.uint64), _deltas([s.dir_pos for s in self.sites]),
+                                  _deltas([s.val_pos for s in self.sites])])
         varints = _varint_encode(allints)
         bits = np.packbits(np.concatenate([s.dir_up for s in self.sites] or [np.zeros(0, bool)]).astype(bool))
         values = np.concatenate([s.val for s in self.sites] or [np.zeros(0, np.float32)]).astype("<f4")
@@ -194,9 +193,20 @@ def _decode_body(body: bytes, n_sites: int, n_dir: int, n_val: int) -> list[Site
     return sites
 
 
-def _deltas(pos: np.ndarray) -> np.ndarray:
-    pos = pos.astype(np.int64)
-    return np.diff(pos, prepend=0).astype(np.uint64)
+def _deltas(positions: list[np.ndarray]) -> np.ndarray:
+    """Each site's positions as differences from the previous one (the first from 0), all sites in a row.
+
+    One pass over the concatenation instead of one np.diff per site: most sites log nothing, and a
+    step has dozens of them.
+    """
+    sizes = np.fromiter((p.size for p in positions), np.int64, len(positions))
+    flat = np.concatenate(positions).astype(np.int64) if sizes.sum() else np.zeros(0, np.int64)
+    out = np.empty_like(flat)
+    if flat.size:
+        out[1:] = flat[1:] - flat[:-1]
+        firsts = (np.cumsum(sizes) - sizes)[sizes > 0]  # where each non-empty site starts
+        out[firsts] = flat[firsts]
+    return out.astype(np.uint64)
 
 
 def _undelta(d: np.ndarray, numel: int, site: int) -> np.ndarray:

@@ -77,6 +77,8 @@ class TrainingSession:
         self.model = build_model(spec, self.data).to(self.device.torch_device)
         self.optimizer = build_optimizer(spec, self.model)
         self.step_count = 0
+        # dense-baseline log sizes (stats "dense_bytes"/"dense_zip_bytes"): a benchmark's question, off in training
+        self.measure_storage = False
 
     # --- state ---------------------------------------------------------------------------------
     def state_bytes(self) -> bytes:
@@ -146,7 +148,8 @@ class TrainingSession:
             return nullcontext()
         spec = self.spec
         return RoundedExecution(bits=spec.bits, device=self.device, policy=spec.log_policy, tau=spec.tau,
-                                mode=rounding, replay_log=replay_log, step=t)
+                                mode=rounding, replay_log=replay_log, step=t,
+                                measure_storage=self.measure_storage)
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
         # (B, classes) or, for a language model, (B, T, vocab): one prediction per target

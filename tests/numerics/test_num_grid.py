@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from numref import ref_neighbours, ref_round
-from vtrain.grid import GridError, GridOverflowError, grid_max, grid_ulp, rev, round_to_grid
+from vtrain.grid import GridError, GridOverflowError, grid_max, grid_ulp, rev, round_to_grid, spacing_below, spacings_np
 
 FP32_MAX = float(np.finfo(np.float32).max)
 
@@ -84,6 +84,21 @@ def test_rev_and_ulp_match_reference(bits: int) -> None:
         g32 = g.to(torch.float32)
         up32 = rev(g32, torch.ones_like(g32, dtype=torch.bool), bits)
         assert torch.equal(up32.to(torch.float64), torch.tensor(upper, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bits", [10, 19, 27, 32])
+def test_numpy_spacings_are_the_torch_ones_bit_for_bit(bits: int) -> None:
+    # the rounding log's candidate test uses the numpy form: any difference would change logs
+    x = _adversarial_fp64(500, bits - 9, np.random.default_rng(200 + bits))
+    g = round_to_grid(torch.from_numpy(x), bits)
+    g = torch.cat([g[g.abs() < grid_max(bits)], torch.tensor([0.0, -0.0, 2.0**-126, -(2.0**-126), 1.0, -2.0])])
+    for t in (g, g.to(torch.float32)):
+        below, above = spacings_np(t.numpy(), bits)
+        assert below.dtype == above.dtype == t.numpy().dtype
+        assert np.array_equal(below, spacing_below(t, bits).numpy())
+        assert np.array_equal(above, grid_ulp(t, bits).numpy())
+    with pytest.raises(GridError):
+        spacings_np(np.zeros(2, np.float16), bits)
 
 
 def test_overflow_nan_and_inf_raise() -> None:
