@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from eth_account import Account
 
-from protocol.agents.agent import AuditorAgent, RefereeAgent, TrainerAgent
+from protocol.agents.agent import AuditorAgent, Log, RefereeAgent, TrainerAgent, quiet
 from protocol.agents.driver import drive
 from protocol.agents.state import AgentState
 from protocol.chain import GameStatus, deploy
@@ -45,11 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = REPO_ROOT / "examples" / "logreg.toml"
 ETHER = 10**18
 
-Narrate = Callable[[str], None]
-
-
-def _silent(_: str) -> None:
-    pass
+Narrate = Log
 
 
 class DemoError(VtrainError):
@@ -196,7 +192,7 @@ def _audit(run_dir: Path, device: str, out: Path) -> tuple[float, str]:
     return time.perf_counter() - t0, "MATCH" if report.matched else str(report.divergence)
 
 
-def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = _silent) -> dict:
+def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = quiet) -> dict:
     """Run the three stories; return the summary (see the module docstring)."""
     from vtrain.devices import list_devices
     from vtrain.spec import load_spec

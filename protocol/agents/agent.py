@@ -12,6 +12,7 @@ without sending anything twice.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,24 +27,24 @@ from vtrain.errors import VtrainError
 Log = Callable[[str], None]
 
 
-def _quiet(_: str) -> None:
-    pass
+def quiet(_: str) -> None:
+    """A log that says nothing: the default for agents and the demo."""
 
 
-class Agent:
+class Agent(ABC):
     """The loop shared by every role; subclasses implement `step`."""
 
     role_name = ""
 
-    def __init__(self, role: Role, state: AgentState, log: Log = _quiet) -> None:
+    def __init__(self, role: Role, state: AgentState, log: Log = quiet) -> None:
         self.role = role
         self.state = state
         self.log = log
         self._last_error = ""
 
+    @abstractmethod
     def step(self) -> bool:
         """One pass over the agent's work; True once there is nothing left to do."""
-        raise NotImplementedError
 
     def tick(self) -> bool:
         """`step`, with errors that a later tick may cure logged rather than raised."""
@@ -109,7 +110,7 @@ class PlayerAgent(Agent):
 
     role: Player
 
-    def __init__(self, role: Player, state: AgentState, job_id: int, log: Log = _quiet) -> None:
+    def __init__(self, role: Player, state: AgentState, job_id: int, log: Log = quiet) -> None:
         super().__init__(role, state, log)
         self.job_id = job_id
 
@@ -140,7 +141,7 @@ class TrainerAgent(PlayerAgent):
     role_name = "trainer"
     role: Trainer
 
-    def __init__(self, role: Trainer, state: AgentState, job_id: int, commit: bool = True, log: Log = _quiet) -> None:
+    def __init__(self, role: Trainer, state: AgentState, job_id: int, commit: bool = True, log: Log = quiet) -> None:
         super().__init__(role, state, job_id, log)
         self.commit = commit
 
@@ -180,7 +181,7 @@ class AuditorAgent(PlayerAgent):
     role: Auditor
 
     def __init__(self, role: Auditor, state: AgentState, job_id: int, audit_dir: Path,
-                 source: RunSource | None = None, device: str = "cpu", log: Log = _quiet,
+                 source: RunSource | None = None, device: str = "cpu", log: Log = quiet,
                  progress: Callable[[int], Callable[[int, Any], None]] | None = None) -> None:
         super().__init__(role, state, job_id, log)
         self.audit_dir = Path(audit_dir)
@@ -253,7 +254,7 @@ class RefereeAgent(Agent):
     role: Referee
 
     def __init__(self, role: Referee, state: AgentState, sources: dict[int, RunSource], device: str = "cpu",
-                 log: Log = _quiet) -> None:
+                 log: Log = quiet) -> None:
         super().__init__(role, state, log)
         self.sources = sources
         self.device = device

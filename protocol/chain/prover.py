@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Sequence
 
 from vtrain.merkle import MerkleTree, leaf_node, node
@@ -12,7 +13,7 @@ def split_point(width: int) -> int:
     return 1 << ((width - 1).bit_length() - 1)
 
 
-class Prover:
+class Prover(ABC):
     """What a game asks of a tree: leaves, inclusion proofs, subtree hashes and node children.
 
     Subclasses give `size`, `root`, `leaf`, `proof` and `subtree` (MTH of a leaf range).
@@ -21,15 +22,17 @@ class Prover:
     size: int
     root: bytes
 
+    @abstractmethod
     def leaf(self, index: int) -> bytes:
-        raise NotImplementedError
+        """The raw 32-byte step leaf at `index`."""
 
+    @abstractmethod
     def proof(self, index: int) -> list[bytes]:
-        raise NotImplementedError
+        """RFC 9162 audit path of leaf `index`."""
 
+    @abstractmethod
     def subtree(self, start: int, width: int) -> bytes:
         """MTH of leaves [start, start + width): the hash of that node of the tree."""
-        raise NotImplementedError
 
     def reveal(self, index: int) -> tuple[bytes, list[bytes]]:
         """(leaf, proof) at `index`."""
