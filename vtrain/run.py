@@ -139,23 +139,22 @@ class Run:
         except FileNotFoundError:
             raise RunError(f"{path}: missing from the run; re-download it from the trainer") from None
 
+    def _read_checked(self, path: Path, committed: bytes, what: str, t: int) -> bytes:
+        data = self._read(path)
+        if keccak256(data) != committed:
+            raise TamperedFileError(f"{path}: does not hash to the {what} committed in leaf {t}; "
+                                    "the file was modified or corrupted, re-download it")
+        return data
+
     def read_state(self, t: int) -> bytes:
         """State bytes after step t, checked against the committed state hash."""
         self._check_step(t)
-        data = self._read(self.state_path(t))
-        if keccak256(data) != self.records[t].state_hash:
-            raise TamperedFileError(f"{self.state_path(t)}: does not hash to the state hash committed in "
-                                    f"leaf {t}; the file was modified or corrupted, re-download it")
-        return data
+        return self._read_checked(self.state_path(t), self.records[t].state_hash, "state hash", t)
 
     def read_log_bytes(self, t: int) -> bytes:
         """Log bytes of step t, checked against the committed log hash."""
         self._check_step(t, first=1)
-        data = self._read(self.log_path(t))
-        if keccak256(data) != self.records[t].log_hash:
-            raise TamperedFileError(f"{self.log_path(t)}: does not hash to the log hash committed in "
-                                    f"leaf {t}; the file was modified or corrupted, re-download it")
-        return data
+        return self._read_checked(self.log_path(t), self.records[t].log_hash, "log hash", t)
 
     def verify_files(self, t: int) -> None:
         """Check step t's state (and log, t >= 1) against its leaf; a tampered file is named."""
