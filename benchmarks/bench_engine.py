@@ -49,7 +49,7 @@ def run_steps(spec: Spec, device: str, rounding: str, steps: int, logs: list[Ste
         r = s.step(t, rounding, replay_log=logs[t - 1] if logs else None)
         seconds.append(r.seconds)
         stats.append(r.stats)
-        out_logs.append(StepLog.from_bytes(r.log_bytes))
+        out_logs.append(StepLog.from_bytes(r.log_bytes) if r.log_bytes else None)  # b"": resolution exact
         if rounding != "none":
             start = time.perf_counter()
             state_hash(s.state_bytes())

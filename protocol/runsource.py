@@ -82,7 +82,7 @@ class RunSource:
         for t in steps:
             if states:
                 self._fetch_checked(run, t, run.state_path(t), run.read_state)
-            if logs and t >= 1:
+            if logs and t >= 1 and run.has_logs:
                 self._fetch_checked(run, t, run.log_path(t), run.read_log_bytes)
         return run
 

@@ -27,6 +27,16 @@ IllegitimateLogEntryError. Entries that agree with the auditor's own rounding ar
 the ones that change it are counted as corrections.
 
 Bands carry a relative slack of 2^-10 (see vtrain.bounds for how E itself is inflated).
+
+Resolution "exact" (DESIGN.md §1.3b) replaces the log: every device-dependent output element becomes
+RNE_grid(exact value), the same on every device with no log at all. An element whose value v lies
+farther than E from every rounding boundary already rounds to that (the exact value is within E of v);
+the others are "ambiguous". Of those, the ones vtrain.resolve certifies as computed exactly (every
+partial sum provably exact in any order) need nothing more; the rest are recomputed exactly by
+vtrain.resolve and correctly rounded. Composite ops are first decomposed into primitives
+(vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
+Record mode computes the canonical values; replay has nothing to replay; plain skips the resolution
+(the ablation: rounding alone, which diverges).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
 from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, round_to_grid, round_unchecked,
@@ -47,6 +58,7 @@ from vtrain.ops import OpClass, OpSpec, classify
 from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
 
 MODES = ("record", "replay", "plain")
+RESOLUTIONS = ("log", "exact")
 BAND_SLACK = 1 + 2.0**-10
 VALUE_FRACTION = 1 / 8  # a band this wide (in grid spacings) makes an entry a value entry
 
@@ -94,9 +106,13 @@ class RoundedExecution(TorchDispatchMode):
 
     def __init__(self, *, bits: int, device: Device, policy: str = "bound", tau: float = 0.25,
                  mode: str = "record", replay_log: StepLog | None = None, step: int = 0,
-                 measure_storage: bool = True):
+                 measure_storage: bool = True, resolution: str = "log"):
         super().__init__()
         check_bits(bits)
+        if resolution not in RESOLUTIONS:
+            raise ValueError(f"resolution must be one of {RESOLUTIONS}, got {resolution!r}")
+        if resolution == "exact" and mode == "replay":
+            raise ValueError("resolution 'exact' has no log to replay: use mode 'record'")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         if mode not in MODES:
@@ -107,10 +123,15 @@ class RoundedExecution(TorchDispatchMode):
             raise ValueError(f"tau must be in [0, 0.5), got {tau}")
         self.bits, self.device, self.policy, self.tau, self.mode, self.step = bits, device, policy, tau, mode, step
         self.replay_log = replay_log
+        self.exact = resolution == "exact" and mode == "record"
+        self.resolution = resolution
         self.measure_storage = measure_storage  # stats with log_bytes / dense_bytes / dense_zip_bytes
         self._sites: list[SiteLog] = []
         self._offsets: list[int] = []  # where each logged site starts in the step's stream of rounded values
-        self._counts = {"rounded": 0, "logged": 0, "logged_values": 0, "corrections": 0, "sites": 0, "ops": 0}
+        self._counts = {"rounded": 0, "logged": 0, "logged_values": 0, "corrections": 0, "sites": 0, "ops": 0,
+                        "checked": 0, "ambiguous": 0, "certified": 0, "recomputed": 0}
+        self._exact_seconds = 0.0  # time spent in certificates and exact recomputation
+        self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, recomputed]
         self._seconds = 0.0
         self._t0 = 0.0
         self._derived: dict[str, int] | None = None
@@ -145,6 +166,7 @@ class RoundedExecution(TorchDispatchMode):
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self._counts)
         out["seconds"] = self._seconds
+        out["exact_seconds"] = self._exact_seconds
         if self._derived is None and self.measure_storage:
             log = self.log
             dense, dense_zip = dense_ternary_size(self._counts["rounded"], self._offsets, log)
@@ -152,6 +174,9 @@ class RoundedExecution(TorchDispatchMode):
                              "dense_bytes": dense, "dense_zip_bytes": dense_zip}
         out.update(self._derived or {})
         out["policy"], out["mode"], out["bits"], out["device"] = self.policy, self.mode, self.bits, self.device.name
+        out["resolution"] = self.resolution
+        if self.by_op:
+            out["by_op"] = {name: list(t) for name, t in self.by_op.items()}
         return out
 
     # -- dispatch -----------------------------------------------------------------------------------
@@ -203,8 +228,18 @@ class RoundedExecution(TorchDispatchMode):
             if r is not t:
                 t.copy_(r)
 
+    def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one primitive of a decomposition through this mode (rounded, and resolved if need be)."""
+        return self.__torch_dispatch__(func, (), args, kwargs)
+
     def _device_op(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict) -> Any:
+        if self.resolution == "exact":  # the decomposition defines the op, resolved or not (plain)
+            decomposed = DECOMPOSITIONS.get(func)
+            if decomposed is not None:
+                return decomposed(self._call, *args, **kwargs)
         out = self.device.execute(spec.functional or func, args, kwargs)
+        if self.exact:
+            return self._canonical(func, spec, args, kwargs, out)
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
         bounds: list[torch.Tensor | None] | None = None
@@ -246,6 +281,69 @@ class RoundedExecution(TorchDispatchMode):
             args[0].copy_(outs[0])
             return args[0]
         return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    # -- exact resolution ---------------------------------------------------------------------------
+
+    def _canonical(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, out: Any) -> Any:
+        from vtrain.resolve import CERTIFIERS  # noqa: PLC0415 (resolve pulls in mpmath: only exact runs pay)
+        op = spec.functional or func
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        bounds = spec.bound(args, kwargs, floats)
+        certified: list[torch.Tensor | None] | None = None
+        for i, v in enumerate(floats):
+            if v is None:
+                continue
+            self._counts["sites"] += 1
+            r = self._round(v, spec).contiguous()
+            self._counts["checked"] += v.numel()
+            tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0])
+            tally[0] += v.numel()
+            if bounds[i] is not None and v.numel():
+                start = time.perf_counter()
+                pos = self._ambiguous(v, r, bounds[i])
+                if pos.numel():
+                    self._counts["ambiguous"] += pos.numel()
+                    tally[1] += pos.numel()
+                    if certified is None:
+                        certifier = CERTIFIERS.get(op)
+                        certified = certifier(args, kwargs, floats, bounds) if certifier else [None] * len(outs)
+                    if certified[i] is not None:
+                        exact = certified[i].expand(v.shape).reshape(-1)[pos]
+                        self._counts["certified"] += int(exact.sum())
+                        tally[2] += int(exact.sum())
+                        pos = pos[~exact]
+                if pos.numel():
+                    self._counts["recomputed"] += pos.numel()
+                    tally[3] += pos.numel()
+                    values = self._resolve(op, spec, args, kwargs, i, pos)
+                    r.view(-1)[pos] = torch.from_numpy(values).to(device=r.device, dtype=r.dtype)
+                self._exact_seconds += time.perf_counter() - start
+            outs[i] = r.add_(0.0) if r.numel() else r  # -0 + 0 = +0: one zero for every summation order
+        if spec.inplace:
+            args[0].copy_(outs[0])
+            return args[0]
+        return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+        """Flat positions whose value lies within the bound E of a rounding boundary (ties included)."""
+        vf, rf = v.reshape(-1), r.reshape(-1)
+        band = (bound.expand(v.shape) * BAND_SLACK).reshape(-1)
+        half = spacing_below(rf, self.bits).mul_(0.5)
+        cand = torch.sub(vf, rf).abs_().add_(band).ge_(half).nonzero().squeeze(1)
+        if cand.numel() == 0:
+            return cand
+        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band[cand].cpu().numpy()
+        diff, down, up = self._geometry(vv, rr)
+        near = np.minimum(diff + down * 0.5, up * 0.5 - diff) <= ww
+        return cand[torch.from_numpy(near).to(cand.device)]
+
+    def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
+        from vtrain.resolve import resolver_for  # noqa: PLC0415
+        try:
+            return resolver_for(op)(args, kwargs, i, pos.cpu().numpy(), self.bits)
+        except GridOverflowError as exc:
+            raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
 
     # -- record -------------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
     RUN/spec.toml            the spec as given (for people)
     RUN/spec.json            canonical JSON (what the spec hash covers; what readers parse)
     RUN/states/NNNNNN.vst    state after step t (t = 0 is the initial state), vtrain.state format
-    RUN/logs/NNNNNN.vlog     rounding log of step t (StepLog.to_bytes()), t >= 1
+    RUN/logs/NNNNNN.vlog     rounding log of step t (StepLog.to_bytes()), t >= 1 (none under resolution exact)
     RUN/leaves.bin           b"VTLEAVES" | uint16 version | uint16 record size | uint64 count, then per
                              step t = 0..N: leaf ‖ state hash ‖ log hash ‖ batch hash (4 × 32 bytes)
     RUN/metrics.jsonl        one JSON line per step (loss, logged, corrections, seconds, log bytes)
@@ -151,15 +151,22 @@ class Run:
         self._check_step(t)
         return self._read_checked(self.state_path(t), self.records[t].state_hash, "state hash", t)
 
+    @property
+    def has_logs(self) -> bool:
+        """False for resolution "exact": such a run has no rounding logs (its leaves commit a zero hash)."""
+        return self.spec.resolution != "exact"
+
     def read_log_bytes(self, t: int) -> bytes:
         """Log bytes of step t, checked against the committed log hash."""
+        if not self.has_logs:
+            raise RunError(f"{self.path}: resolution 'exact' runs have no rounding logs (step {t})")
         self._check_step(t, first=1)
         return self._read_checked(self.log_path(t), self.records[t].log_hash, "log hash", t)
 
     def verify_files(self, t: int) -> None:
         """Check step t's state (and log, t >= 1) against its leaf; a tampered file is named."""
         self.read_state(t)
-        if t >= 1:
+        if t >= 1 and self.has_logs:
             self.read_log_bytes(t)
 
     def metrics(self) -> list[dict]:

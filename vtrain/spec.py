@@ -63,6 +63,9 @@ class Spec:
     # numerics
     dtype: str = "float64"         # work dtype: float64 (production) or float32 (the scale model)
     bits: int = 32                 # grid width b: FP32-shaped with b - 9 mantissa bits; 32 = FP32
+    resolution: str = "log"        # log: ambiguous roundings decided by the trainer and logged (the paper's
+                                   # method) | exact: every op output is the correctly rounded exact value, no log
+    canonical_version: int = 1     # exact: version of the op decompositions that define the computation
     log_policy: str = "bound"      # bound (a-priori error bounds) | tau (the paper's threshold)
     tau: float = 0.25              # tau policy: log when |v - rounded| > tau grid ulps
     checkpoint_interval: int = 1   # a state and a leaf every step (only 1 is supported)
@@ -87,6 +90,7 @@ _CHOICES = {
     "schedule": ("constant", "cosine", "warmup-cosine"),
     "dtype": ("float64", "float32"),
     "log_policy": ("bound", "tau"),
+    "resolution": ("log", "exact"),
 }
 _RANGES: dict[str, tuple[float, float]] = {
     "hidden": (1, 1 << 16), "depth": (1, 64), "channels1": (1, 1024), "channels2": (1, 1024),
@@ -94,6 +98,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "layers": (1, 64), "heads": (1, 64), "d_model": (1, 1 << 14), "context": (1, 1 << 14), "stages": (1, 8),
     "blocks": (1, 16), "width": (1, 1024), "shards": (1, 1024), "steps": (1, 10_000_000), "seed": (0, (1 << 63) - 1),
     "bits": (10, 32), "warmup_steps": (0, 10_000_000), "checkpoint_interval": (1, 1),
+    "canonical_version": (1, 1),
     "dropout": (0.0, 0.95), "lr": (0.0, 10.0), "momentum": (0.0, 1.0), "weight_decay": (0.0, 1.0),
     "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, 1.0), "min_lr": (0.0, 10.0), "tau": (0.0, 0.5),
 }
@@ -127,6 +132,11 @@ def _check(spec: Spec) -> None:
         raise SpecError(f"key 'data_hash' must be 0x and 64 hex digits (keccak-256), got {spec.data_hash!r}")
     if spec.dataset != "digits" and not spec.data_path:
         raise SpecError(f"dataset {spec.dataset!r} needs data_path (a local directory or file)")
+    if spec.resolution == "exact" and spec.dtype == "float32" and spec.bits > 19:
+        # float32 work rounds IEEE ops twice (to float32, then to the grid): that is the correctly rounded
+        # result only when 24 >= 2 (bits - 8) + 2
+        raise SpecError(f"resolution 'exact' with dtype float32 needs bits <= 19, got {spec.bits}; "
+                        "use dtype float64")
     if spec.schedule == "warmup-cosine" and spec.warmup_steps >= spec.steps:
         raise SpecError(f"warmup_steps ({spec.warmup_steps}) must be below steps ({spec.steps})")
 

@@ -48,16 +48,18 @@ class StepResult:
     step: int
     loss: float
     batch_hash: bytes
-    log_bytes: bytes          # the step's log (an empty log when nothing was recorded)
+    log_bytes: bytes          # the step's log (an empty log when nothing was recorded; b"" under exact)
     stats: dict = field(default_factory=dict)
     seconds: float = 0.0
 
     @property
     def log_hash(self) -> bytes:
-        return keccak256(self.log_bytes)
+        # resolution "exact" has no log at all: its leaves commit a zero log hash
+        return keccak256(self.log_bytes) if self.log_bytes else ZERO_HASH
 
     def metrics(self) -> dict:
-        keep = ("rounded", "logged", "logged_values", "corrections", "dense_bytes", "dense_zip_bytes")
+        keep = ("rounded", "logged", "logged_values", "corrections", "dense_bytes", "dense_zip_bytes",
+                "checked", "ambiguous", "certified", "recomputed", "exact_seconds")
         out = {k: self.stats[k] for k in keep if k in self.stats}
         loss = None if self.loss != self.loss else self.loss   # NaN (a skipped step) is not JSON
         return {"loss": loss, "seconds": round(self.seconds, 6), "log_bytes": len(self.log_bytes), **out}
@@ -117,7 +119,7 @@ class TrainingSession:
         if fault is not None and fault.kind == "skip-step":
             self.step_count = t
             empty = StepLog.empty() if spec.shards == 1 else ShardedLog.empty(spec.shards + 1)
-            return StepResult(t, float("nan"), bh, empty.to_bytes())
+            return StepResult(t, float("nan"), bh, b"" if spec.resolution == "exact" else empty.to_bytes())
         where = self.device.torch_device
         x, y = (v.to(where) for v in self.data.batch(idx))
         if fault is not None and fault.kind == "poison-batch":
@@ -138,6 +140,8 @@ class TrainingSession:
         else:
             loss_value, log_bytes, stats = self._sharded_step(t, x, y, masks, rounding, replay_log)
         seconds = time.perf_counter() - start
+        if spec.resolution == "exact":
+            log_bytes = b""
         self.step_count = t
         if fault is not None and fault.kind == "perturb-weights":
             perturb_weights(self.model, spec.seed, t, spec.bits)
@@ -147,8 +151,10 @@ class TrainingSession:
         if rounding == "none":
             return nullcontext()
         spec = self.spec
+        if spec.resolution == "exact" and rounding == "replay":
+            rounding = "record"   # nothing to replay: the auditor computes the same canonical values
         return RoundedExecution(bits=spec.bits, device=self.device, policy=spec.log_policy, tau=spec.tau,
-                                mode=rounding, replay_log=replay_log, step=t,
+                                mode=rounding, replay_log=replay_log, step=t, resolution=spec.resolution,
                                 measure_storage=self.measure_storage)
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
@@ -271,7 +277,7 @@ def _train(group: Group, spec: Spec, out: str | Path, spec_toml: str, device: st
         if writer is not None:
             state = session.state_bytes()
             writer.write_step(LeafRecord(t, state_hash(state), result.log_hash, result.batch_hash),
-                              state, result.log_bytes, result.metrics())
+                              state, result.log_bytes or None, result.metrics())
         if progress is not None:
             progress(t, result)
     if writer is None:

@@ -149,7 +149,8 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the auditor's own leaves.bin, commitment.json and report.json.")
 @click.option("--ignore-log", is_flag=True,
-              help="Round without applying the trainer's log (the ablation: shows the log is needed).")
+              help="Round without applying the trainer's log (the ablation: shows the log is needed); "
+                   "for a resolution 'exact' run, round without the exact resolution.")
 @WORKERS_OPTION
 @THREADS_OPTION
 @cli_errors
@@ -182,6 +183,9 @@ def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: i
     n = max(1, len(report.log_bytes))
     click.echo(f"log: entries/step={sum(report.logged) / n:.1f} bytes/step={sum(report.log_bytes) / n:.0f} "
                f"total_bytes={sum(report.log_bytes)}")
+    if not r.has_logs:
+        click.echo(f"exact: ambiguous/step={sum(report.ambiguous) / n:.1f} "
+                   f"recomputed/step={sum(report.recomputed) / n:.1f} total_recomputed={sum(report.recomputed)}")
     if report.matched:
         click.echo(f"MATCH root={report.root} size={report.size}")
         return
@@ -254,7 +258,12 @@ def inspect(run: Path, verify: bool) -> None:
             click.echo(f"loss:       first={losses[0]:.4f} last={losses[-1]:.4f}")
         click.echo(f"rounding:   rounded={total('rounded')} logged={total('logged')} "
                    f"value_entries={total('logged_values')} seconds/step={sum(x['seconds'] for x in m) / len(m):.4f}")
+        if not r.has_logs:
+            click.echo(f"exact:      checked={total('checked')} ambiguous={total('ambiguous')} "
+                       f"certified={total('certified')} recomputed={total('recomputed')} "
+                       f"seconds/step={sum(x.get('exact_seconds', 0) for x in m) / len(m):.4f}")
     if verify:
         for t in range(r.size):
             r.verify_files(t)
-        click.echo(f"verified:   {r.size} states and {r.size - 1} logs match their leaves")
+        logs = f" and {r.size - 1} logs" if r.has_logs else ""
+        click.echo(f"verified:   {r.size} states{logs} match their leaves")

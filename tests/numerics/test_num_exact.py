@@ -1,0 +1,472 @@
+"""vtrain.exactmath against independent references: Fraction arithmetic and naive 300-bit mpmath.
+
+Every claim here is bit-exact, so every comparison is exact equality (of float64 values and of the
+sign of zero). The references live in numref.py / exactref.py and share no code with the module.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+
+from exactref import mp_value, ref_correctly_rounded, ref_round_q
+from numref import ref_round
+from vtrain import exactmath as em
+from vtrain.errors import VtrainError
+from vtrain.grid import GridOverflowError
+
+BITS = (10, 12, 19, 23, 32)
+
+
+def _same(got: float, want: float | None) -> bool:
+    """Exact equality including the sign of zero (want None: overflow expected, never equal)."""
+    return want is not None and got == want and math.copysign(1, got) == math.copysign(1, want)
+
+
+def _round_or_none(q: Fraction, bits: int) -> float | None:
+    try:
+        return em.round_fraction(q, bits)
+    except GridOverflowError:
+        return None
+
+
+def _grid_values(gen: np.random.Generator, n: int, bits: int, lo: int = -150, hi: int = 127) -> np.ndarray:
+    """Random grid values (normal and subnormal-grid), both signs."""
+    m = bits - 9
+    e = gen.integers(lo, hi + 1, n)
+    g = np.ldexp(1.0 + gen.integers(0, 2**m, n) / 2.0**m, e)
+    sub = e < -126
+    g[sub] = gen.integers(0, 2**m, int(sub.sum())) * 2.0 ** (-126 - m)
+    return np.where(gen.random(n) < 0.5, -g, g)
+
+
+def _midpoint(g: float, bits: int) -> float:
+    """The midpoint above the positive grid value g (a float64)."""
+    m = bits - 9
+    q = 2.0 ** (max(math.frexp(g)[1] - 1, -126) - m)
+    return g + q / 2
+
+
+# --------------------------------------------------------------------------------------------------
+# round_fraction
+
+
+@pytest.mark.parametrize("bits", range(10, 33))
+def test_round_fraction_equals_ref_round_on_float64(bits: int) -> None:
+    gen = np.random.default_rng(bits)
+    m = bits - 9
+    g = np.abs(_grid_values(gen, 200, bits, hi=127))
+    ties = np.array([_midpoint(float(v), bits) for v in g])
+    x = np.concatenate([
+        np.ldexp(gen.random(300) + 0.5, gen.integers(-160, 130, 300)),
+        g, ties, np.nextafter(ties, 0), np.nextafter(ties, np.inf),
+        [2.0**-1074, 2.0 ** (-127 - m), 2.0 ** (-127 - m) * 3, float(2.0**128), 1e300],
+    ])
+    x = np.concatenate([x, -x])
+    for v in x.tolist():
+        want = ref_round(v, m)
+        got = _round_or_none(Fraction(v), bits)
+        assert got == want, (v, bits)
+        if want is not None:
+            assert math.copysign(1, got) == math.copysign(1, want) or want == 0
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_round_fraction_equals_brute_force_on_rationals(bits: int) -> None:
+    m = bits - 9
+    gen = np.random.default_rng(100 + bits)
+    qs: list[Fraction] = []
+    for g in np.abs(_grid_values(gen, 150, bits)).tolist():
+        mid = Fraction(_midpoint(g, bits))
+        qs += [
+            Fraction(g) / 3, Fraction(g) * Fraction(7, 3),  # thirds: never a float64
+            mid, -mid,  # exact ties, both parities of the lower neighbour across the sample
+            mid + mid / 2**200, mid - mid / 2**200, -(mid + mid / 2**200),  # near-ties far below float64
+            Fraction(g) + Fraction(g) / 2**300,
+        ]
+    qs += [Fraction(k, 3) * Fraction(2) ** (-126 - m) for k in range(-40, 41)]  # subnormal grid
+    for q in qs:
+        want = ref_round_q(q, m)
+        got = _round_or_none(q, bits)
+        assert got == want, (q, bits)
+        if got is not None:
+            assert math.copysign(1, got) == math.copysign(1, want)
+
+
+@pytest.mark.parametrize("bits", (10, 19, 32))
+def test_round_fraction_ties_both_parities_and_extremes(bits: int) -> None:
+    m = bits - 9
+    q = 2.0**-m  # spacing at 1
+    # 1 + q/2 sits between 1 (even) and 1 + q (odd): down; 1 + 3q/2 between 1 + q (odd) and 1 + 2q: up.
+    assert em.round_fraction(Fraction(1) + Fraction(q) / 2, bits) == 1.0
+    assert em.round_fraction(Fraction(1) + 3 * Fraction(q) / 2, bits) == 1.0 + 2 * q
+    assert em.round_fraction(-(Fraction(1) + 3 * Fraction(q) / 2), bits) == -(1.0 + 2 * q)
+    tiny = Fraction(2) ** (-126 - m)  # the smallest subnormal-grid value
+    assert em.round_fraction(tiny / 2, bits) == 0.0  # tie with 0 (even)
+    assert em.round_fraction(tiny / 2 + Fraction(1, 2**2000), bits) == float(tiny)
+    assert em.round_fraction(3 * tiny / 2, bits) == float(2 * tiny)
+    for z in (Fraction(0), -tiny / 2, Fraction(-1, 2**3000), Fraction(0.0), Fraction(-0.0)):
+        r = em.round_fraction(z, bits)
+        assert r == 0.0 and math.copysign(1, r) == 1.0  # -0 -> +0.0
+    top = (2 - Fraction(2) ** -m) * Fraction(2) ** 127
+    threshold = (2 - Fraction(2) ** -(m + 1)) * Fraction(2) ** 127  # tie between top (odd) and 2^128
+    assert em.round_fraction(top, bits) == float(top)
+    assert em.round_fraction(-(threshold - Fraction(1, 2**500)), bits) == -float(top)
+    for over in (threshold, -threshold, Fraction(2) ** 128, Fraction(10) ** 400):
+        with pytest.raises(GridOverflowError, match="largest grid value"):
+            em.round_fraction(over, bits)
+    out = em.round_fractions([Fraction(1, 3), Fraction(-5, 7)], bits)
+    assert out.dtype == np.float64 and out.tolist() == [ref_round_q(Fraction(1, 3), m), ref_round_q(Fraction(-5, 7), m)]
+
+
+# --------------------------------------------------------------------------------------------------
+# exact sums and dot products
+
+
+def _fsum_exact(row: np.ndarray) -> Fraction:
+    return sum((Fraction(v) for v in row.tolist()), Fraction(0))
+
+
+def _fdot_exact(a: np.ndarray, b: np.ndarray) -> Fraction:
+    return sum((Fraction(u) * Fraction(v) for u, v in zip(a.tolist(), b.tolist())), Fraction(0))
+
+
+def _adversarial_rows(gen: np.random.Generator) -> list[np.ndarray]:
+    rows = []
+    v = gen.standard_normal(31) * 2.0 ** gen.integers(-40, 40, 31)
+    rows.append(gen.permutation(np.concatenate([v, -v])))  # cancels to exactly zero
+    rows.append(gen.permutation(np.concatenate([gen.standard_normal(20) * 1e30, gen.standard_normal(20) * 1e-30,
+                                                [1e30, -1e30, 1e-30]])))  # huge dynamic range
+    rows.append(gen.standard_normal(50) * 2.0 ** gen.integers(-1074, 1000, 50))  # the whole float64 range
+    rows.append(gen.integers(-5, 6, 40) * 2.0**-1074)  # subnormal float64 terms
+    rows.append(np.array([1.7e308, 1.7e308, -1.7e308, -1.7e308, 3.0]))  # float64 partial sums overflow
+    rows.append(np.array([8.9e307] * 4 + [-8.9e307] * 3 + [2.0**-1074]))
+    rows.append(gen.standard_normal(1))
+    return rows
+
+
+def test_exact_sums_equal_fractions_on_adversarial_rows() -> None:
+    gen = np.random.default_rng(7)
+    for row in _adversarial_rows(gen):
+        assert em.exact_sums(row[None, :]) == [_fsum_exact(row)]
+    x = gen.standard_normal((1100, 64)) * 2.0 ** gen.integers(-60, 60, (1100, 64))  # spans several chunks
+    assert em.exact_sums(x) == [_fsum_exact(r) for r in x]
+    assert em.exact_sums(np.zeros((3, 0))) == [Fraction(0)] * 3
+    assert em.exact_sums(np.zeros((0, 5))) == []
+    x32 = gen.standard_normal((4, 9)).astype(np.float32)
+    assert em.exact_sums(x32) == [_fsum_exact(r.astype(np.float64)) for r in x32]
+
+
+def _midpoint_rows(bits: int) -> tuple[np.ndarray, list[float]]:
+    """Rows whose correctly rounded float64 sum is a grid midpoint, with the right answers."""
+    m = bits - 9
+    h = 2.0 ** -(m + 1)  # half the spacing at 1: 1 + h is a midpoint between 1 (even) and 1 + 2h (odd)
+    eps = 2.0**-80  # below float64's ulp at 1: fsum drops it, the exact sum keeps it
+    rows = [
+        ([1.0, h, eps], 1.0 + 2 * h),  # just above the midpoint: up
+        ([1.0, h, -eps], 1.0),  # just below: down
+        ([1.0, h, 0.0], 1.0),  # exact tie: to even (1.0)
+        ([1.0, 3 * h, 0.0], 1.0 + 4 * h),  # exact tie between 1 + 2h (odd) and 1 + 4h (even): up
+        ([1.0, 3 * h, -eps], 1.0 + 2 * h),
+        ([-1.0, -h, -eps], -1.0 - 2 * h),
+        ([-1.0, -h, eps], -1.0),
+    ]
+    return np.array([r for r, _ in rows]), [w for _, w in rows]
+
+
+@pytest.mark.parametrize("bits", (10, 19, 32))
+def test_rounded_sums_avoid_the_double_rounding_trap(bits: int) -> None:
+    x, want = _midpoint_rows(bits)
+    got = em.rounded_sums(x, bits)
+    assert got.tolist() == want
+    # The trap is real: rounding fsum's float64 result to the grid gets the residual rows wrong.
+    naive = [ref_round(math.fsum(r), bits - 9) for r in x.tolist()]
+    assert naive != want
+    # The same sums as dot products (b = 1) and with the residual carried by a product.
+    assert em.rounded_dots(x, np.ones_like(x), bits).tolist() == want
+    h = 2.0 ** -(bits - 8)
+    a = np.array([[1.0, h, 2.0**-40], [1.0, h, 2.0**-40]])
+    b = np.array([[1.0, 1.0, 2.0**-40], [1.0, 1.0, -(2.0**-40)]])
+    assert em.rounded_dots(a, b, bits).tolist() == [1.0 + 2 * h, 1.0]
+
+
+@pytest.mark.parametrize("bits", (10, 19, 32))
+def test_rounded_sums_on_random_and_subnormal_rows(bits: int) -> None:
+    m = bits - 9
+    gen = np.random.default_rng(bits)
+    x = _grid_values(gen, 300 * 24, bits, lo=-40, hi=40).reshape(300, 24)
+    sub = _grid_values(gen, 50 * 8, bits, lo=-150, hi=-120).reshape(50, 8)  # results on the subnormal grid
+    adversarial = [r for r in _adversarial_rows(gen) if r.size <= 24 and abs(_fsum_exact(r)) < 2**100]
+    rows = np.concatenate([x, np.pad(sub, ((0, 0), (0, 16)))]
+                          + [np.pad(r[None, :], ((0, 0), (0, 24 - r.size))) for r in adversarial])
+    want = [ref_round_q(_fsum_exact(r), m) for r in rows]
+    assert [w for w in want[300:350] if w != 0 and abs(w) < 2.0**-126]  # subnormal results occur
+    got = em.rounded_sums(rows, bits)
+    assert all(_same(g, w) for g, w in zip(got.tolist(), want))
+
+
+def test_rounded_sums_divisors() -> None:
+    gen = np.random.default_rng(3)
+    x = _grid_values(gen, 40 * 10, 19, lo=-5, hi=5).reshape(40, 10)
+    for divisor in (3, Fraction(7, 2), list(range(1, 41))):
+        ds = [Fraction(divisor)] * 40 if not isinstance(divisor, list) else [Fraction(d) for d in divisor]
+        want = [ref_round_q(_fsum_exact(r) / d, 10) for r, d in zip(x, ds)]
+        assert em.rounded_sums(x, 19, divisor=divisor).tolist() == want
+    # a mean on an exact tie: (2 + 3) / 2 = 2.5, between 2 (even) and 3 on the 1-bit grid
+    assert em.rounded_sums(np.array([[2.0, 3.0]]), 10, divisor=2).tolist() == [2.0]
+    assert em.rounded_sums(np.array([[3.0, 4.0]]), 10, divisor=2).tolist() == [4.0]
+    with pytest.raises(em.ExactDomainError, match="division by zero"):
+        em.rounded_sums(x, 19, divisor=0)
+    with pytest.raises(em.ExactMathError, match="divisors"):
+        em.rounded_sums(x, 19, divisor=[1, 2])
+
+
+def test_exact_dots_non_grid_inputs_exercise_two_product() -> None:
+    gen = np.random.default_rng(11)
+    a = gen.standard_normal((60, 33)) * 2.0 ** gen.integers(-100, 100, (60, 33))
+    b = gen.standard_normal((60, 33)) * 2.0 ** gen.integers(-100, 100, (60, 33))
+    hi, lo, safe = em._two_product(a, b)
+    assert safe.all() and np.count_nonzero(lo) > a.size // 2  # the low parts are really used
+    assert em.exact_dots(a, b) == [_fdot_exact(u, v) for u, v in zip(a, b)]
+    a, b = a * 2.0**-100, b * 2.0**-100  # results in the grid's range
+    for bits in (10, 19, 32):
+        want = [ref_round_q(_fdot_exact(u, v), bits - 9) for u, v in zip(a, b)]
+        assert em.rounded_dots(a, b, bits).tolist() == want
+
+
+def test_exact_dots_outside_two_products_range_fall_back_exactly() -> None:
+    gen = np.random.default_rng(12)
+    a = gen.standard_normal((6, 5))
+    b = gen.standard_normal((6, 5))
+    a[0, 1], b[0, 1] = 1e300, 1e10  # the product overflows float64
+    a[1, 2], b[1, 2] = 1e-300, 1e-300  # the product underflows
+    a[2, 0], b[2, 0] = 2.0**1000, 2.0**-990  # the split of a would overflow
+    a[3, 3], b[3, 3] = 3e-320, 5.0  # a subnormal factor
+    assert em.exact_dots(a, b) == [_fdot_exact(u, v) for u, v in zip(a, b)]
+    want = [ref_round_q(_fdot_exact(u, v), 10) for u, v in zip(a[1:], b[1:])]
+    assert em.rounded_dots(a[1:], b[1:], 19).tolist() == want
+    with pytest.raises(GridOverflowError):
+        em.rounded_dots(a, b, 19)
+
+
+@pytest.mark.parametrize("bits", (19, 32))
+def test_rounded_dots_with_extra_and_scale(bits: int) -> None:
+    m = bits - 9
+    gen = np.random.default_rng(bits + 5)
+    a = _grid_values(gen, 80 * 16, bits, lo=-10, hi=10).reshape(80, 16)
+    b = _grid_values(gen, 80 * 16, bits, lo=-10, hi=10).reshape(80, 16)
+    extra = _grid_values(gen, 80, bits, lo=-3, hi=12)
+    dots = [_fdot_exact(u, v) for u, v in zip(a, b)]
+    got = em.rounded_dots(a, b, bits, extra=extra)
+    assert got.tolist() == [ref_round_q(d + Fraction(e), m) for d, e in zip(dots, extra.tolist())]
+    for scale in (0.5, 0.1, -3.0):
+        got = em.rounded_dots(a, b, bits, extra=extra, scale=scale)
+        want = [ref_round_q(Fraction(scale) * d + Fraction(e), m) for d, e in zip(dots, extra.tolist())]
+        assert got.tolist() == want
+    # an extra that cancels the dot exactly gives +0.0
+    a1, b1 = np.array([[1.5, 2.0]]), np.array([[2.0, 0.25]])
+    r = em.rounded_dots(a1, b1, bits, extra=np.array([-3.5]))
+    assert r.tolist() == [0.0] and math.copysign(1, r[0]) == 1.0
+    with pytest.raises(em.ExactMathError, match="extra"):
+        em.rounded_dots(a, b, bits, extra=extra[:3])
+
+
+def test_sum_and_dot_errors() -> None:
+    with pytest.raises(em.ExactDomainError, match="NaN or infinity") as err:
+        em.exact_sums(np.array([[1.0, np.nan]]))
+    assert isinstance(err.value, VtrainError) and isinstance(err.value, GridOverflowError)
+    with pytest.raises(em.ExactDomainError, match="rounded_dots"):
+        em.rounded_dots(np.array([[np.inf]]), np.array([[1.0]]), 32)
+    with pytest.raises(em.ExactMathError, match="same"):
+        em.exact_dots(np.ones((2, 3)), np.ones((3, 2)))
+    with pytest.raises(em.ExactMathError, match="2-d"):
+        em.exact_sums(np.ones(3))
+    with pytest.raises(em.ExactMathError, match="float64 or float32"):
+        em.exact_sums(np.ones((2, 2), dtype=np.int64))
+    with pytest.raises(GridOverflowError, match="rounded_sums"):
+        em.rounded_sums(np.array([[3e38, 3e38]]), 32)
+
+
+# --------------------------------------------------------------------------------------------------
+# correctly rounded functions
+
+TWO_ARGS = ("gelu_backward", "gelu_tanh_backward")
+
+
+def _ref(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) -> float | None:
+    if fn == "pow" and exponent is not None and exponent == int(exponent):
+        q = Fraction(args[0]) ** int(exponent)  # exact: integer powers may land on a midpoint
+        return ref_round_q(q, bits - 9)
+    return ref_correctly_rounded(fn, bits, args, exponent)
+
+
+def _domain_inputs(fn: str, x: np.ndarray) -> np.ndarray:
+    if fn in ("log", "sqrt", "rsqrt"):
+        return np.abs(x) + (x == 0)
+    if fn == "log1p":
+        return np.where(x <= -1, -x / 4, x)
+    if fn in ("exp", "expm1"):
+        return np.clip(x, -100, 80)
+    return x
+
+
+def _check(fn: str, bits: int, xs: tuple[np.ndarray, ...], exponent: float | None = None) -> None:
+    got = em.correctly_rounded(fn, bits, *xs, exponent=exponent)
+    for i, g in enumerate(got.tolist()):
+        args = tuple(float(x[i]) for x in xs)
+        want = _ref(fn, bits, args, exponent)
+        assert _same(g, want), (fn, bits, args, g, want)
+
+
+@pytest.mark.parametrize("bits", (19, 32))
+@pytest.mark.parametrize("fn", em.FUNCTIONS)
+def test_correctly_rounded_random_grid_inputs(fn: str, bits: int) -> None:
+    gen = np.random.default_rng(abs(hash((fn, bits))) % 2**32)
+    x = _domain_inputs(fn, _grid_values(gen, 40, bits, lo=-6, hi=3))
+    exponent = 3.0 if fn == "pow" else None
+    xs = (_grid_values(gen, 40, bits, lo=-10, hi=10), x) if fn in TWO_ARGS else (x,)
+    _check(fn, bits, xs, exponent)
+
+
+HARD = {
+    "exp": [0.0, 2.0**-140, -(2.0**-60), 88.0, 88.7, -87.0, -103.0, -104.0, -745.0, -800.0, -1e30],
+    "log": [1.0, 1.0 + 2.0**-23, 1.0 - 2.0**-24, 2.0**-149, 3e38, 0.5, 2.0],
+    "tanh": [0.0, 2.0**-149, -(2.0**-130), 2.0**-20, 0.999, 1.0, 9.0, 9.1, -20.0, 600.5, -1e30],
+    "sigmoid": [0.0, 2.0**-149, -(2.0**-30), 17.0, 17.5, -90.0, -104.0, -110.0, 800.0, -800.0, 1e30],
+    "expm1": [0.0, 2.0**-149, -(2.0**-149), 2.0**-30, -17.0, -60.0, -800.0, 88.0],
+    "log1p": [0.0, 2.0**-149, -(2.0**-149), -0.5, 1e30, 2.0**-25],
+    "erf": [0.0, 2.0**-149, -(2.0**-130), 1e-20, 0.999, 1.0, 3.9, -4.0, 41.0, -1e30],
+    "sqrt": [0.0, 2.0**-149, 4.0, 2.0, 3e38, 1.0 + 2.0**-23],
+    "rsqrt": [2.0**-149, 4.0, 2.0, 3e38, 0.25, 1.0 + 2.0**-23],
+    "pow": [0.0, 1.0, -1.0, 1.5, -1.5, 2.0**-50, 5e12, -7e12, 2.0**-149],
+    "gelu": [0.0, 2.0**-149, -(2.0**-149), -0.75, 5.0, 9.0, -5.0, -10.0, -38.0, -39.0, 41.0, -50.0, 1e30],
+    "gelu_tanh": [0.0, 2.0**-149, -(2.0**-149), 5.0, -5.0, -7.0, -10.0, 29.0, 31.0, -31.0, 1e30, -1e30],
+    "gelu_backward": [0.0, 2.0**-149, -0.75, -0.7517916, -0.75179, 1.9, 2.0, -1.0, -0.99, 6.0, -6.0, 12.0,
+                      -12.0, 39.0, -39.0, 41.0, -41.0, -1e30],
+    "gelu_tanh_backward": [0.0, 2.0**-149, -0.75, -0.7525, 1.99, 2.0, -2.0, -1.99, 5.0, -5.0, 29.0, -29.0,
+                           31.0, -31.0, 1e30],
+}
+
+
+@pytest.mark.parametrize("bits", (19, 32))
+@pytest.mark.parametrize("fn", em.FUNCTIONS)
+def test_correctly_rounded_hard_cases(fn: str, bits: int) -> None:
+    x = np.array(HARD[fn], dtype=np.float32).astype(np.float64)  # on the FP32 grid; exact in float64
+    x = x[np.array([ref_round(v, bits - 9) == v for v in x.tolist()])]  # on this grid too
+    if fn in TWO_ARGS:
+        for g in (1.0, -3.0, 2.0**-140, 2.0**100):
+            _check(fn, bits, (np.full(x.size, g), x))
+        return
+    for exponent in ((3.0, -1.0, 2.0, 0.5, 1.5, 0.0) if fn == "pow" else (None,)):
+        xs = x if exponent is None or exponent >= 1 or exponent == 0 else x[x > 0]
+        if exponent is not None and exponent != int(exponent):
+            xs = xs[xs > 0]
+        _check(fn, bits, (xs,), exponent)
+
+
+def test_gelu_backward_near_its_root() -> None:
+    # d/dx gelu has a root near -0.7517916: the two terms cancel; walk across it ulp by ulp.
+    root = np.float32(-0.7517916)
+    xs = np.array([float(root + np.float32(k) * np.spacing(root)) for k in range(-20, 21)])
+    for bits in (19, 32):
+        xg = np.array([v for v in xs.tolist() if ref_round(v, bits - 9) == v])
+        _check("gelu_backward", bits, (np.ones_like(xg), xg))
+        _check("gelu_tanh_backward", bits, (np.ones_like(xg), xg))
+    got = em.correctly_rounded("gelu_backward", 32, np.ones(41), xs)
+    assert (got < 0).any() and (got > 0).any() and np.abs(got).min() < 1e-6  # the root is crossed
+
+
+def test_exact_ties_of_powers_roots_and_halves() -> None:
+    # x^3 exactly on a midpoint: 1.5^3 = 3.375 lies between 3.25 (odd) and 3.5 (even) on the 3-bit grid.
+    cr = em.correctly_rounded
+    assert cr("pow", 12, np.array([1.5, -1.5]), exponent=3.0).tolist() == [3.5, -3.5]
+    # 1.5^2 = 2.25 between 2 (even) and 2.5 on the 2-bit grid; 2.25^1.5 = 3.375 again (exact root).
+    assert cr("pow", 11, np.array([1.5]), exponent=2.0).tolist() == [2.0]
+    assert cr("pow", 12, np.array([2.25]), exponent=1.5).tolist() == [3.5]
+    # 13^3 = 2197 has 12 significant bits: a midpoint on the 10-bit-mantissa grid (bits = 19).
+    assert cr("pow", 19, np.array([13.0]), exponent=3.0).tolist() == [ref_round_q(Fraction(2197), 10)]
+    assert ref_round_q(Fraction(2197), 10) == 2196.0
+    # sqrt of a squared midpoint: (1 + 2^-24)^2 is a float64; its root is the tie between 1 and 1 + 2^-23.
+    mid = 1.0 + 2.0**-24
+    assert cr("sqrt", 32, np.array([mid * mid])).tolist() == [1.0]
+    mid_odd = 1.0 + 3 * 2.0**-24  # between 1 + 2^-23 (odd) and 1 + 2^-22 (even)
+    assert cr("sqrt", 32, np.array([mid_odd * mid_odd])).tolist() == [1.0 + 2.0**-22]
+    assert cr("pow", 32, np.array([mid_odd * mid_odd]), exponent=0.5).tolist() == [1.0 + 2.0**-22]
+    assert cr("rsqrt", 32, np.array([0.25, 2.0**-148])).tolist() == [2.0, 2.0**74]
+    # gelu_backward(g, 0) = g / 2 exactly: on the subnormal grid g / 2 is a tie.
+    tiny = 2.0**-149
+    got = cr("gelu_backward", 32, np.array([tiny, 3 * tiny, -tiny]), np.zeros(3))
+    assert got.tolist() == [0.0, 2 * tiny, 0.0] and math.copysign(1, got[2]) == 1.0
+    assert cr("gelu_tanh_backward", 32, np.array([3 * tiny]), np.zeros(1)).tolist() == [2 * tiny]
+    # sigmoid(0) = 1/2, exp(0) = 1, and the results of the odd functions at 0 are +0.0
+    assert cr("sigmoid", 10, np.zeros(1)).tolist() == [0.5]
+    assert cr("exp", 10, np.array([0.0, -0.0])).tolist() == [1.0, 1.0]
+    for fn in ("tanh", "erf", "expm1", "log1p", "gelu", "gelu_tanh", "sqrt"):
+        r = cr(fn, 32, np.array([-0.0]))
+        assert r.tolist() == [0.0] and math.copysign(1, r[0]) == 1.0
+
+
+def test_saturation_on_a_midpoint_input() -> None:
+    # Inputs off the output grid: gelu(x) = x - (tiny) for large x, so a midpoint x rounds toward zero,
+    # and g * gelu'(x) = g * (1 + tiny) rounds away from zero. 300 bits could not see the tiny part.
+    for bits in (10, 19):
+        for big in (50.0, 1e6, 1e30):
+            g = float(np.float32(big))
+            g = ref_round(g, bits - 9)
+            mid = _midpoint(g, bits)
+            assert em.correctly_rounded("gelu", bits, np.array([mid])).tolist() == [g]
+            assert em.correctly_rounded("gelu_tanh", bits, np.array([mid])).tolist() == [g]
+            above = 2 * mid - g  # the upper neighbour
+            assert em.correctly_rounded("gelu_backward", bits, np.array([mid]), np.array([45.0])).tolist() == [above]
+            assert em.correctly_rounded("gelu_tanh_backward", bits, np.array([mid]), np.array([45.0])).tolist() == [above]
+            assert em.correctly_rounded("erf", bits, np.array([45.0])).tolist() == [1.0]
+
+
+def test_correctly_rounded_broadcast_float32_and_context() -> None:
+    prec = mpmath.mp.prec
+    x = np.array([[0.5, -1.25], [3.0, 0.0]], dtype=np.float32)
+    got = em.correctly_rounded("gelu_backward", 19, np.float64(2.0), x)
+    assert got.shape == (2, 2) and got.dtype == np.float64
+    want = [_ref("gelu_backward", 19, (2.0, float(v)), None) for v in x.reshape(-1).tolist()]
+    assert got.reshape(-1).tolist() == want
+    assert mpmath.mp.prec == prec  # the caller's mpmath precision is untouched
+
+
+@pytest.mark.parametrize(
+    ("fn", "x", "kw"),
+    [("log", 0.0, {}), ("log", -1.0, {}), ("log1p", -1.0, {}), ("rsqrt", 0.0, {}), ("rsqrt", -2.0, {}),
+     ("sqrt", -1e-30, {}), ("pow", -2.0, {"exponent": 0.5}), ("pow", 0.0, {"exponent": -1.0})],
+)
+def test_domain_errors_name_the_function(fn: str, x: float, kw: dict) -> None:
+    with pytest.raises(em.ExactDomainError, match=fn) as err:
+        em.correctly_rounded(fn, 32, np.array([1.0, x]), **kw)
+    assert isinstance(err.value, GridOverflowError)  # the engine treats it as divergence
+
+
+def test_overflow_and_bad_calls() -> None:
+    cr = em.correctly_rounded
+    for fn, x in (("exp", 89.0), ("exp", 1e30), ("expm1", 100.0), ("gelu", 3.5e38), ("pow", 1e20)):
+        with pytest.raises(GridOverflowError):
+            cr(fn, 32, np.array([x]), exponent=2.0 if fn == "pow" else None)
+    with pytest.raises(em.ExactDomainError, match="NaN or infinity"):
+        cr("exp", 32, np.array([np.nan]))
+    with pytest.raises(em.ExactDomainError, match="NaN or infinity"):
+        cr("gelu_backward", 32, np.array([np.inf]), np.array([1.0]))
+    with pytest.raises(em.ExactMathError, match="unknown function 'cos'"):
+        cr("cos", 32, np.ones(1))
+    with pytest.raises(em.ExactMathError, match="expected 2 input arrays"):
+        cr("gelu_backward", 32, np.ones(1))
+    with pytest.raises(em.ExactMathError, match="exponent"):
+        cr("pow", 32, np.ones(1))
+    with pytest.raises(em.ExactMathError, match="exponent"):
+        cr("exp", 32, np.ones(1), exponent=2.0)
+
+
+def test_reference_is_independent_of_the_module() -> None:
+    # Sanity of the test oracle itself: a value mpmath knows in closed form.
+    assert mp_value("exp", (0.0,)) == 1
+    assert ref_round_q(Fraction(1, 3), 23) == float(np.float32(1 / 3))
