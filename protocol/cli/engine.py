@@ -114,7 +114,8 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
           threads: int | None) -> None:
     """Train a spec on the FP32 grid, log ambiguous roundings, and commit to every step.
 
-    Writes the run directory (spec, a state and a rounding log per step, leaves, metrics) and
+    Writes the run directory (spec, a rounding log per step, a state and a leaf per step or,
+    with the spec's checkpoint_interval k > 1, after every k-th and the last step, metrics) and
     ends with the commitment `root=0x… size=N` (also in OUT/commitment.json).
 
     \b
@@ -154,10 +155,11 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
 @THREADS_OPTION
 @cli_errors
 def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: int, threads: int | None) -> None:
-    """Replay a trainer's run from its spec and compare every step's leaf.
+    """Replay a trainer's run from its spec and compare every leaf.
 
     Ends with `MATCH root=0x…` (exit 0) or `DIVERGED step=K …` (exit 1) at the first differing
-    leaf; after a divergence the audit continues honestly to give its own root of the same size.
+    leaf (`DIVERGED leaf=I steps=A..B …` for a checkpoint interval k > 1); after a divergence the
+    audit continues honestly to give its own root of the same size.
 
     \b
     Examples:

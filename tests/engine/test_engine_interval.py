@@ -19,7 +19,7 @@ from vtrain.faults import Fault
 from vtrain.intervals import INTERVAL_BATCH_TAG, INTERVAL_LOG_TAG, Intervals, interval_record
 from vtrain.leaves import keccak256
 from vtrain.run import Run, RunError, TamperedFileError, decode_step_hashes, encode_leaves, encode_step_hashes
-from vtrain.spec import SpecError
+from vtrain.spec import SpecError, to_toml
 from vtrain.state import decode_state
 from vtrain.train import train
 
@@ -167,10 +167,10 @@ def test_a_log_the_trainer_committed_in_an_interval_but_cannot_be_replayed(run_k
 
 def test_resume_mid_interval_redoes_the_partial_interval(run_k4, tmp_path):
     out = tmp_path / "run"
-    first = train(SPEC, out, spec_toml=(run_k4 / "spec.toml").read_text(), steps=6)   # stops inside interval 2
+    first = train(SPEC, out, spec_toml=to_toml(SPEC), steps=6)   # stops inside interval 2
     assert (first.size, first.resumed_from) == (2, -1)
     assert len(Run.open(out).metrics()) == 6 and Run.open(out).steps == 4
-    second = train(SPEC, out, spec_toml=(run_k4 / "spec.toml").read_text())
+    second = train(SPEC, out, spec_toml=to_toml(SPEC))
     assert second.resumed_from == 4 and second.root == "0x" + Run.open(run_k4).root.hex()
     assert [m["step"] for m in Run.open(out).metrics()] == list(range(1, 11))
     assert (out / "steps.bin").read_bytes() == (run_k4 / "steps.bin").read_bytes()
@@ -183,7 +183,7 @@ def test_a_crash_between_steps_bin_and_leaves_bin_resumes(run_k4, tmp_path):
     assert Run.open(out).steps == 8
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 11, "lo')
-    result = train(SPEC, out, spec_toml=(out / "spec.toml").read_text())
+    result = train(SPEC, out, spec_toml=to_toml(SPEC))
     assert result.resumed_from == 8 and result.root == "0x" + run.root.hex()
     assert [m["step"] for m in Run.open(out).metrics()] == list(range(1, 11))
 
@@ -208,3 +208,12 @@ def test_cli_inspect_shows_the_interval(run_k4):
     assert "interval:   a leaf every 4 steps and after the last (4 of 4 leaves written)" in r.stdout
     assert "steps:      10 of 10" in r.stdout and "size=4" in r.stdout
     assert "verified:   4 states and 10 logs match their leaves" in r.stdout
+
+
+@pytest.mark.slow
+def test_two_processes_train_and_audit_an_interval_run(tmp_path):
+    spec = example("mlp", steps=5, shards=2, checkpoint_interval=2)
+    result = train(spec, tmp_path / "r2", spec_toml=to_toml(spec), workers=2)
+    assert result.size == 4 and result.root == train(spec, tmp_path / "r1", spec_toml=to_toml(spec)).root
+    report = audit(Run.open(tmp_path / "r2"), emulated_devices()[0], workers=2)
+    assert report.matched and report.size == 4, report.divergence
