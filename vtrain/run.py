@@ -106,8 +106,8 @@ def decode_step_hashes(data: bytes, source: str) -> list[tuple[bytes, bytes]]:
     if len(data) != _LEAVES_HEADER.size + count * STEP_RECORD_SIZE:
         raise RunError(f"{source}: says {count} steps but holds {len(data) - _LEAVES_HEADER.size} bytes of "
                        f"records; {fix}")
-    body = data[_LEAVES_HEADER.size:]
-    return [(body[i * 64:i * 64 + 32], body[i * 64 + 32:i * 64 + 64]) for i in range(count)]
+    body, n = data[_LEAVES_HEADER.size:], STEP_RECORD_SIZE
+    return [(body[i * n:i * n + 32], body[i * n + 32:(i + 1) * n]) for i in range(count)]
 
 
 def index_files(spec: Spec) -> tuple[str, ...]:
