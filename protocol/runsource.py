@@ -93,7 +93,7 @@ class RunSource:
                 for t in run.intervals.steps_of(i):
                     # with an interval, the leaf covers the step through steps.bin: name the step too
                     self._fetch_checked(run, i, run.log_path(t), lambda: run.read_log_bytes(t),
-                                        f" (step {t})" if run.intervals.k > 1 else "")
+                                        detail=f" (step {t})" if run.intervals.k > 1 else "")
         return run
 
     def fetch_for_audit(self) -> Run:
@@ -106,7 +106,7 @@ class RunSource:
         self.fetch_leaves([leaf - 1], states=True, logs=False)
         return self.fetch_leaves([leaf], states=False, logs=True)
 
-    def _fetch_checked(self, run: Run, leaf: int, path: Path, read: Callable[[], bytes], step: str = "") -> None:
+    def _fetch_checked(self, run: Run, leaf: int, path: Path, read: Callable[[], bytes], detail: str = "") -> None:
         rel = path.relative_to(run.path).as_posix()
         if self.base:
             self._download(rel)  # always fresh: a cached copy may be from an earlier run at this URL
@@ -115,7 +115,7 @@ class RunSource:
         except TamperedFileError:
             if self.base:
                 path.unlink(missing_ok=True)  # never keep a bad copy around as if it were the run
-            raise TamperedRunError(f"{self.describe(rel)}: does not hash to what leaf {leaf} commits to{step}; the "
+            raise TamperedRunError(f"{self.describe(rel)}: does not hash to what leaf {leaf} commits to{detail}; the "
                                    f"trainer's file was modified or corrupted", rel) from None
         except RunError:
             raise RunSourceError(f"{self.describe(rel)}: missing from the trainer's run") from None

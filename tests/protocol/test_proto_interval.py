@@ -13,7 +13,7 @@ from protokit import (CLOCK, ETHER, REFEREE_WINDOW, REPO, WINDOW, Chain, auditor
 from protocol.agents.driver import drive
 from protocol.chain import EndReason, GameStatus, JobStatus
 from protocol.roles import Client, terms_for
-from protocol.runsource import RunSource
+from protocol.runsource import RunSource, RunSourceError, TamperedRunError
 
 K = 4
 STEPS = 14        # leaves after steps 0, 4, 8, 12, 14: a tree of 5 leaves
@@ -51,6 +51,21 @@ def test_terms_count_leaves_not_steps(interval_runs: dict) -> None:
     terms = terms_for(interval_runs["spec"], referee="0x" + "11" * 20, challenge_window=WINDOW, clock_per_side=CLOCK,
                       referee_window=REFEREE_WINDOW, trainer_bond=ETHER, challenger_bond=ETHER // 2)
     assert (terms.num_steps, terms.size) == (4, 5)
+
+
+def test_a_served_interval_run_names_a_tampered_log_and_its_step(interval_runs: dict, tmp_path: Path,
+                                                                 serve) -> None:
+    url, served = serve(interval_runs["honest"], tmp_path)
+    run = RunSource(url, tmp_path / "ok").fetch_for_replay(2)
+    assert run.size == 5 and run.steps == STEPS and len(run.step_hashes) == STEPS
+    path = served / "logs" / "000007.vlog"
+    path.write_bytes(path.read_bytes() + b"\0")
+    with pytest.raises(TamperedRunError, match=rf"{url}logs/000007.vlog: does not hash to what leaf 2 commits to "
+                                               r"\(step 7\)"):
+        RunSource(url, tmp_path / "bad").fetch_for_replay(2)
+    (served / "steps.bin").unlink()
+    with pytest.raises(RunSourceError, match=rf"{url}steps.bin: not found"):
+        RunSource(url, tmp_path / "none").open()
 
 
 def test_a_k4_dispute_isolates_the_interval_and_the_honest_side_wins(tester_chain: Chain, interval_runs: dict,
