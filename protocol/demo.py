@@ -14,7 +14,9 @@ Every role is a separate key and an agent of protocol.agents (the code `vtrain w
 in turn in this process; when a full round of agents has nothing to send, the chain clock is moved
 on (windows and clocks are minutes long, the demo takes seconds). `run_demo` returns a summary:
 per story the transactions with their gas and the time split into training, auditing, on-chain
-moves and the referee's replay, and the fault step next to the step the game isolated.
+moves and the referee's replay, and the fault step next to the step the game isolated. With a
+spec whose checkpoint_interval k > 1 a game isolates a leaf, the interval holding the fault step
+(`fault_leaf`), and the referee replays that interval.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from protocol.roles import Auditor, Client, Referee, SentTx, Trainer, terms_for
 from protocol.roles.network import connect, fund
 from protocol.runsource import RunSource
 from vtrain.errors import VtrainError
+from vtrain.intervals import Intervals
 
 if TYPE_CHECKING:  # torch-free at import: the CLI lists commands without loading the engine
     from vtrain.run import Run
@@ -201,6 +204,7 @@ def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = quiet) -> 
     spec = dataclasses.replace(load_spec(options.spec), steps=options.steps)
     fault_step = options.fault_step or max(1, 2 * options.steps // 3)
     liar_step = options.liar_step or max(1, options.steps // 3)
+    intervals = Intervals(spec.steps, spec.checkpoint_interval)
     auditor_device = options.auditor_device or next(d.name for d in list_devices() if d.name.startswith("emu:"))
     work = Path(options.workdir)
     for sub in ("runs", "audits", "agents"):
@@ -235,6 +239,8 @@ def run_demo(options: DemoOptions = DemoOptions(), narrate: Narrate = quiet) -> 
         "referee_device": options.referee_device, "fault_step": fault_step,
         "isolated_step": stories["cheater"].isolated_step, "liar_step": liar_step,
         "liar_isolated_step": stories["liar"].isolated_step, "stories": [s.as_dict() for s in stories.values()],
+        "checkpoint_interval": spec.checkpoint_interval, "fault_leaf": intervals.leaf_of(fault_step),
+        "liar_leaf": intervals.leaf_of(liar_step),
         "balances_wei": {k: stage.w3.eth.get_balance(a.address) - 100 * ETHER for k, a in stage.accounts.items()},
         "seconds": round(time.perf_counter() - t_start, 3),
     }
@@ -259,6 +265,7 @@ def _check(summary: dict) -> None:
     for name, prefix in expect.items():
         if not outcomes[name].startswith(prefix):
             raise DemoError(f"story {name} ended as {outcomes[name]!r}, expected {prefix}…")
-    if summary["isolated_step"] != summary["fault_step"] or summary["liar_isolated_step"] != summary["liar_step"]:
-        raise DemoError(f"the games isolated steps {summary['isolated_step']} and {summary['liar_isolated_step']}, "
-                        f"but the faults are at {summary['fault_step']} and {summary['liar_step']}")
+    if summary["isolated_step"] != summary["fault_leaf"] or summary["liar_isolated_step"] != summary["liar_leaf"]:
+        raise DemoError(f"the games isolated leaves {summary['isolated_step']} and {summary['liar_isolated_step']}, "
+                        f"but the faults are at steps {summary['fault_step']} and {summary['liar_step']}, in leaves "
+                        f"{summary['fault_leaf']} and {summary['liar_leaf']}")

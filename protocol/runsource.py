@@ -2,7 +2,8 @@
 
 A URL is any static file server exposing the run directory's layout (`python -m http.server` in
 the run's parent is enough). Files are fetched into a local cache directory on demand, so the
-referee downloads only the two files of the step it replays. Nothing fetched is trusted: every
+referee downloads only what the leaf it replays needs: the state of the leaf before it and the logs
+of the leaf's steps (one step, or an interval of k steps). Nothing fetched is trusted: every
 state and log file is checked against the hash its step's leaf commits to, the leaves against the
 root committed on-chain (`check_commitment`), and a mismatch names the file and where it came from.
 """
@@ -15,13 +16,12 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from vtrain.errors import VtrainError
-from vtrain.run import Run, RunError, TamperedFileError, atomic_write
+from vtrain.run import Run, RunError, TamperedFileError, atomic_write, index_files
+from vtrain.spec import spec_from_json
 
-# The files every reader needs before it can check anything else, relative to the run directory.
-INDEX_FILES = ("spec.json", "leaves.bin")
 HTTP_TIMEOUT_S = 30.0
 HTTP_TRIES = 3
 
@@ -66,48 +66,57 @@ class RunSource:
         """Fetch the spec and leaves (always fresh for a URL) and open the run."""
         if self._run is None:
             if self.base:
-                for rel in INDEX_FILES:
+                self._download("spec.json")
+                try:   # which index files there are depends on the spec (its checkpoint interval)
+                    spec = spec_from_json((self.local / "spec.json").read_text(encoding="utf-8"),
+                                          self.describe("spec.json"))
+                except VtrainError as e:
+                    raise RunSourceError(f"run at {self.location} is unusable: {e}") from None
+                for rel in index_files(spec)[1:]:
                     self._download(rel)
             try:
                 self._run = Run.open(self.local)
             except TamperedFileError as e:
-                raise TamperedRunError(f"{self.describe('leaves.bin')}: {e}", "leaves.bin") from None
+                rel = e.path.name if e.path is not None else "leaves.bin"
+                raise TamperedRunError(f"{self.describe(rel)}: {e}", rel) from None
             except RunError as e:
                 raise RunSourceError(f"run at {self.location} is unusable: {e}") from None
         return self._run
 
-    def fetch_steps(self, steps: Iterable[int], states: bool = True, logs: bool = True) -> Run:
-        """Make the state and/or log files of `steps` local and check each against its leaf."""
+    def fetch_leaves(self, leaves: Iterable[int], states: bool = True, logs: bool = True) -> Run:
+        """Make the state files of `leaves` and/or the logs of their steps local, each checked."""
         run = self.open()
-        for t in steps:
+        for i in leaves:
             if states:
-                self._fetch_checked(run, t, run.state_path(t), run.read_state)
-            if logs and t >= 1 and run.has_logs:
-                self._fetch_checked(run, t, run.log_path(t), run.read_log_bytes)
+                self._fetch_checked(run, i, run.state_path(i), lambda: run.read_state(i))
+            if logs and run.has_logs:
+                for t in run.intervals.steps_of(i):
+                    # with an interval, the leaf covers the step through steps.bin: name the step too
+                    self._fetch_checked(run, i, run.log_path(t), lambda: run.read_log_bytes(t),
+                                        detail=f" (step {t})" if run.intervals.k > 1 else "")
         return run
 
     def fetch_for_audit(self) -> Run:
         """What an auditor replays from: the spec, the leaves and every step's log."""
         run = self.open()
-        return self.fetch_steps(range(1, run.size), states=False, logs=True)
+        return self.fetch_leaves(range(1, run.size), states=False, logs=True)
 
-    def fetch_for_replay(self, step: int) -> Run:
-        """What a referee replays one step from: the state before it and its log."""
-        run = self.open()
-        self.fetch_steps([step - 1], states=True, logs=False)
-        return self.fetch_steps([step], states=False, logs=True)
+    def fetch_for_replay(self, leaf: int) -> Run:
+        """What a referee replays one leaf from: the state of the leaf before it and its steps' logs."""
+        self.fetch_leaves([leaf - 1], states=True, logs=False)
+        return self.fetch_leaves([leaf], states=False, logs=True)
 
-    def _fetch_checked(self, run: Run, t: int, path: Path, read) -> None:
+    def _fetch_checked(self, run: Run, leaf: int, path: Path, read: Callable[[], bytes], detail: str = "") -> None:
         rel = path.relative_to(run.path).as_posix()
         if self.base:
             self._download(rel)  # always fresh: a cached copy may be from an earlier run at this URL
         try:
-            read(t)
+            read()
         except TamperedFileError:
             if self.base:
                 path.unlink(missing_ok=True)  # never keep a bad copy around as if it were the run
-            raise TamperedRunError(f"{self.describe(rel)}: does not hash to what leaf {t} commits to; the trainer's "
-                                   f"file was modified or corrupted", rel) from None
+            raise TamperedRunError(f"{self.describe(rel)}: does not hash to what leaf {leaf} commits to{detail}; the "
+                                   f"trainer's file was modified or corrupted", rel) from None
         except RunError:
             raise RunSourceError(f"{self.describe(rel)}: missing from the trainer's run") from None
 

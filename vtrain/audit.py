@@ -5,6 +5,11 @@ every step with the trainer's log of that step, computes its own leaves and comp
 trainer's. At the first differing leaf it reports the divergence, then continues honestly (its own
 log, record mode) so that it ends with its own commitment of the same size, which is what it puts
 on-chain when it challenges.
+
+With a checkpoint interval k > 1 the auditor still replays every step with that step's log, but
+compares leaves per interval: a divergence names the first differing leaf and the steps it covers
+(and, when a log was rejected, the step). The referee's tool replays one interval the same way,
+from the trainer's state of the leaf before it.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from vtrain.intervals import interval_record
 from vtrain.leaves import LeafRecord, hex0x, keccak256
 from vtrain.merkle import MerkleTree
 from vtrain.parallel import SINGLE, Group, ShardLogRejected, check_workers, run_workers
@@ -27,11 +33,14 @@ from vtrain.train import StepResult, TrainingSession
 
 @dataclass
 class Divergence:
-    step: int
+    step: int       # the first differing leaf (the step itself when checkpoint_interval = 1)
     reason: str     # what differs: "state", "log", "batch", or the replay error's message
+    steps: range = range(0)   # the steps that leaf covers (k > 1)
 
     def __str__(self) -> str:
-        return f"DIVERGED step={self.step} {self.reason}"
+        if len(self.steps) <= 1:
+            return f"DIVERGED step={self.step} {self.reason}"
+        return f"DIVERGED leaf={self.step} steps={self.steps[0]}..{self.steps[-1]} {self.reason}"
 
 
 @dataclass
@@ -51,11 +60,15 @@ class AuditReport:
         return self.divergence is None and self.root == self.trainer_root
 
 
-def _differing_parts(ours: LeafRecord, theirs: LeafRecord) -> str:
+def _differing_parts(ours: LeafRecord, theirs: LeafRecord, run: Run, steps: range,
+                     step_hashes: list[tuple[bytes, bytes]]) -> str:
     parts = [name for name, a, b in (("state", ours.state_hash, theirs.state_hash),
                                       ("log", ours.log_hash, theirs.log_hash),
                                       ("batch", ours.batch_hash, theirs.batch_hash)) if a != b]
-    return "leaf differs: " + "+".join(parts) + " hash" + ("es" if len(parts) > 1 else "")
+    text = "leaf differs: " + "+".join(parts) + " hash" + ("es" if len(parts) > 1 else "")
+    # an interval's log and batch hashes cover several steps: say which step's differs first
+    differs = [t for t, mine in zip(steps, step_hashes) if mine != run.step_hashes[t - 1]]
+    return text + (f" (first at step {differs[0]})" if len(steps) > 1 and differs else "")
 
 
 def _replay(session: TrainingSession, run: Run, t: int) -> tuple[StepResult, str | None]:
@@ -103,10 +116,13 @@ def _audit_worker(group: Group, path: str, device: str, out: str | None, ignore_
 def _audit(group: Group, run: Run, device: str, out: str | Path | None, ignore_log: bool,
            progress: Callable[[int, StepResult], None] | None) -> AuditReport:
     session = TrainingSession(run.spec, device, group)
+    intervals = run.intervals
     records = [session.record()]
     divergence = None if records[0].leaf == run.records[0].leaf else Divergence(0, "initial state differs")
     report = AuditReport(hex0x(run.root), "", run.size, None)
-    for t in range(1, run.size):
+    hashes: list[tuple[bytes, bytes]] = []   # (log hash, batch hash) of the current interval's steps
+    notes: list[str] = []                    # why the trainer's log of a step in it was rejected
+    for t in range(1, run.steps + 1):
         if divergence is not None:
             result = session.step(t, "record")
             log_hash, note = result.log_hash, None
@@ -116,10 +132,18 @@ def _audit(group: Group, run: Run, device: str, out: str | Path | None, ignore_l
         else:
             result, note = _replay(session, run, t)
             log_hash = result.log_hash
-        record = LeafRecord(t, state_hash(session.state_bytes()), log_hash, result.batch_hash)
-        records.append(record)
-        if divergence is None and (note or record.leaf != run.records[t].leaf):
-            divergence = Divergence(t, note or _differing_parts(record, run.records[t]))
+        hashes.append((log_hash, result.batch_hash))
+        if note:   # the replay errors name the step
+            notes.append(note)
+        if intervals.ends_leaf(t):
+            leaf = intervals.leaf_of(t)
+            record = _leaf_record(session, leaf, hashes, intervals.k)
+            records.append(record)
+            if divergence is None and (notes or record.leaf != run.records[leaf].leaf):
+                steps = intervals.steps_of(leaf)
+                divergence = Divergence(leaf, notes[0] if notes else
+                                        _differing_parts(record, run.records[leaf], run, steps, hashes), steps)
+            hashes, notes = [], []
         report.corrections.append(int(result.stats.get("corrections", 0)))
         report.logged.append(int(result.stats.get("logged", 0)))
         report.log_bytes.append(len(result.log_bytes))
@@ -139,20 +163,27 @@ def _audit(group: Group, run: Run, device: str, out: str | Path | None, ignore_l
     return report
 
 
+def _leaf_record(session: TrainingSession, leaf: int, hashes: list[tuple[bytes, bytes]], k: int) -> LeafRecord:
+    return interval_record(leaf, state_hash(session.state_bytes()), [h[0] for h in hashes],
+                           [h[1] for h in hashes], k)
+
+
 def _report_json(report: AuditReport) -> dict:
     return {"matched": report.matched, "root": report.root, "size": report.size,
             "trainer_root": report.trainer_root,
             "divergence": None if report.divergence is None else
-            {"step": report.divergence.step, "reason": report.divergence.reason},
+            {"step": report.divergence.step, "reason": report.divergence.reason,
+             "steps": list(report.divergence.steps)},
             "corrections": report.corrections}
 
 
 @dataclass
 class StepReplay:
-    step: int
-    leaf: bytes           # the leaf an honest replay of the step produces
+    step: int             # the leaf replayed (the step itself when checkpoint_interval = 1)
+    leaf: bytes           # the leaf an honest replay of its interval produces
     trainer_leaf: bytes
-    note: str | None      # why the trainer's log was rejected, when it was
+    note: str | None      # why the trainer's log of a step was rejected, when it was
+    steps: range = range(0)   # the steps replayed
 
     @property
     def equal(self) -> bool:
@@ -160,17 +191,25 @@ class StepReplay:
 
 
 def replay_step_detail(run: Run, step: int, device: str = "cpu") -> StepReplay:
-    """Recompute step `step` from the trainer's state after step - 1 and the trainer's log of step."""
+    """Recompute leaf `step` (its interval's steps) from the trainer's state of leaf step - 1 and the
+    trainer's logs of those steps."""
     if not 1 <= step < run.size:
-        raise RunError(f"{run.path}: step {step} is outside 1..{run.size - 1}")
+        raise RunError(f"{run.path}: leaf {step} is outside 1..{run.size - 1}")
+    intervals = run.intervals
     session = TrainingSession(run.spec, device)
     session.load_state(run.read_state(step - 1), str(run.state_path(step - 1)))
-    if session.step_count != step - 1:
+    if session.step_count != intervals.last_step(step - 1):
         raise RunError(f"{run.state_path(step - 1)}: holds the state after step {session.step_count}")
-    result, note = _replay(session, run, step)
-    return StepReplay(step, session.record(result).leaf, run.records[step].leaf, note)
+    hashes, notes = [], []
+    for t in intervals.steps_of(step):
+        result, note = _replay(session, run, t)
+        hashes.append((result.log_hash, result.batch_hash))
+        if note:
+            notes.append(note)
+    record = _leaf_record(session, step, hashes, intervals.k)
+    return StepReplay(step, record.leaf, run.records[step].leaf, notes[0] if notes else None, intervals.steps_of(step))
 
 
 def replay_step(run: Run, step: int, device: str = "cpu") -> bytes:
-    """The referee's tool: the honest leaf of `step` (compare it with run.leaves[step])."""
+    """The referee's tool: the honest leaf `step` (compare it with run.leaves[step])."""
     return replay_step_detail(run, step, device).leaf

@@ -4,6 +4,9 @@ Leaf t = keccak256(b"vtrain.leaf.v1" ‖ uint64be(t) ‖ state_hash ‖ log_hash
 state hash covers the whole training state after step t (vtrain.state), the log hash is the content
 hash of step t's rounding log and the batch hash fixes which examples step t used. Leaf 0 is the
 initial state, with a zero log hash and a zero batch hash: the spec alone determines it.
+
+With a checkpoint interval k > 1, t is the leaf's index (interval t) and the log and batch hashes
+combine those of the interval's steps (vtrain.intervals); for k = 1 index and step coincide.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class LeafRecord:
     the step's leaf no longer matches.
     """
 
-    step: int
+    step: int            # the leaf's index: the step itself when checkpoint_interval = 1
     state_hash: bytes
     log_hash: bytes
     batch_hash: bytes

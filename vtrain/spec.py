@@ -68,7 +68,7 @@ class Spec:
     canonical_version: int = 1     # exact: version of the op decompositions that define the computation
     log_policy: str = "bound"      # bound (a-priori error bounds) | tau (the paper's threshold)
     tau: float = 0.25              # tau policy: log when |v - rounded| > tau grid ulps
-    checkpoint_interval: int = 1   # a state and a leaf every step (only 1 is supported)
+    checkpoint_interval: int = 1   # k: a state and a leaf after every k-th step and after the last one
 
     def __post_init__(self) -> None:
         _check(self)   # also guards dataclasses.replace: no Spec object is ever out of range
@@ -97,7 +97,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "batch_size": (1, 1 << 16),
     "layers": (1, 64), "heads": (1, 64), "d_model": (1, 1 << 14), "context": (1, 1 << 14), "stages": (1, 8),
     "blocks": (1, 16), "width": (1, 1024), "shards": (1, 1024), "steps": (1, 10_000_000), "seed": (0, (1 << 63) - 1),
-    "bits": (10, 32), "warmup_steps": (0, 10_000_000), "checkpoint_interval": (1, 1),
+    "bits": (10, 32), "warmup_steps": (0, 10_000_000), "checkpoint_interval": (1, 10_000_000),
     "canonical_version": (1, 1),
     "dropout": (0.0, 0.95), "lr": (0.0, 10.0), "momentum": (0.0, 1.0), "weight_decay": (0.0, 1.0),
     "beta1": (0.0, 1.0), "beta2": (0.0, 1.0), "eps": (0.0, 1.0), "min_lr": (0.0, 10.0), "tau": (0.0, 0.5),

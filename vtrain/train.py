@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from vtrain.data import batch_indices, load_dataset
 from vtrain.devices import get_device
 from vtrain.faults import Fault, perturb_weights, poison_labels
+from vtrain.intervals import Intervals
 from vtrain.leaves import ZERO_HASH, LeafRecord, batch_hash, keccak256
 from vtrain.models import build_model, dropout_masks
 from vtrain.models.norms import BatchNorm2d
@@ -86,12 +87,9 @@ class TrainingSession:
     def state_bytes(self) -> bytes:
         return encode_state(self.step_count, capture_state(self.model, self.optimizer))
 
-    def record(self, result: StepResult | None = None) -> LeafRecord:
-        """The leaf record of the current state (leaf 0 when `result` is None)."""
-        sh = state_hash(self.state_bytes())
-        if result is None:
-            return LeafRecord(self.step_count, sh, ZERO_HASH, ZERO_HASH)
-        return LeafRecord(self.step_count, sh, result.log_hash, result.batch_hash)
+    def record(self) -> LeafRecord:
+        """Leaf 0: the initial state, with no log and no batch (vtrain.intervals builds the others)."""
+        return LeafRecord(self.step_count, state_hash(self.state_bytes()), ZERO_HASH, ZERO_HASH)
 
     def load_state(self, data: bytes, source: str) -> None:
         step, tensors = decode_state(data, source)
@@ -237,7 +235,7 @@ class TrainResult:
     root: str
     size: int
     spec_hash: str
-    resumed_from: int   # the last complete step found in --out before this call (-1: fresh run)
+    resumed_from: int   # the last step committed in --out before this call (-1: fresh run)
 
 
 def train(spec: Spec, out: str | Path, *, spec_toml: str, device: str = "cpu", steps: int | None = None,
@@ -245,7 +243,8 @@ def train(spec: Spec, out: str | Path, *, spec_toml: str, device: str = "cpu", s
           workers: int = 1, threads: int = 1) -> TrainResult:
     """Train `spec` into the run directory `out` (resuming it if it holds an interrupted run).
 
-    `steps` stops after that step (at most spec.steps); the commitment then covers steps 0..steps.
+    `steps` stops after that step (at most spec.steps); the commitment then covers the leaves
+    complete by then (with checkpoint_interval k > 1 a partial interval is redone on resuming).
     With `workers` > 1 the spec's shards are shared out over that many processes (each with
     `threads` torch threads); the run is bit-identical to the single-process one. `progress` is
     only called in a single process.
@@ -266,18 +265,20 @@ def _train(group: Group, spec: Spec, out: str | Path, spec_toml: str, device: st
     session = TrainingSession(spec, device, group)   # first: an unknown device must not leave a directory behind
     writer = RunWriter(out, spec, spec_toml) if group.rank == 0 else None
     # process 0 owns the directory; the others learn where it stands before anything is written
-    resumed_from = group.all_gather(writer.last_step if writer is not None else None)[0]
-    if resumed_from >= 0:
+    resumed_leaf, resumed_from = group.all_gather((writer.last_leaf, writer.last_step) if writer is not None
+                                                  else None)[0]
+    if resumed_leaf >= 0:   # a partial interval after the last leaf is redone from that leaf's state
         run = Run.open(out)
-        session.load_state(run.read_state(resumed_from), str(run.state_path(resumed_from)))
+        session.load_state(run.read_state(resumed_leaf), str(run.state_path(resumed_leaf)))
     elif writer is not None:
-        writer.write_step(session.record(), session.state_bytes(), None, None)
-    for t in range(resumed_from + 1 if resumed_from >= 0 else 1, last + 1):
+        writer.write_leaf(session.state_bytes())
+    intervals = Intervals(spec.steps, spec.checkpoint_interval)
+    for t in range(max(resumed_from, 0) + 1, last + 1):
         result = session.step(t, "record", fault=by_step.get(t))
         if writer is not None:
-            state = session.state_bytes()
-            writer.write_step(LeafRecord(t, state_hash(state), result.log_hash, result.batch_hash),
-                              state, result.log_bytes or None, result.metrics())
+            writer.write_log(t, result.log_bytes, result.batch_hash, result.metrics())
+            if intervals.ends_leaf(t):
+                writer.write_leaf(session.state_bytes())
         if progress is not None:
             progress(t, result)
     if writer is None:

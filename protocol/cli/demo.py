@@ -72,6 +72,8 @@ def _print_table(summary: dict[str, Any]) -> None:
                       f"{sec['auditing']:.2f}", f"{sec['onchain']:.2f}", f"{sec['replay']:.2f}")
     console = Console(width=max(Console().width, 110))  # one line per story even when piped
     console.print(table)
-    console.print(f"fault at step {summary['fault_step']}, game isolated step {summary['isolated_step']}; "
+    # with a checkpoint interval k > 1 a game isolates a leaf, the interval holding the fault step
+    unit = "step" if summary["checkpoint_interval"] == 1 else f"leaf (k = {summary['checkpoint_interval']})"
+    console.print(f"fault at step {summary['fault_step']}, game isolated {unit} {summary['isolated_step']}; "
                   f"liar wrong from step {summary['liar_step']}, isolated {summary['liar_isolated_step']}; "
                   f"total {summary['seconds']:.1f} s")

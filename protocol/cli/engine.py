@@ -114,7 +114,8 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
           threads: int | None) -> None:
     """Train a spec on the FP32 grid, log ambiguous roundings, and commit to every step.
 
-    Writes the run directory (spec, a state and a rounding log per step, leaves, metrics) and
+    Writes the run directory (spec, a rounding log per step, a state and a leaf per step or,
+    with the spec's checkpoint_interval k > 1, after every k-th and the last step, metrics) and
     ends with the commitment `root=0x… size=N` (also in OUT/commitment.json).
 
     \b
@@ -155,10 +156,11 @@ def train(spec: Path, out: Path, device: str, steps: int | None, faults: tuple[s
 @THREADS_OPTION
 @cli_errors
 def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: int, threads: int | None) -> None:
-    """Replay a trainer's run from its spec and compare every step's leaf.
+    """Replay a trainer's run from its spec and compare every leaf.
 
     Ends with `MATCH root=0x…` (exit 0) or `DIVERGED step=K …` (exit 1) at the first differing
-    leaf; after a divergence the audit continues honestly to give its own root of the same size.
+    leaf (`DIVERGED leaf=I steps=A..B …` for a checkpoint interval k > 1); after a divergence the
+    audit continues honestly to give its own root of the same size.
 
     \b
     Examples:
@@ -173,7 +175,7 @@ def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: i
     if workers > 1:
         report = run_audit(r, device, out=out, ignore_log=ignore_log, workers=workers, threads=threads or 1)
     else:
-        with _Progress(r.size - 1, "audit") as bar:
+        with _Progress(r.steps, "audit") as bar:
             report = run_audit(r, device, out=out, ignore_log=ignore_log, progress=bar)
     corr = report.corrections
     nonzero = [f"{t}:{c}" for t, c in enumerate(corr, start=1) if c]
@@ -204,10 +206,12 @@ def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: i
 @THREADS_OPTION
 @cli_errors
 def replay_step(run: Path, step: int, device: str, threads: int | None) -> None:
-    """Recompute one step from the trainer's state before it and its log (the referee's tool).
+    """Recompute one leaf from the trainer's state before it and its logs (the referee's tool).
 
-    Prints `leaf=0x…` and whether it equals the trainer's leaf of STEP (exit 0 equal, 1 different).
-    The state before STEP is checked against the trainer's leaf STEP-1 first.
+    STEP is a leaf index: the step itself when the spec's checkpoint_interval is 1; with an
+    interval k > 1, leaf STEP covers steps (STEP-1)k+1 .. STEPk, which are all replayed (this is
+    the "step" an on-chain dispute isolates). Prints `leaf=0x…` and whether it equals the trainer's
+    leaf STEP (exit 0 equal, 1 different). The state before is checked against leaf STEP-1 first.
 
     \b
     Examples:
@@ -220,10 +224,11 @@ def replay_step(run: Path, step: int, device: str, threads: int | None) -> None:
     click.echo(f"leaf=0x{r.leaf.hex()}")
     if r.note:
         click.echo(r.note)
+    covers = f" (steps {r.steps[0]}..{r.steps[-1]})" if len(r.steps) > 1 else ""
     if r.equal:
-        click.echo(f"equal to the trainer's leaf {step}")
+        click.echo(f"equal to the trainer's leaf {step}{covers}")
         return
-    click.echo(f"DIFFERENT from the trainer's leaf {step} (0x{r.trainer_leaf.hex()})")
+    click.echo(f"DIFFERENT from the trainer's leaf {step}{covers} (0x{r.trainer_leaf.hex()})")
     sys.exit(1)
 
 
@@ -245,8 +250,11 @@ def inspect(run: Path, verify: bool) -> None:
     click.echo(f"spec_hash:  0x{r.spec_hash.hex()}")
     click.echo("spec:       " + " ".join(f"{k}={v}" for k, v in sorted(vars(r.spec).items())))
     click.echo(f"steps:      {r.steps} of {r.spec.steps}")
+    k = r.spec.checkpoint_interval
+    click.echo(f"interval:   {'a leaf every step' if k == 1 else f'a leaf every {k} steps and after the last'}"
+               f" ({r.size} of {r.intervals.size} leaves written)")
     click.echo(f"root:       0x{r.root.hex()}  size={r.size}")
-    sizes = [r.log_path(t).stat().st_size for t in range(1, r.size) if r.log_path(t).exists()]
+    sizes = [r.log_path(t).stat().st_size for t in range(1, r.steps + 1) if r.log_path(t).exists()]
     if sizes:
         click.echo(f"log bytes:  total={sum(sizes)} mean/step={sum(sizes) / len(sizes):.0f} max={max(sizes)}")
     m = r.metrics()
@@ -265,5 +273,5 @@ def inspect(run: Path, verify: bool) -> None:
     if verify:
         for t in range(r.size):
             r.verify_files(t)
-        logs = f" and {r.size - 1} logs" if r.has_logs else ""
+        logs = f" and {r.steps} logs" if r.has_logs else ""
         click.echo(f"verified:   {r.size} states{logs} match their leaves")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from protocol.chain import JobStatus, JobTerms
 from protocol.roles.base import Role, RoleError
 from protocol.roles.tx import SentTx
+from vtrain.intervals import Intervals
 from vtrain.spec import Spec
 
 
@@ -17,8 +18,13 @@ def initial_leaf(spec: Spec) -> bytes:
 
 def terms_for(spec: Spec, *, referee: str, challenge_window: int, clock_per_side: int, referee_window: int,
               trainer_bond: int, challenger_bond: int) -> JobTerms:
-    """The on-chain terms of a job training `spec` (its hash, leaf 0 and number of steps)."""
-    return JobTerms(spec.hash, initial_leaf(spec), referee, spec.steps, challenge_window, clock_per_side,
+    """The on-chain terms of a job training `spec` (its hash, leaf 0 and number of steps).
+
+    The contract's "steps" are the tree's leaves after leaf 0: the spec's steps when its
+    checkpoint_interval is 1, its intervals otherwise (a dispute then isolates one interval).
+    """
+    leaves = Intervals(spec.steps, spec.checkpoint_interval).size
+    return JobTerms(spec.hash, initial_leaf(spec), referee, leaves - 1, challenge_window, clock_per_side,
                     referee_window, trainer_bond, challenger_bond)
 
 

@@ -1,5 +1,8 @@
 """The referee: replays the one isolated step of a game and says whose post-leaf is right.
 
+The isolated "step" is a leaf index: one optimizer step when the spec's checkpoint_interval is 1,
+an interval of k steps otherwise (all of them are replayed, from the state of the leaf before).
+
 The referee needs the trainer's run (its state before the step and the step's rounding log), from
 wherever the trainer publishes it. Its verdict rule:
 - the trainer's published leaves must be the tree it committed and its state file must hash to the

@@ -116,3 +116,15 @@ def test_exact_run_trained_by_4_processes_is_audited_by_1_and_by_2(tmp_path):
     for workers, device in ((1, emulated_devices()[0]), (2, "cpu")):
         report = audit(run, device, workers=workers)
         assert report.matched, f"{workers} process(es) on {device}: {report.divergence}"
+
+
+def test_exact_run_with_a_checkpoint_interval(runs):
+    spec = _exact("scale/mlp", steps=11, checkpoint_interval=4)
+    path = runs.get(spec, "cpu")
+    run = Run.open(path)
+    assert run.size == 4 and all(r.log_hash == ZERO_HASH for r in run.records)
+    assert not (path / "logs").exists() or not any((path / "logs").iterdir())
+    report = audit(run, emulated_devices()[0])
+    assert report.matched, report.divergence
+    r = replay_step_detail(run, 2, emulated_devices()[-1])
+    assert r.equal and r.note is None

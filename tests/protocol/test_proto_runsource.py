@@ -43,7 +43,7 @@ def test_a_run_directory_with_a_bad_file_is_named(runs: Runs, tmp_path: Path) ->
     shutil.copytree(runs.honest, copy)
     _flip_byte(copy / "states" / "000002.vst", 40)
     with pytest.raises(TamperedRunError, match=r"states/000002.vst: does not hash to what leaf 2 commits to"):
-        RunSource(copy).fetch_steps([2])
+        RunSource(copy).fetch_leaves([2])
     with pytest.raises(RunSourceError, match="does not exist"):
         RunSource(tmp_path / "missing")
     other = Run.open(runs.cheater)
