@@ -11,7 +11,8 @@ op class, how many of those were certified exact (no recomputation), how many we
 and the time that took; and the log bytes per step of each resolution (0 for exact).
 
     .venv/bin/python benchmarks/bench_exact.py                        # logreg, mlp, cnn; 20 steps, 5 reps
-    .venv/bin/python benchmarks/bench_exact.py --examples scale/cnn --steps 10 --reps 3
+    .venv/bin/python benchmarks/bench_exact.py --examples scale/cnn --steps 12 --reps 3
+    .venv/bin/python benchmarks/bench_exact.py --examples mlp --set hidden=1024 --set batch_size=256
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def by_class(stats: list[dict]) -> dict[str, list[int]]:
     return out
 
 
-def bench_example(name: str, steps: int, reps: int) -> dict:
-    spec = dataclasses.replace(load_spec(ROOT / "examples" / f"{name}.toml"), steps=max(steps, 1))
+def bench_example(name: str, steps: int, reps: int, changes: dict) -> dict:
+    spec = dataclasses.replace(load_spec(ROOT / "examples" / f"{name}.toml"), steps=max(steps, 1), **changes)
     exact = dataclasses.replace(spec, resolution="exact")
     spec32 = dataclasses.replace(spec, dtype="float32", bits=32) if spec.dtype == "float64" else spec
     warm = run_steps(exact, "cpu", "record", steps)   # warm-up and the statistics
@@ -74,7 +75,7 @@ def bench_example(name: str, steps: int, reps: int) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     st = warm["stats"]
     return {
-        "example": name, "steps": steps, "reps": reps, "dtype": spec.dtype, "bits": spec.bits,
+        "example": name + "".join(f" {k}={v}" for k, v in changes.items()), "steps": steps, "reps": reps, "dtype": spec.dtype, "bits": spec.bits,
         "ms_per_step": {k: round(v * 1e3, 3) for k, v in med.items()},
         "exact_vs_plain64": round(med["exact"] / med["plain64"], 2),
         "log_vs_plain64": round(med["log"] / med["plain64"], 2),
@@ -99,10 +100,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                    help="change an integer spec field of every example, e.g. hidden=1024 (repeatable)")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    results = [bench_example(name, args.steps, args.reps) for name in args.examples]
+    changes = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
+    results = [bench_example(name, args.steps, args.reps, changes) for name in args.examples]
     print(f"# torch {torch.__version__}, threads={args.threads}, steps={args.steps}, reps={args.reps}\n")
     print("| example | plain32 ms | plain64 ms | exact ms | log ms | log audit ms | exact/plain64 | log/plain64 "
           "| log audit/plain64 | exact/log |")

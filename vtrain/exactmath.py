@@ -8,26 +8,35 @@ count or the summation order, so every machine computes the same bits.
 Rounding (`round_fraction`): RNE of an exact rational onto the grid of vtrain/grid.py, in integer
 arithmetic: find the binade, scale, divide with remainder, compare twice the remainder with the divisor.
 
-Sums (`exact_sums`, `rounded_sums`): math.fsum returns the correctly rounded float64 s1 of a row, and
-repeating it on the row plus [-s1, ..., -s(i-1)] gives a non-overlapping expansion s1 + s2 + ... that
-equals the exact sum (each step removes at least 53 bits, so it ends; rows of grid products stop after
-one to three steps). Rounding the exact sum S needs only s1 and, rarely, the sign of the rest:
-float64 rounding is monotone and every grid boundary (grid value or midpoint) is a float64, so S and
-s1 lie on the same side of every boundary except when s1 is itself a midpoint, where the sign of
-S - s1 (= the sign of s2) decides and s2 = 0 is an exact tie. This is the double-rounding trap that
-"fsum, then round to the grid" alone falls into; `rounded_sums` checks for it and pays for s2 only there.
-Measured on 2 shared cores (benchmark in tests/numerics/test_num_exact.py, `-m slow`): see
-`_TIMING_NOTE` below.
+Sums (`exact_sums`, `rounded_sums`): vectorised error-free distillation (Rump-Ogita-Oishi
+ExtractVector, see `_distill_chunk`) turns each row into a few float64 values (two or three for grid
+products) with exactly the same sum, in whole-chunk numpy passes; math.fsum of those few values gives
+the correctly rounded float64 s1 of the exact sum S. Rounding S onto the grid needs only s1 and, rarely,
+S itself: float64 rounding is monotone and every grid boundary (grid value or midpoint) is a float64, so
+S and s1 lie on the same side of every boundary except when s1 is itself a midpoint, where the exact
+residual decides (zero: an exact tie, to even). That is the double-rounding trap of "fsum, then round
+to the grid"; `rounded_sums` checks for it and builds the exact Fraction only there.
+
+Measured (2 shared cores, best of 3, grid values at bits = 32, µs per row; a Python loop of math.fsum
+over the rows, for comparison, in the last column):
+    K      rounded_sums  exact_sums  rounded_dots  exact_dots  rounded_dots(any float64)  fsum loop
+    8          1.3          4.3          1.3          3.2              1.7                  1.0
+    64         2.5          5.9          3.2          6.3              5.7                  7.7
+    1024      16           19           29           32               60                  112
+    4096      61           60          111          114              226                  438
 
 Dot products (`exact_dots`, `rounded_dots`): an error-free TwoProduct (Dekker's product with Veltkamp's
 split, vectorised in numpy) turns a*b into hi + lo exactly; the row's 2K terms are then summed exactly
-as above. TwoProduct is exact when nothing overflows or underflows: |a|, |b| < 2^995 (the split
-multiplies by 2^27 + 1) and 2^-900 <= |a*b| < 2^1000 (then every partial product's last bit,
->= ulp(a)*ulp(b) >= 2^-106 |a*b|, is above float64's 2^-1074), or a or b zero. Rows holding any other
-product fall back to exact Fraction arithmetic, slow but correct, so every finite input is accepted.
+as above. When every factor of a chunk has <= 26 significant bits (grid values have <= 24) the float64
+products are already exact and the split is skipped. TwoProduct is exact when nothing overflows or
+underflows: |a|, |b| < 2^995 (the split multiplies by 2^27 + 1) and 2^-900 <= |a*b| < 2^1000 (then every
+partial product's last bit, >= ulp(a)*ulp(b) >= 2^-106 |a*b|, is above float64's 2^-1074), or a or b
+zero. Rows holding any other product fall back to exact Fraction arithmetic, slow but correct, so every
+finite input is accepted.
 
 Transcendental functions (`correctly_rounded`): mpmath at growing precision (Ziv's strategy), see the
-comment above `_PRECISIONS` for the argument.
+comment above `_PRECISIONS` for the argument; about 80-250 µs per element. They use a private mpmath
+context (the caller's mpmath.mp precision is untouched), which makes them not thread-safe.
 
 Errors: non-finite inputs and domain errors (log of a value <= 0, rsqrt of 0, ...) raise
 ExactDomainError, a GridOverflowError, because on the device they produce inf/NaN and the run has
@@ -37,6 +46,7 @@ diverged; a value rounding beyond the largest grid value raises GridOverflowErro
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 
@@ -47,8 +57,6 @@ from vtrain.errors import VtrainError
 from vtrain.grid import GridOverflowError, check_bits
 
 _MIN_EXP = -126  # FP32's lowest normal exponent; the grid is uniform below 2^-126
-
-_TIMING_NOTE = "filled in by measurement"
 
 
 class ExactMathError(VtrainError):
@@ -70,9 +78,13 @@ def _overflow(value: object, bits: int, where: str) -> GridOverflowError:
     )
 
 
-def round_fraction(q: Fraction | int, bits: int) -> float:
+def round_fraction(q: Fraction | int | float, bits: int) -> float:
     """RNE of the exact rational q onto the `bits` grid; -0 gives +0.0; overflow -> GridOverflowError."""
     m = check_bits(bits)
+    if isinstance(q, float):
+        if not math.isfinite(q):
+            raise ExactDomainError(f"round_fraction: {q!r} is not finite: the computation diverged")
+        q = Fraction(q)
     num, den = q.numerator, q.denominator
     if num == 0:
         return 0.0
@@ -152,7 +164,7 @@ def _dyadic_fraction(parts: Sequence[float]) -> Fraction:
 _CHUNK_ELEMS = 1 << 15
 
 # A row's terms for rows lo..hi: (terms (rows, K'), mask of rows whose terms are not exact).
-TermsOf = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+_TermsOf = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
 
 
 def _distill_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -200,7 +212,7 @@ def _distill_chunk(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return out, huge
 
 
-def _distill(n: int, k: int, terms_of: TermsOf) -> tuple[list[list[float]], np.ndarray]:
+def _distill(n: int, k: int, terms_of: _TermsOf) -> tuple[list[list[float]], np.ndarray]:
     """(per row a few floats summing exactly to the row's sum, mask of rows needing the slow path)."""
     step = max(1, _CHUNK_ELEMS // max(k, 1))
     parts: list[list[float]] = []
@@ -234,7 +246,7 @@ def _round_parts(
     return r
 
 
-def _plain_terms(x: np.ndarray) -> TermsOf:
+def _plain_terms(x: np.ndarray) -> _TermsOf:
     return lambda lo, hi: (x[lo:hi], np.zeros(x[lo:hi].shape[0], dtype=bool))
 
 
@@ -248,13 +260,18 @@ def exact_sums(x: np.ndarray) -> list[Fraction]:
     return out
 
 
+def _rational(d: object) -> Fraction:
+    # Fraction(numpy integer) keeps the numpy type inside and overflows later: go through int.
+    return Fraction(int(d)) if isinstance(d, numbers.Integral) else Fraction(d)
+
+
 def _divisors(divisor: Sequence[int | Fraction] | int | None, n: int) -> list[Fraction] | None:
     if divisor is None:
         return None
-    if isinstance(divisor, (int, Fraction)):
-        ds = [Fraction(divisor)] * n
+    if isinstance(divisor, numbers.Rational):  # int, Fraction, numpy integers
+        ds = [_rational(divisor)] * n
     else:
-        ds = [Fraction(d) for d in divisor]
+        ds = [_rational(d) for d in divisor]
         if len(ds) != n:
             raise ExactMathError(f"rounded_sums: {len(ds)} divisors for {n} rows")
     if any(d == 0 for d in ds):
@@ -279,25 +296,30 @@ def rounded_sums(
 
 
 _SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's splitter for 53-bit significands
+_LOW27 = (1 << 27) - 1  # the low 27 of the 52 explicit significand bits
 
 
 def _two_product(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hi, lo, safe): hi + lo == a*b exactly wherever `safe` (see the module docstring)."""
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         hi = a * b
+    ph = np.abs(hi)
+    safe = (a == 0) | (b == 0) | (
+        (ph >= 2.0**-900) & (ph < 2.0**1000) & (np.abs(a) < 2.0**995) & (np.abs(b) < 2.0**995)
+    )
+    if not ((a.view(np.int64) | b.view(np.int64)) & _LOW27).any():
+        # Every factor has <= 26 significant bits (grid values have <= 24): the products are exact.
+        return hi, np.zeros_like(hi), safe
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         ca, cb = _SPLIT * a, _SPLIT * b
         ah = ca - (ca - a)
         bh = cb - (cb - b)
         al, bl = a - ah, b - bh
         lo = ((ah * bh - hi) + ah * bl + al * bh) + al * bl
-    ph = np.abs(hi)
-    safe = (a == 0) | (b == 0) | (
-        (ph >= 2.0**-900) & (ph < 2.0**1000) & (np.abs(a) < 2.0**995) & (np.abs(b) < 2.0**995)
-    )
     return hi, np.where(safe, lo, 0.0), safe
 
 
-def _dot_terms(a: np.ndarray, b: np.ndarray, extra: np.ndarray | None) -> TermsOf:
+def _dot_terms(a: np.ndarray, b: np.ndarray, extra: np.ndarray | None) -> _TermsOf:
     def terms_of(lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         p, err, safe = _two_product(a[lo:hi], b[lo:hi])
         unsafe = ~safe.all(axis=1)
@@ -381,23 +403,27 @@ _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2}
 # E + c + eps round to the same grid value (RNE is monotone, so the exact value rounds there too).
 #
 # Why 128 bits nearly always decides, and why the cap is never reached on these inputs: the target has
-# <= 24 significant bits and the inputs are float64 (<= 2^64 distinct values per argument). Heuristically
-# (the table-maker's dilemma), the chance that a transcendental value falls within 2^-k relative of one
-# of the ~2^25 boundaries of its binade is ~2^(25-k), so over all 2^64 inputs the expected number of
-# cases needing more than k = 128 bits is ~2^-39, and the 8192-bit cap leaves nothing; the published
-# worst cases for binary32 (and binary64) targets need well under 200 bits. The exactly representable
-# results (exp(0) = 1, sigmoid(0) = 1/2, gelu_backward(g, 0) = g/2 on a subnormal midpoint, perfect
-# squares under sqrt, integer powers) are carried in E exactly, never in c, so ties go to even exactly;
-# near-saturation values (gelu(x) = x - tiny for large x on a midpoint x) carry the tiny deviation in c
-# relative to itself, so its sign is known. If the cap were nonetheless reached, the rounding of the
-# cap-precision value is taken: that is the spec's definition, and mpmath is deterministic pure Python,
-# so every machine still agrees.
+# <= 24 significant bits and the inputs are float64 (<= 2^64 distinct values per argument).
+# Heuristically (the table-maker's dilemma), the chance that a transcendental value falls within 2^-k
+# relative of one of the ~2^25 boundaries of its binade is ~2^(25-k), so over all 2^64 inputs the
+# expected number of cases needing more than k = 128 bits is ~2^-39 (the hardest cases known for binary64
+# functions, with 53-bit inputs and outputs, need under 160 bits). The backward functions take pairs
+# (g, x), 2^128 of them, so a few may need the retry at 512 bits; the 8192-bit cap leaves nothing.
+# The exactly representable results (exp(0) = 1, sigmoid(0) = 1/2, gelu_backward(g, 0) = g/2 on a
+# subnormal midpoint, perfect squares under sqrt, integer powers) are carried in E exactly, never in c,
+# so ties go to even exactly; near-saturation values (gelu(x) = x - tiny for large x on a midpoint x)
+# carry the tiny deviation in c relative to itself, so its sign is known. If the cap were nonetheless
+# reached, the rounding of the cap-precision value is taken: that is the spec's definition, and mpmath
+# is deterministic pure Python, so every machine still agrees.
 _PRECISIONS = (128, 512, 2048, 8192)
 
-# |c| < 2^-1076 with a known sign is replaced by sign * 2^-1100: E and every boundary are multiples of
-# 2^-1075 (E is 0, x, g or g/2 of float64s; boundaries are multiples of 2^-151), so no boundary lies
-# strictly between E and E + sign*2^-1075 and only the sign of so small a c matters. This keeps the
-# Fractions small and lets asymptotic regions (exp(-1e300)) stop early.
+# A c far smaller than E's last bit is replaced by sign(c) * 2^-1100. E is 0, x, g or g/2 of float64s and
+# the boundaries are multiples of 2^-151, so E and every boundary within a factor 2 of E are multiples
+# of u = max(2^-1075, 2^(floor(log2|E|) - 54)); no boundary lies strictly between E and E + sign * u,
+# so for |c| < u only the sign of c matters, and E + sign * 2^-1100 lies in that same open interval.
+# Generic values use the absolute test |c| < 2^-1076 <= u (`_TINY_EXP`); the evaluators' saturation
+# cut-offs (`_Saturated`) argue |c| < u in a comment each. This keeps the Fractions small and lets
+# asymptotic regions (exp(-1e300), gelu(1e30) on a midpoint) finish at the first precision.
 _TINY_EXP = -1076
 _CLAMP = Fraction(1, 1 << 1100)
 _HUGE_EXP = 1100  # |c| >= 2^1100 with |E| < 2^1025 overflows any grid
@@ -430,7 +456,8 @@ def _frac(v: object) -> Fraction:
 
 
 class _Saturated(Exception):
-    """Internal: the evaluator knows c is of sign `sign` and below 2^-1076 (see _CLAMP)."""
+    """Internal: the evaluator proved |c| < u (see _CLAMP) and knows c's sign, so E + sign * 2^-1100 rounds
+    the same way as E + c."""
 
     def __init__(self, exact: Fraction, sign: int) -> None:
         super().__init__()
@@ -570,7 +597,9 @@ def _ev_pow(x: float, e: float) -> _Value:
     num, den_e = e.as_integer_ratio()  # e = num / 2^k
     k = den_e.bit_length() - 1
     if x < 0 and k > 0:
-        raise ExactDomainError(f"pow({x!r}, {e!r}): negative base, non-integer exponent (the device gives NaN)")
+        raise ExactDomainError(
+            f"pow({x!r}, {e!r}): a negative base needs an integer exponent (the device gives NaN)"
+        )
     sign = -1 if (x < 0 and num & 1) else 1
     ax = Fraction(abs(x))
     # x^(num/2^k) is rational iff x^(1/2^k) is; then carry it exactly (ties like x^3 on a midpoint).
@@ -582,7 +611,9 @@ def _ev_pow(x: float, e: float) -> _Value:
     # The value is irrational, or a rational with more than 25 significant bits: never a boundary.
     log2 = e * math.log2(abs(x))
     if log2 > 1000:
-        raise GridOverflowError(f"pow({x!r}, {e!r}) is beyond the largest grid value: the computation diverged")
+        raise GridOverflowError(
+            f"pow({x!r}, {e!r}) is beyond the largest grid value: the computation diverged"
+        )
     if log2 < -1200:
         raise _Saturated(Fraction(0), sign)
     c = sign * _MP.power(_MP.mpf(abs(x)), _MP.mpf(e))
@@ -731,6 +762,16 @@ def _round_value(v: _Value, bits: int, p: int | None) -> float | None:
 
 
 def _correctly_rounded_one(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) -> float:
+    try:
+        return _ziv(fn, bits, args, exponent)
+    except ExactDomainError:
+        raise
+    except GridOverflowError as err:  # name the function and its argument in the message
+        call = ", ".join(map(repr, args + (() if exponent is None else (exponent,))))
+        raise GridOverflowError(f"{fn}({call}) on the {bits}-bit grid: {err}") from None
+
+
+def _ziv(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) -> float:
     ev = _EVALUATORS[fn]
     extra = () if exponent is None else (exponent,)
     for i, p in enumerate(_PRECISIONS):
@@ -764,8 +805,10 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
         raise ExactMathError(f"correctly_rounded({fn!r}): expected {arity} input arrays, got {len(xs)}")
     if (fn == "pow") != (exponent is not None):
         raise ExactMathError(f"correctly_rounded({fn!r}): `exponent` is required for pow and only for pow")
-    if exponent is not None and not math.isfinite(exponent):
-        raise ExactDomainError(f"correctly_rounded(pow): exponent {exponent!r} is not finite")
+    if exponent is not None:
+        exponent = float(exponent)
+        if not math.isfinite(exponent):
+            raise ExactDomainError(f"correctly_rounded(pow): exponent {exponent!r} is not finite")
     arrays = np.broadcast_arrays(*(np.asarray(x) for x in xs))
     shape = arrays[0].shape
     flat = [_as_f64(np.reshape(a, (-1,)), 1, f"correctly_rounded({fn!r})").tolist() for a in arrays]

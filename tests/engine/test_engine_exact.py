@@ -7,6 +7,8 @@ that the resolution is what makes it so: rounding alone (no resolution) diverges
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from enginekit import cli, emulated_devices, example
@@ -20,8 +22,8 @@ SCALE = ("scale/logreg", "scale/mlp", "scale/cnn")
 SCALE_STEPS = 20   # scale/cnn recomputes ~12k elements a step exactly: keep the fast default fast
 
 
-def _exact(name: str, **changes):
-    return example(name, resolution="exact", **changes)
+def _exact(example_name: str, **changes):
+    return example(example_name, resolution="exact", **changes)
 
 
 def _states(runs, spec, device: str) -> list[bytes]:
@@ -41,7 +43,9 @@ def _check_pair(runs, spec, trainer: str, auditor: str) -> None:
 
 @pytest.mark.parametrize("model", MODELS)
 def test_exact_runs_match_across_devices_without_a_log(runs, model):
-    spec = _exact(model)
+    spec = example(f"exact/{model}")
+    # examples/exact/ are the examples with the exact resolution, nothing else changed
+    assert dataclasses.replace(_exact(model), name=spec.name) == spec
     assert spec.steps >= 100 and (spec.dtype, spec.bits) == ("float64", 32)
     emu = emulated_devices()[0]
     _check_pair(runs, spec, "cpu", emu)
@@ -67,10 +71,8 @@ def test_exact_scale_models_match_where_rounding_alone_diverges(runs, model):
 
 
 def test_exact_trainer_with_2_threads_auditor_with_1(tmp_path):
-    spec_file = tmp_path / "mlp-exact.toml"
-    spec_file.write_text(to_toml(_exact("mlp", steps=40)))
     out = tmp_path / "run"
-    t = cli("train", str(spec_file), "--out", str(out), threads=2, process=True)
+    t = cli("train", "examples/exact/mlp.toml", "--out", str(out), "--steps", "40", threads=2, process=True)
     assert t.returncode == 0, t.stderr
     root_line = t.stdout.strip().splitlines()[-1]
     assert root_line.startswith("root=0x") and root_line.endswith(" size=41")
@@ -97,7 +99,7 @@ def test_replay_step_of_an_exact_run_on_another_device(runs):
 @pytest.mark.parametrize("model", MODELS + SCALE)
 def test_exact_full_matrix(runs, model):
     devices = ["cpu", *emulated_devices()]
-    spec = _exact(model, steps=SCALE_STEPS) if model in SCALE else _exact(model)
+    spec = _exact(model, steps=SCALE_STEPS) if model in SCALE else example(f"exact/{model}")
     states = {tuple(_states(runs, spec, d)) for d in devices}
     assert len(states) == 1, f"{model}: trainers on {devices} reached different states"
     for trainer in devices:

@@ -82,8 +82,12 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
     raise ValueError(fn)
 
 
-def ref_correctly_rounded(fn: str, bits: int, args: tuple[float, ...], exponent: float | None = None) -> float | None:
+def ref_correctly_rounded(
+    fn: str, bits: int, args: tuple[float, ...], exponent: float | None = None
+) -> float | None:
     """RNE of the 300-bit value on the grid (None: overflow)."""
     v = mp_value(fn, args, exponent)
+    if v != 0 and abs(mpmath.log(abs(v), 2)) > 1100:  # e.g. exp(-1e30): a Fraction of it is too big
+        return 0.0 if abs(v) < 1 else None
     return ref_round_q(mp_fraction(v), bits - 9)
 
