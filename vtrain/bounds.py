@@ -244,8 +244,17 @@ def _nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | N
     absloss, abstotal = aten.nll_loss_forward.default(-x.abs(), target, None if weight is None else weight.abs(),
                                                        reduction, ignore_index)
     e_total = _finish(gamma(n, u) * abstotal.abs(), n, u, loss.dtype)
-    # mean: (sum of n weighted terms) / total: gamma_(n+2) covers the products, the sum and the division.
-    return [_finish(gamma(n + 2, u) * absloss.abs() + 2 * u * loss.abs(), n, u, loss.dtype), e_total]
+    if reduction != 1:  # sum: n weighted terms, gamma_(n+1) covers the products and the sum
+        return [_finish(gamma(n + 2, u) * absloss.abs() + 2 * u * loss.abs(), n, u, loss.dtype), e_total]
+    # mean L = A / W with A = sum(-w x), W = sum(w), both rounded sums: A'/W' - L = (A' - A)/W + (A'/W')(W - W')/W,
+    # |A' - A| <= gamma_(n+1) sum|w x| = gamma_(n+1) absloss * sum|w|, |W - W'| <= gamma_n sum|w| and
+    # |W| >= |W'| - gamma_n sum|w| (weights may be negative: W can cancel, then there is no finite bound);
+    # plus the division's rounding. (Without weights W is an exact count and the second term is harmless.)
+    wsum = abstotal.abs()
+    margin = total.abs() - gamma(n, u) * wsum
+    num = gamma(n + 1, u) * absloss.abs() * wsum + gamma(n, u) * (1 + 2 * u) * loss.abs() * wsum
+    e = torch.where(margin > 0, num / margin.clamp_min(_tiny(loss.dtype)), torch.full_like(num, math.inf))
+    return [_finish(e + 2 * u * loss.abs(), n, u, loss.dtype), e_total]
 
 
 def _few_roundings(k: int) -> Bound:

@@ -8,7 +8,8 @@
    kernels order differently (FMA contraction, lerp's branch at weight 0.5). We *decompose* them into a
    fixed sequence of IEEE primitives in the work dtype, written out in `_DECOMPOSED`; each primitive is
    correctly rounded, so the sequence gives the same bits on every device, and only the final result is
-   rounded to the grid. No log, no bound, and cheaper than a device op.
+   rounded to the grid. No log, no bound, and cheaper than a device op. Division goes through `_div`
+   for the same reason: CUDA divides by a scalar as a multiplication by its reciprocal.
 3. DEVICE: device-dependent (matmuls, convolutions, reductions, softmax family, NLL loss, pooling sums,
    embedding backward, transcendental functions, GELU): computed by the Device, rounded, and logged with
    an error bound from vtrain.bounds.
@@ -109,7 +110,6 @@ _EXACT = _names(
 
 _IEEE = _names(
     aten.mul.Tensor, aten.mul_.Tensor, aten.mul.Scalar, aten.mul_.Scalar,
-    aten.div.Tensor, aten.div_.Tensor, aten.div.Scalar, aten.div_.Scalar,
     aten.sqrt.default, aten.sqrt_.default, aten.reciprocal.default, aten.reciprocal_.default,
     aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.full.default,
     aten.full_like.default, aten.new_full.default,
@@ -152,6 +152,14 @@ def _lerp(x: torch.Tensor, end: torch.Tensor, weight: Any) -> torch.Tensor:
     return torch.add(x, torch.mul(torch.sub(end, x), weight))  # one formula for every weight
 
 
+def _div(x: torch.Tensor, other: Any) -> torch.Tensor:
+    # CUDA's true-division kernel multiplies by the reciprocal when the divisor is a CPU scalar (two
+    # roundings; Adam divides by one every step). A divisor tensor of x's shape keeps it one IEEE division.
+    if x.is_cuda and (not isinstance(other, torch.Tensor) or (other.dim() == 0 and not other.is_cuda)):
+        other = torch.full_like(x, float(other))
+    return torch.div(x, other)
+
+
 def _tanh_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.mul(grad, torch.rsub(torch.mul(y, y), 1))  # g (1 - y^2)
 
@@ -172,6 +180,8 @@ _DECOMPOSED = {
     aten.addcdiv.default: (_addcdiv, False), aten.addcdiv_.default: (_addcdiv, True),
     aten.lerp.Scalar: (_lerp, False), aten.lerp_.Scalar: (_lerp, True),
     aten.lerp.Tensor: (_lerp, False), aten.lerp_.Tensor: (_lerp, True),
+    aten.div.Tensor: (_div, False), aten.div_.Tensor: (_div, True),
+    aten.div.Scalar: (_div, False), aten.div_.Scalar: (_div, True),
 }
 
 _DEVICE_INPLACE = {

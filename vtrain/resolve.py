@@ -127,7 +127,7 @@ def _rounded_dots(a: torch.Tensor, b: torch.Tensor, bits: int, extra: torch.Tens
 def _rounded_sums(x: torch.Tensor, bits: int, divisor: Any = None) -> np.ndarray:
     x2 = _np(x.reshape(x.shape[0], math.prod(x.shape[1:])))
     if x2.shape[1] == 0:
-        x2 = np.zeros((p, 1))
+        x2 = np.zeros((x2.shape[0], 1))
     return exactmath.rounded_sums(x2, bits, divisor)
 
 

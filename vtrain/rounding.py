@@ -52,8 +52,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
-from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, round_to_grid, round_unchecked,
-                         spacing_below, spacings_np)
+from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, grid_max, round_to_grid,
+                         round_unchecked, spacing_below, spacings_np)
 from vtrain.ops import OpClass, OpSpec, classify
 from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
 
@@ -295,13 +295,25 @@ class RoundedExecution(TorchDispatchMode):
             if v is None:
                 continue
             self._counts["sites"] += 1
-            r = self._round(v, spec).contiguous()
+            self._counts["rounded"] += v.numel()
+            r = round_unchecked(v, self.bits).contiguous()
+            # A device whose value (or a float32 partial sum) overflowed may still have a finite exact
+            # value that another device computes: such elements are settled exactly like ambiguous ones
+            # (the resolver raises when the exact value itself overflows).
+            bad = (~torch.isfinite(r)) | (r.abs() > grid_max(self.bits))
+            any_bad = bool(bad.any())
+            if any_bad:
+                if bounds[i] is None:
+                    raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
+                r[bad] = 0.0
             self._counts["checked"] += v.numel()
             tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0])
             tally[0] += v.numel()
             if bounds[i] is not None and v.numel():
                 start = time.perf_counter()
                 pos = self._ambiguous(v, r, bounds[i])
+                if any_bad:
+                    pos = torch.cat([pos, bad.reshape(-1).nonzero().squeeze(1)]).unique()
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
@@ -310,6 +322,8 @@ class RoundedExecution(TorchDispatchMode):
                         certified = certifier(args, kwargs, floats, bounds) if certifier else [None] * len(outs)
                     if certified[i] is not None:
                         exact = certified[i].expand(v.shape).reshape(-1)[pos]
+                        if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
+                            exact &= ~bad.reshape(-1)[pos]
                         self._counts["certified"] += int(exact.sum())
                         tally[2] += int(exact.sum())
                         pos = pos[~exact]

@@ -97,3 +97,40 @@ def test_scale_grid_makes_elements_ambiguous_and_they_are_recomputed():
 def test_exact_resolution_has_no_replay_mode():
     with pytest.raises(ValueError, match="no log to replay"):
         RoundedExecution(bits=32, device=get_device("cpu"), resolution="exact", mode="replay")
+
+
+@pytest.mark.parametrize("bits,dtype", [(32, torch.float64), (19, torch.float32)])
+def test_weighted_nll_mean_where_the_sum_and_the_total_weight_round_apart(bits, dtype):
+    # L = A / W with both sums rounded: cpu's blocked sums round A up and W down, so its value lands
+    # beyond a grid midpoint the exact L is just below; the bound must cover the total weight's error
+    from fractions import Fraction
+
+    from vtrain import exactmath
+    m, p = bits - 9, (53 if dtype == torch.float64 else 24)
+    w_small, d = (1 - 2.0 ** -(m + 1)) * 2.0 ** -(p - 1), 1 + 2.0 ** -m
+    n = 16
+    target = torch.tensor([1, 0, 0] + [1] * (n - 3))
+    x = torch.zeros(n, 2, dtype=dtype)
+    x[1, 0], x[2, 0] = -1.0, -(1 + 3 * 2.0 ** -m)
+    x[[0, *range(3, n)], 1] = -d
+    weight = torch.tensor([1.0, w_small], dtype=dtype)
+    terms = [(float(x[b, t]), float(weight[t])) for b, t in enumerate(target.tolist())]
+    exact = sum(-Fraction(v) * Fraction(w) for v, w in terms) / sum(Fraction(w) for _, w in terms)
+    for device in DEVICES:
+        with RoundedExecution(bits=bits, device=get_device(device), resolution="exact"):
+            loss = torch.nn.functional.nll_loss(x, target, weight=weight)
+        assert float(loss) == exactmath.round_fraction(exact, bits), device
+
+
+def test_a_device_overflow_with_a_finite_exact_value_is_settled_exactly():
+    # float32 partial sums overflow on some summation orders only; the exact sum is 0 on every device.
+    # An exact value beyond the grid is still a divergence everywhere.
+    from vtrain.rounding import NonFiniteError
+    a = 1.5 * 2.0 ** 127
+    cancelling = torch.tensor([a, a, -a, -a], dtype=torch.float32)
+    for device in DEVICES:
+        with RoundedExecution(bits=19, device=get_device(device), resolution="exact"):
+            total = cancelling.sum()
+        assert float(total) == 0.0, device
+        with pytest.raises(NonFiniteError), RoundedExecution(bits=19, device=get_device(device), resolution="exact"):
+            torch.tensor([a, a], dtype=torch.float64).sum()
