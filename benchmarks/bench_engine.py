@@ -97,6 +97,14 @@ def bench_example(name: str, steps: int, reps: int, emu: str) -> dict:
     }
 
 
+def markdown_table(header: list[str], rows: list[list]) -> None:
+    """Print a markdown table (the form docs/benchmarks.md quotes)."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(c) for c in row) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", nargs="+", default=["logreg", "mlp", "cnn"],
@@ -111,23 +119,19 @@ def main() -> None:
     emu = args.emu or next(d.name for d in list_devices() if d.name.startswith("emu:"))
     results = [bench_example(name, args.steps, args.reps, emu) for name in args.examples]
     print(f"# torch {torch.__version__}, threads={args.threads}, steps={args.steps}, reps={args.reps}\n")
-    print("| example | plain32 ms | plain64 ms | trainer ms | auditor ms | state hash ms | trainer/plain64 "
-          "| auditor/plain64 | trainer/plain32 |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        m = r["ms_per_step"]
-        print(f"| {r['example']} | {m['plain32']} | {m['plain64']} | {m['trainer']} | {m['auditor']} | "
-              f"{m['hash']} | {r['ratio_trainer_vs_plain64']}x | {r['ratio_auditor_vs_plain64']}x | "
-              f"{r['ratio_trainer_vs_plain32']}x |")
-    print("\n| example | rounded/step | logged/step (values) | logged fraction | bound B/step | tau B/step "
-          "| dense B/step | dense+zip B/step | dense/bound | corrections/step |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        corr = r["corrections_per_step_on_" + emu]
-        print(f"| {r['example']} | {r['rounded_per_step']:.0f} | {r['logged_per_step']:.1f} "
-              f"({r['value_entries_per_step']:.1f}) | {r['logged_fraction']:.2e} | {r['bytes_bound']:.0f} | "
-              f"{r['bytes_tau']:.0f} | {r['bytes_dense']:.0f} | {r['bytes_dense_zip']:.0f} | "
-              f"{r['bytes_dense'] / max(1.0, r['bytes_bound']):.1f}x | {corr:.2f} ({emu}) |")
+    markdown_table(["example", "plain32 ms", "plain64 ms", "trainer ms", "auditor ms", "state hash ms",
+                    "trainer/plain64", "auditor/plain64", "trainer/plain32"],
+                   [[r["example"], *(r["ms_per_step"][k] for k in ("plain32", "plain64", "trainer", "auditor", "hash")),
+                     f"{r['ratio_trainer_vs_plain64']}x", f"{r['ratio_auditor_vs_plain64']}x",
+                     f"{r['ratio_trainer_vs_plain32']}x"] for r in results])
+    print()
+    markdown_table(["example", "rounded/step", "logged/step (values)", "logged fraction", "bound B/step", "tau B/step",
+                    "dense B/step", "dense+zip B/step", "dense/bound", "corrections/step"],
+                   [[r["example"], f"{r['rounded_per_step']:.0f}",
+                     f"{r['logged_per_step']:.1f} ({r['value_entries_per_step']:.1f})", f"{r['logged_fraction']:.2e}",
+                     f"{r['bytes_bound']:.0f}", f"{r['bytes_tau']:.0f}", f"{r['bytes_dense']:.0f}",
+                     f"{r['bytes_dense_zip']:.0f}", f"{r['bytes_dense'] / max(1.0, r['bytes_bound']):.1f}x",
+                     f"{r['corrections_per_step_on_' + emu]:.2f} ({emu})"] for r in results])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_engine import mean_stat, run_steps  # noqa: E402
+from bench_engine import markdown_table, mean_stat, run_steps  # noqa: E402
 from vtrain.spec import load_spec  # noqa: E402
 
 # op name prefix -> class, for the ambiguous fractions
@@ -108,26 +108,21 @@ def main() -> None:
     changes = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
     results = [bench_example(name, args.steps, args.reps, changes) for name in args.examples]
     print(f"# torch {torch.__version__}, threads={args.threads}, steps={args.steps}, reps={args.reps}\n")
-    print("| example | plain32 ms | plain64 ms | exact ms | log ms | log audit ms | exact/plain64 | log/plain64 "
-          "| log audit/plain64 | exact/log |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        m = r["ms_per_step"]
-        print(f"| {r['example']} | {m['plain32']} | {m['plain64']} | {m['exact']} | {m['log']} | {m['log-audit']} "
-              f"| {r['exact_vs_plain64']}x | {r['log_vs_plain64']}x | {r['log_audit_vs_plain64']}x "
-              f"| {r['exact_vs_log']}x |")
-    print("\n| example | checked/step | ambiguous/step | certified/step | recomputed/step | exact ms/step "
-          "| log B/step | exact log B/step |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['example']} | {r['checked_per_step']:.0f} | {r['ambiguous_per_step']:.1f} | "
-              f"{r['certified_per_step']:.1f} | {r['recomputed_per_step']:.1f} | {r['exact_ms_per_step']} | "
-              f"{r['log_bytes_per_step']:.0f} | 0 |")
-    print("\n| example | op class | checked | ambiguous fraction | certified | recomputed |")
-    print("|---|---|---|---|---|---|")
-    for r in results:
-        for cls, (checked, amb, cert, rec) in sorted(r["by_class"].items()):
-            print(f"| {r['example']} | {cls} | {checked} | {amb / max(checked, 1):.2e} | {cert} | {rec} |")
+    markdown_table(["example", "plain32 ms", "plain64 ms", "exact ms", "log ms", "log audit ms", "exact/plain64",
+                    "log/plain64", "log audit/plain64", "exact/log"],
+                   [[r["example"], *(r["ms_per_step"][k] for k in ("plain32", "plain64", "exact", "log", "log-audit")),
+                     *(f"{r[k]}x" for k in ("exact_vs_plain64", "log_vs_plain64", "log_audit_vs_plain64",
+                                            "exact_vs_log"))] for r in results])
+    print()
+    markdown_table(["example", "checked/step", "ambiguous/step", "certified/step", "recomputed/step", "exact ms/step",
+                    "log B/step", "exact log B/step"],
+                   [[r["example"], f"{r['checked_per_step']:.0f}", f"{r['ambiguous_per_step']:.1f}",
+                     f"{r['certified_per_step']:.1f}", f"{r['recomputed_per_step']:.1f}", r["exact_ms_per_step"],
+                     f"{r['log_bytes_per_step']:.0f}", 0] for r in results])
+    print()
+    markdown_table(["example", "op class", "checked", "ambiguous fraction", "certified", "recomputed"],
+                   [[r["example"], cls, checked, f"{amb / max(checked, 1):.2e}", cert, rec]
+                    for r in results for cls, (checked, amb, cert, rec) in sorted(r["by_class"].items())])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -71,22 +71,28 @@ def encode_leaves(records: list[LeafRecord]) -> bytes:
         r.to_bytes() for r in records)
 
 
-def decode_leaves(data: bytes, source: str) -> list[LeafRecord]:
-    fix = "re-download the run or re-run `vtrain train` on it"
+_FIX = "re-download the run or re-run `vtrain train` on it"
+
+
+def _records(data: bytes, source: str, magic: bytes, version: int, size: int, what: str) -> list[bytes]:
+    """The fixed-size records of a leaves.bin / steps.bin file, after checking its header and length."""
     if len(data) < _LEAVES_HEADER.size:
-        raise RunError(f"{source}: truncated leaves file ({len(data)} bytes); {fix}")
-    magic, version, rsize, count = _LEAVES_HEADER.unpack_from(data)
-    if magic != LEAVES_MAGIC or version != LEAVES_VERSION or rsize != RECORD_SIZE:
-        raise RunError(f"{source}: not a vtrain leaves file of version {LEAVES_VERSION}; {fix}")
-    if len(data) != _LEAVES_HEADER.size + count * RECORD_SIZE:
-        raise RunError(f"{source}: says {count} leaves but holds {len(data) - _LEAVES_HEADER.size} bytes "
-                       f"of records; {fix}")
+        raise RunError(f"{source}: truncated {what} file ({len(data)} bytes); {_FIX}")
+    got_magic, got_version, got_size, count = _LEAVES_HEADER.unpack_from(data)
+    if (got_magic, got_version, got_size) != (magic, version, size):
+        raise RunError(f"{source}: not a vtrain {what} file of version {version}; {_FIX}")
+    body = data[_LEAVES_HEADER.size:]
+    if len(body) != count * size:
+        raise RunError(f"{source}: says {count} records but holds {len(body)} bytes of records; {_FIX}")
+    return [body[i * size:(i + 1) * size] for i in range(count)]
+
+
+def decode_leaves(data: bytes, source: str) -> list[LeafRecord]:
     records = []
-    for t in range(count):
-        rec = data[_LEAVES_HEADER.size + t * RECORD_SIZE:][:RECORD_SIZE]
+    for t, rec in enumerate(_records(data, source, LEAVES_MAGIC, LEAVES_VERSION, RECORD_SIZE, "leaves")):
         r = LeafRecord(t, rec[32:64], rec[64:96], rec[96:128])
         if r.leaf != rec[:32]:
-            raise TamperedFileError(f"{source}: leaf {t} does not match its own state/log/batch hashes; {fix}")
+            raise TamperedFileError(f"{source}: leaf {t} does not match its own state/log/batch hashes; {_FIX}")
         records.append(r)
     return records
 
@@ -98,17 +104,8 @@ def encode_step_hashes(hashes: list[tuple[bytes, bytes]]) -> bytes:
 
 def decode_step_hashes(data: bytes, source: str) -> list[tuple[bytes, bytes]]:
     """(log hash, batch hash) of steps 1..count, as RUN/steps.bin lists them."""
-    fix = "re-download the run or re-run `vtrain train` on it"
-    if len(data) < _LEAVES_HEADER.size:
-        raise RunError(f"{source}: truncated step hashes file ({len(data)} bytes); {fix}")
-    magic, version, rsize, count = _LEAVES_HEADER.unpack_from(data)
-    if magic != STEPS_MAGIC or version != STEPS_VERSION or rsize != STEP_RECORD_SIZE:
-        raise RunError(f"{source}: not a vtrain step hashes file of version {STEPS_VERSION}; {fix}")
-    if len(data) != _LEAVES_HEADER.size + count * STEP_RECORD_SIZE:
-        raise RunError(f"{source}: says {count} steps but holds {len(data) - _LEAVES_HEADER.size} bytes of "
-                       f"records; {fix}")
-    body, n = data[_LEAVES_HEADER.size:], STEP_RECORD_SIZE
-    return [(body[i * n:i * n + 32], body[i * n + 32:(i + 1) * n]) for i in range(count)]
+    return [(rec[:32], rec[32:]) for rec in _records(data, source, STEPS_MAGIC, STEPS_VERSION, STEP_RECORD_SIZE,
+                                                     "step hashes")]
 
 
 def index_files(spec: Spec) -> tuple[str, ...]:
