@@ -12,21 +12,23 @@ things per op:
   division); elementwise functions are correctly rounded by exactmath's multi-precision fallback.
   Measured on 2 shared, loaded cores: mm ~9 us per position at K = 64 and ~90 us at K = 1024; a 3x3x16
   convolution ~14 us; a conv grad_weight element of 8192 terms ~460 us.
-- a CERTIFIER, `CERTIFIERS[op](args, kwargs, outs, bounds)` -> per output a bool tensor (broadcastable to
-  the output) that is True where the computed value is provably the exact value whatever order and
-  blocking any IEEE device summed in, or None. The engine skips the resolver there. Linear ops: every
-  term is an integer multiple of a power of two q, and S = sum|terms| < 2^p q with p the work dtype's
-  precision; then every partial sum, in any order and grouping, FMA or not, is an integer multiple of q
-  of magnitude at most S, an integer below 2^p times q: representable, so no rounding ever happens.
-  q is a product of lowest set bits (lsb) of the factors' smallest-lsb elements (per row, column, image
-  or channel), O(inputs); it must not underflow (q >= the dtype's smallest subnormal). S comes from the
-  engine's own bound: vtrain.bounds computes E >= gamma_k * S with k at least the op's term count K, so
-  S <= E / gamma_K (a coupling to that module's formulas, guarded by a test against exact sums for every
-  certified op). Divisions by a power of two (mean, avg pooling) are exact too when q / n does not
-  underflow. Structural certificates: a single term is copied exactly (non-overlapping max pooling,
-  embedding rows gathered once, the unweighted NLL loss and its backward). Quantised data (k/16 pixels)
-  is certified almost everywhere; float64 sums of FP32-grid values often are. Certifiers are only needed
-  where an element is ambiguous, so the engine may call them lazily.
+- a CERTIFIER, `CERTIFIERS[op](args, kwargs, outs, bounds, i, pos)` -> a bool tensor of len(pos) (on pos's
+  device) that is True where output i's computed value at flat position pos is provably the exact value
+  whatever order and blocking any IEEE device summed in, or None (none certified). The engine skips the
+  resolver there. Linear ops: every term is an integer multiple of a power of two q, and
+  S = sum|terms| < 2^p q with p the work dtype's precision; then every partial sum, in any order and
+  grouping, FMA or not, is an integer multiple of q of magnitude at most S, an integer below 2^p times q:
+  representable, so no rounding ever happens. q is a product of lowest set bits (lsb) of the factors'
+  smallest-lsb elements (per row, column, image or channel); it must not underflow (q >= the dtype's
+  smallest subnormal). Only the rows, columns, images or channels of the asked positions are read, each
+  once: the ambiguous positions are typically 1e-3 of an output, and lsb over whole weights cost more than
+  the rest of an exact step. S comes from the engine's own bound: vtrain.bounds computes E >= gamma_k * S
+  with k at least the op's term count K, so S <= E / gamma_K (a coupling to that module's formulas,
+  guarded by a test against exact sums for every certified op). Divisions by a power of two (mean, avg
+  pooling) are exact too when q / n does not underflow. Structural certificates: a single term is copied
+  exactly (non-overlapping max pooling, embedding rows gathered once, the unweighted NLL loss and its
+  backward). Quantised data (k/16 pixels) is certified almost everywhere; float64 sums of FP32-grid
+  values often are.
 
 Ops are read through their aten schema (_bind), so positional and keyword calls look the same. Only
 2-d pooling and 1-d/2-d non-transposed convolutions (any groups, stride, padding, dilation) are
@@ -48,8 +50,8 @@ from vtrain.errors import VtrainError
 aten = torch.ops.aten
 
 Resolver = Callable[[tuple, dict, int, np.ndarray, int], np.ndarray]
-Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], Sequence["torch.Tensor | None"]],
-                     list["torch.Tensor | None"]]
+Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], Sequence["torch.Tensor | None"], int,
+                      "torch.Tensor"], "torch.Tensor | None"]
 
 _GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk of terms
 
@@ -591,188 +593,252 @@ def lsb(t: torch.Tensor) -> torch.Tensor:
     return low.masked_fill_(a == 0, math.inf)
 
 
-def _certify(q: torch.Tensor, e: torch.Tensor | None, k: int, dtype: torch.dtype,
+def _coords(pos: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
+    """Row-major coordinates of flat positions (on their device)."""
+    out = []
+    for size in reversed(tuple(shape)):
+        out.append(pos % size)
+        pos = pos // size
+    return tuple(reversed(out))
+
+
+def _per_key(key: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """fn over the distinct keys only (one value per key), spread back to every position: the ambiguous
+    positions of an op share few rows, columns, images or channels."""
+    uniq, inverse = torch.unique(key, return_inverse=True)
+    return fn(uniq)[inverse]
+
+
+def _bound_at(e: torch.Tensor, shape: Sequence[int], pos: torch.Tensor) -> torch.Tensor:
+    """The bound E (broadcastable to the output) at flat positions, without materialising it."""
+    return e.expand(tuple(shape))[_coords(pos, shape)] if len(shape) else e.reshape(1).expand(len(pos))
+
+
+def _all(pos: torch.Tensor) -> torch.Tensor:
+    return torch.ones(len(pos), dtype=torch.bool, device=pos.device)
+
+
+def _certify(q: torch.Tensor, e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor,
              divisor: int = 1) -> torch.Tensor | None:
-    """q: power-of-two grain of every term; e: the bound E >= gamma_k * S (S = sum|terms|) of k terms, for a
-    result divided by `divisor` (a power of two). True where S < 2^p q and q / divisor does not underflow."""
+    """q: power-of-two grain of every term of each position's sum (or one grain for all); e: the op's bound
+    E >= gamma_k * S (S = sum|terms|) of k terms, broadcastable to `out`, for a result divided by `divisor`
+    (a power of two). True at the positions where S < 2^p q and q / divisor does not underflow."""
     if e is None or k <= 0:
         return None
-    if dtype == torch.float64:
+    if out.dtype == torch.float64:
         p, tiny, u = 53, 2.0**-1074, 2.0**-53
-    elif dtype == torch.float32:
+    elif out.dtype == torch.float32:
         p, tiny, u = 24, 2.0**-149, 2.0**-24
     else:
         return None
     if k * u >= 0.5:
         return None
-    s_upper = e.to(torch.float64) * (divisor * _MARGIN * (1 - k * u) / (k * u))  # E / gamma_k, rounded up
-    return (s_upper < q * 2.0**p) & (q >= tiny * divisor)
+    e = _bound_at(e, out.shape, pos).to(torch.float64)
+    s_upper = e * (divisor * _MARGIN * (1 - k * u) / (k * u))  # E / gamma_k, rounded up
+    return ((s_upper < q * 2.0**p) & (q >= tiny * divisor)).to(pos.device)
 
 
-def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+             pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.shape[1] == 0:
-        return [None]
-    q = lsb(a).amin(1)[:, None] * lsb(b).amin(0)[None, :]
-    return [_certify(q, bounds[0], a.shape[1], outs[0].dtype)]
+        return None
+    r, c = _coords(pos, outs[0].shape)
+    q = _per_key(r, lambda u: lsb(a[u]).amin(1)) * _per_key(c, lambda u: lsb(b[:, u]).amin(0))
+    return _certify(q, bounds[0], a.shape[1], outs[0], pos)
 
 
-def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+              pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.shape[2] == 0 or a.shape[0] == 0:
-        return [None]
-    q = lsb(a).amin(2)[:, :, None] * lsb(b).amin(1)[:, None, :]
-    return [_certify(q, bounds[0], a.shape[2], outs[0].dtype)]
+        return None
+    n, r, c = _coords(pos, outs[0].shape)
+    rows, cols = a.shape[1], b.shape[2]
+    qa = _per_key(n * rows + r, lambda u: lsb(a[u // rows, u % rows]).amin(1))
+    qb = _per_key(n * cols + c, lambda u: lsb(b[u // cols, :, u % cols]).amin(1))
+    return _certify(qa * qb, bounds[0], a.shape[2], outs[0], pos)
 
 
-def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+              pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.numel() == 0:
-        return [None]
-    return [_certify(lsb(a).amin() * lsb(b).amin(), bounds[0], a.numel(), outs[0].dtype)]
+        return None
+    return _certify(lsb(a).amin() * lsb(b).amin(), bounds[0], a.numel(), outs[0], pos)
 
 
-def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+             pos: torch.Tensor) -> torch.Tensor | None:
     a, x = args[0], args[1]
     if a.shape[1] == 0:
-        return [None]
-    return [_certify(lsb(a).amin(1) * lsb(x).amin(), bounds[0], a.shape[1], outs[0].dtype)]
+        return None
+    q = _per_key(pos, lambda u: lsb(a[u]).amin(1)) * lsb(x).amin()
+    return _certify(q, bounds[0], a.shape[1], outs[0], pos)
 
 
-def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.addmm.default, args, kwargs)
     bias, a, b = kw["self"], kw["mat1"], kw["mat2"]
     if kw["alpha"] != 1 or kw["beta"] != 1 or a.shape[1] == 0:  # scaled terms are not multiples of q
-        return [None]
-    q = torch.minimum(lsb(a).amin(1)[:, None] * lsb(b).amin(0)[None, :], lsb(bias))
-    return [_certify(q, bounds[0], a.shape[1], outs[0].dtype)]
+        return None
+    shape = outs[0].shape
+    r, c = _coords(pos, shape)
+    q = _per_key(r, lambda u: lsb(a[u]).amin(1)) * _per_key(c, lambda u: lsb(b[:, u]).amin(0))
+    q = torch.minimum(q, lsb(bias.expand(shape)[r, c]))
+    return _certify(q, bounds[0], a.shape[1], outs[0], pos)
 
 
-def _trailing(q: torch.Tensor, ndim: int) -> torch.Tensor:
-    return q.reshape(*q.shape, *([1] * (ndim - q.dim())))  # broadcastable over the spatial dims
+def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image, channel) of flat positions in an (N, C, ...) tensor."""
+    inner = math.prod(shape[2:])
+    return pos // (shape[1] * inner), (pos // inner) % shape[1]
 
 
-def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                      pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.convolution.default, args, kwargs)
     try:
         x, w, *_ = _conv_geometry(aten.convolution.default, kw)
     except ResolveError:
-        return [None]
+        return None
     if x.numel() == 0 or w.numel() == 0:
-        return [None]
+        return None
     # out[n, co] sums x[n] * w[co] terms (plus bias[co]): grain qin[n] * qw[co]
-    q = lsb(x).amin((1, 2, 3))[:, None] * lsb(w).amin((1, 2, 3))[None, :]
+    n, co = _image_channel(pos, outs[0].shape)
+    q = _per_key(n, lambda u: lsb(x[u]).amin((1, 2, 3))) * _per_key(co, lambda u: lsb(w[u]).amin((1, 2, 3)))
     if kw["bias"] is not None:
-        q = torch.minimum(q, lsb(kw["bias"])[None, :])
-    return [_certify(_trailing(q, outs[0].dim()), bounds[0], w[0].numel(), outs[0].dtype)]
+        q = torch.minimum(q, lsb(kw["bias"][co]))
+    return _certify(q, bounds[0], w[0].numel(), outs[0], pos)
 
 
-def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                               pos: torch.Tensor) -> torch.Tensor | None:
     op = aten.convolution_backward.default
     kw = _bind(op, args, kwargs)
     try:
         x, w, *_, groups = _conv_geometry(op, kw)
     except ResolveError:
-        return [None, None, None]
+        return None
     g = kw["grad_output"]
     g = g.unsqueeze(2) if g.dim() == 3 else g
-    if x.numel() == 0 or w.numel() == 0 or g.numel() == 0:
-        return [None, None, None]
+    if x.numel() == 0 or w.numel() == 0 or g.numel() == 0 or i > 2 or outs[i] is None:
+        return None
     c_out, c_g = w.shape[:2]
-    lg, lx, lw = lsb(g), lsb(x), lsb(w)
     per_pixel = (c_out // groups) * w[0, 0].numel()  # grad_input terms: (co in the group, kernel tap)
     per_weight = g.shape[0] * g[0, 0].numel()  # grad_weight and grad_bias terms: (n, output position)
-    gcol = lg.amin((0, 2, 3))  # (Cout,)
-    certs: list[torch.Tensor | None] = [None, None, None]
-    if outs[0] is not None:  # grad_input[n, ci]: grad[n] * w[:, ci mod Cg]
-        q = lg.amin((1, 2, 3))[:, None] * lw.amin((0, 2, 3)).repeat(groups)[None, :]
-        certs[0] = _certify(_trailing(q, outs[0].dim()), bounds[0], per_pixel, outs[0].dtype)
-    if outs[1] is not None:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
-        qx = lx.amin((0, 2, 3)).reshape(groups, c_g)[torch.arange(c_out) // (c_out // groups)]
-        certs[1] = _certify(_trailing(gcol[:, None] * qx, outs[1].dim()), bounds[1], per_weight, outs[1].dtype)
-    if len(outs) > 2 and outs[2] is not None:
-        certs[2] = _certify(gcol, bounds[2], per_weight, outs[2].dtype)
-    return certs
+
+    def gcol(u: torch.Tensor) -> torch.Tensor:
+        return lsb(g[:, u]).amin((0, 2, 3))  # per output channel
+
+    if i == 0:  # grad_input[n, ci]: grad[n] * w[:, ci mod Cg]
+        n, ci = _image_channel(pos, outs[0].shape)
+        q = _per_key(n, lambda u: lsb(g[u]).amin((1, 2, 3))) * \
+            _per_key(ci % c_g, lambda u: lsb(w[:, u]).amin((0, 2, 3)))
+        return _certify(q, bounds[0], per_pixel, outs[0], pos)
+    if i == 1:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
+        co, cl = _image_channel(pos, outs[1].shape)
+        ci = (co // (c_out // groups)) * c_g + cl
+        q = _per_key(co, gcol) * _per_key(ci, lambda u: lsb(x[:, u]).amin((0, 2, 3)))
+        return _certify(q, bounds[1], per_weight, outs[1], pos)
+    return _certify(_per_key(pos, gcol), bounds[2], per_weight, outs[2], pos)
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
-        x, _, red = _reduction(op, args, kwargs)
+    def certify(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                pos: torch.Tensor) -> torch.Tensor | None:
+        x, keep, red = _reduction(op, args, kwargs)
         n = math.prod(x.shape[d] for d in red)
         # mean: with n = 2^k the division (or the multiplication by 1/n, or dividing each term first) is
         # exact whenever q / n does not underflow, which _certify checks; other n would round.
         if x.numel() == 0 or (mean and n & (n - 1)):
-            return [None]
-        q = lsb(x).amin(red, keepdim=True) if red else lsb(x)
-        return [_certify(q.reshape(outs[0].shape), bounds[0], n, outs[0].dtype, n if mean else 1)]
+            return None
+        if not keep:  # one output: the whole tensor is its slice
+            q = lsb(x).amin()
+        else:  # the reduced slice of each position (distinct positions: distinct slices)
+            xp = x.permute(*keep, *red)
+            q = lsb(xp[_coords(pos.to(x.device), [x.shape[d] for d in keep])].reshape(len(pos), n)).amin(1)
+        return _certify(q, bounds[0], n, outs[0], pos, n if mean else 1)
 
     return certify
 
 
+def _plane_grain(src: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """Per position of `out` (planes like src's), the smallest lsb over src's plane."""
+    planes = _planes(src)
+    return _per_key(pos // (out.shape[-2] * out.shape[-1]), lambda u: lsb(planes[u]).amin((1, 2)))
+
+
 def _cert_avg_pool(op: Any) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+    def certify(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                pos: torch.Tensor) -> torch.Tensor | None:
         kw = _bind(op, args, kwargs)
         kernel, stride, padding, ceil = _pool_params(kw)
         # one divisor for every window (full windows, or an override), a power of two: dividing is exact
         div = kw["divisor_override"] or (kernel[0] * kernel[1] if padding == (0, 0) and not ceil else 0)
         src = kw["grad_output"] if op is aten.avg_pool2d_backward.default else kw["self"]
         if div <= 0 or div & (div - 1) or src.numel() == 0:
-            return [None]
+            return None
         # terms are src / div over at most kernel-area windows; the bound is gamma_(area+1) of the op on |src|
-        q = lsb(src).amin((-2, -1), keepdim=True)  # per plane
-        return [_certify(q, bounds[0], kernel[0] * kernel[1], outs[0].dtype, div)]
+        q = _plane_grain(src, outs[0], pos)
+        return _certify(q, bounds[0], kernel[0] * kernel[1], outs[0], pos, div)
 
     return certify
 
 
-def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                              pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.max_pool2d_with_indices_backward.default, args, kwargs)
     (k0, k1), (s0, s1), _, _ = _pool_params(kw)
     d0, d1 = _pair(kw["dilation"])
     if s0 > d0 * (k0 - 1) and s1 > d1 * (k1 - 1):
         # windows do not overlap: each input element receives at most one gradient, copied exactly
-        return [torch.ones((), dtype=torch.bool, device=outs[0].device)]
+        return _all(pos)
     g = kw["grad_output"]
     if g.numel() == 0:
-        return [None]
-    q = lsb(g).amin((-2, -1), keepdim=True)  # per plane
-    return [_certify(q, bounds[0], k0 * k1, outs[0].dtype)]
+        return None
+    return _certify(_plane_grain(g, outs[0], pos), bounds[0], k0 * k1, outs[0], pos)
 
 
-def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                                   pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.embedding_dense_backward.default, args, kwargs)
     g, ind = kw["grad_output"], kw["indices"].reshape(-1)
-    counts = torch.bincount(ind, minlength=int(kw["num_weights"]))
+    d = outs[0].shape[-1]
+    row, col = pos // d, pos % d
+    counts = torch.bincount(ind, minlength=int(kw["num_weights"])).to(pos.device)[row]
     # a row gathered at most once is a copy (or zero; padding_idx's row is zero): exact, also when scaled
-    single = ((counts <= 1) | (torch.arange(len(counts), device=counts.device) == kw["padding_idx"]))[:, None]
+    single = (counts <= 1) | (row == kw["padding_idx"])
     if kw["scale_grad_by_freq"] or g.numel() == 0:
-        return [single]
-    q = lsb(g.reshape(-1, g.shape[-1])).amin(0)[None, :]  # per column
-    cert = _certify(q, bounds[0], ind.numel(), outs[0].dtype)
-    return [single if cert is None else single | cert]
+        return single
+    g2 = g.reshape(-1, g.shape[-1])
+    cert = _certify(_per_key(col, lambda u: lsb(g2[:, u]).amin(0)), bounds[0], ind.numel(), outs[0], pos)
+    return single if cert is None else single | cert
 
 
-def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                           pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.nll_loss_forward.default, args, kwargs)
-    if kw["weight"] is not None:
-        return [None, None]
-    exact = torch.ones((), dtype=torch.bool, device=outs[0].device)
+    if kw["weight"] is not None or (i == 0 and kw["reduction"] != 0):
+        return None
     # unweighted: each loss element is -x (a negation), total_weight a count of targets (an integer)
-    return [exact if kw["reduction"] == 0 else None, exact]
+    return _all(pos)
 
 
-def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence) -> list:
+def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+                            pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.nll_loss_backward.default, args, kwargs)
     if kw["weight"] is not None:
-        return [None]
+        return None
     if kw["reduction"] != 1:  # -g or 0: exact
-        return [torch.ones((), dtype=torch.bool, device=outs[0].device)]
+        return _all(pos)
     g, total = kw["grad_output"].reshape(-1), kw["total_weight"].reshape(-1)
     # mean: -g / total is exact when total is a power of two and the quotient does not underflow
     tiny = 2.0**-1074 if outs[0].dtype == torch.float64 else 2.0**-149
     tot = float(total[0])
     ok = tot > 0 and math.frexp(tot)[0] == 0.5 and float(lsb(g).amin()) / tot >= tiny
-    return [torch.full((), ok, dtype=torch.bool, device=outs[0].device)]
+    return _all(pos) if ok else torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
 
 
 CERTIFIERS: dict[Any, Certifier] = {

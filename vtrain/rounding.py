@@ -290,7 +290,6 @@ class RoundedExecution(TorchDispatchMode):
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
         bounds = spec.bound(args, kwargs, floats)
-        certified: list[torch.Tensor | None] | None = None
         for i, v in enumerate(floats):
             if v is None:
                 continue
@@ -317,11 +316,9 @@ class RoundedExecution(TorchDispatchMode):
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
-                    if certified is None:
-                        certifier = CERTIFIERS.get(op)
-                        certified = certifier(args, kwargs, floats, bounds) if certifier else [None] * len(outs)
-                    if certified[i] is not None:
-                        exact = certified[i].expand(v.shape).reshape(-1)[pos]
+                    certifier = CERTIFIERS.get(op)
+                    exact = certifier(args, kwargs, floats, bounds, i, pos) if certifier else None
+                    if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]
                         self._counts["certified"] += int(exact.sum())

@@ -7,9 +7,10 @@ a second check against torch itself (within one grid step) keeps both sides hone
 means. Adversarial cases: exact ties, cancellation to zero, subnormal results, huge dynamic range.
 Transcendental functions against mpmath at 300 bits.
 
-Certifiers: a certified element equals the exact value and every emulated device's value; quantised data
-is mostly certified; terms needing more than 53 bits are refused; and E / gamma_K really bounds
-sum|terms| (the coupling to vtrain.bounds that the certificates rely on).
+Certifiers (asked for positions, as the engine asks): a certified element equals the exact value and
+every emulated device's value; quantised data is mostly certified; asking for a few positions, in any
+order, answers as asking for all of them does; terms needing more than 53 bits are refused; and
+E / gamma_K really bounds sum|terms| (the coupling to vtrain.bounds that the certificates rely on).
 """
 
 from __future__ import annotations
@@ -555,10 +556,17 @@ CERT_CASES = [c for c in CASES if c.op in CERTIFIERS]
 
 
 def _certify(case: Case, args: tuple, kwargs: dict) -> tuple[list, list]:
+    """(outputs, per output the certificate asked at every position: a bool array, or None)."""
     outs = case.op(*args, **kwargs)
     outs = list(outs) if isinstance(outs, tuple) else [outs]
-    bounds = BOUNDS[case.op](args, kwargs, outs)
-    return outs, CERTIFIERS[case.op](args, kwargs, outs, bounds)
+    floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+    bounds = BOUNDS[case.op](args, kwargs, floats)
+    certs = []
+    for i, o in enumerate(floats):
+        cert = None if o is None else CERTIFIERS[case.op](args, kwargs, floats, bounds, i, torch.arange(o.numel()))
+        assert cert is None or (cert.dtype == torch.bool and cert.shape == (o.numel(),)), (case.name, i)
+        certs.append(None if cert is None else cert.numpy())
+    return outs, certs
 
 
 @pytest.mark.parametrize("kind", ["normal", "quant"])
@@ -567,6 +575,11 @@ def _certify(case: Case, args: tuple, kwargs: dict) -> tuple[list, list]:
 def test_certified_elements_are_exact_on_every_device(case: Case, dtype: torch.dtype, bits: int, kind: str) -> None:
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/cert".encode()))
     args, kwargs = case.make(gen, dtype, bits, kind)
+    check_sound(case, args, kwargs)
+
+
+def check_sound(case: Case, args: tuple, kwargs: dict) -> list:
+    """Every certified element equals the exact value on every device; the certificates (as _certify)."""
     outs, certs = _certify(case, args, kwargs)
     expected = case.ref(args, kwargs)
     others = []
@@ -579,13 +592,14 @@ def test_certified_elements_are_exact_on_every_device(case: Case, dtype: torch.d
     for i, cert in enumerate(certs):
         if cert is None or outs[i] is None:
             continue
-        mask = cert.expand(outs[i].shape).reshape(-1).numpy()
+        mask = cert
         exact = np.array([float(q) if q.denominator & (q.denominator - 1) == 0 else math.nan
                           for q in expected[i]])  # dyadic exact values only; others must not be certified
         values = [outs[i]] + [o[i] for o in others]
         for v in values:
             v = v.detach().to(torch.float64).reshape(-1).numpy()
             assert (v[mask] == exact[mask]).all(), (case.name, i)
+    return certs
 
 
 # refused by design: scaled terms; means over 15 and 6 elements and windows clipped by padding (divisors
@@ -602,22 +616,85 @@ def test_quantised_data_is_mostly_certified(case: Case, dtype: torch.dtype, bits
     gen = torch.Generator().manual_seed(1)
     args, kwargs = case.make(gen, dtype, bits, "quant")
     outs, certs = _certify(case, args, kwargs)
-    fractions = [float(c.expand(o.shape).float().mean()) for c, o in zip(certs, outs) if c is not None]
+    fractions = [float(c.mean()) for c in certs if c is not None]
     assert fractions and min(fractions) >= 0.9, (case.name, fractions)
+
+
+# (case, input): every output's grain is taken over that whole input
+READ_WHOLE = {("dot", 0), ("dot", 1), ("mv", 1), ("sum", 0), ("sum-dim-empty", 0)}
+
+
+SPIKE_SEEDS = 6
+
+
+@pytest.mark.parametrize("seed", range(SPIKE_SEEDS))
+@pytest.mark.parametrize("case", MOSTLY, ids=[c.name for c in MOSTLY])
+def test_a_spiked_slice_is_refused_where_it_is_read(case: Case, seed: int) -> None:
+    # Quantised float32 data with one element of one input made 2^-4 + 2^-27 (a full 24-bit significand;
+    # the certificates do not need grid inputs): sums that read it need more than 24 bits and are
+    # rounded, the others stay exact. Certificates read from the wrong row, column, image or channel
+    # would certify a rounded sum (check_sound), or refuse everything. Seed s spikes the s-th part of the
+    # flat input, so that every image, channel and row block gets one.
+    spike = 2.0**-4 + 2.0**-27
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/spike/{seed}".encode()))
+    args, kwargs = case.make(gen, torch.float32, 19, "quant")
+    plain = case.ref(args, kwargs)
+    for j, a in enumerate(args):
+        if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
+            continue
+        lo = seed * a.numel() // SPIKE_SEEDS
+        hi = max(lo + 1, (seed + 1) * a.numel() // SPIKE_SEEDS)
+        for _ in range(8):  # a spike that some sum reads (a stride may skip elements), where there is one
+            spiked = list(args)
+            spiked[j] = a.clone()
+            spiked[j].view(-1)[lo + int(torch.randint(hi - lo, (), generator=gen))] = spike
+            spiked = tuple(spiked)
+            changed = [np.array([x != y for x, y in zip(old, new)])
+                       for old, new in zip(plain, case.ref(spiked, kwargs))]
+            if any(ch.any() for ch in changed):
+                break
+        certs = check_sound(case, spiked, kwargs)
+        certs = [c for c in certs if c is not None]
+        if any(ch.any() for ch in changed):  # read: a grain 2^-27 times finer, too fine for these sums
+            assert not all(c.all() for c in certs), (case.name, j)
+        if (case.name, j) not in READ_WHOLE:  # other slices hold quantised data only: mostly certified
+            assert any(c.any() for c in certs), (case.name, j)
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant"])
+@pytest.mark.parametrize("case", CERT_CASES, ids=[c.name for c in CERT_CASES])
+def test_certificate_at_a_few_positions_is_the_certificate_at_all(case: Case, kind: str) -> None:
+    # the certifiers gather per distinct row / column / image / channel of the positions asked: a shuffled
+    # subset (with repeated rows and columns) must read each position's own slices
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{kind}/subset".encode()))
+    args, kwargs = case.make(gen, torch.float64, 32, kind)
+    outs, full = _certify(case, args, kwargs)
+    floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+    bounds = BOUNDS[case.op](args, kwargs, floats)
+    for i, want in enumerate(full):
+        if floats[i] is None:
+            continue
+        n = floats[i].numel()
+        pos = torch.randperm(n, generator=gen)[:max(1, n // 3)]
+        got = CERTIFIERS[case.op](args, kwargs, floats, bounds, i, pos)
+        assert (got is None) == (want is None), (case.name, i)
+        if got is not None:
+            assert got.shape == pos.shape and got.tolist() == want[pos.numpy()].tolist(), (case.name, i)
 
 
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
     a = torch.tensor([[1.0, 2.0**-30]], dtype=torch.float64)
     b = torch.full((2, 1), 1 + 2.0**-23, dtype=torch.float64)  # exact sum 1 + 2^-23 + 2^-30 + 2^-53: 54 bits
     out = a @ b
-    (cert,) = CERTIFIERS[aten.mm.default]((a, b), {}, [out], BOUNDS[aten.mm.default]((a, b), {}, [out]))
-    assert not cert.any()
+    pos = torch.zeros(1, dtype=torch.int64)
+    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], BOUNDS[aten.mm.default]((a, b), {}, [out]), 0, pos)
+    assert cert.tolist() == [False]
     assert F(float(out)) != sum(F(x) * F(y) for x, y in zip(a[0].tolist(), b[:, 0].tolist()))  # really inexact
     # one bit fewer (2^-29 instead of 2^-30: 53 bits) is exact and certified
     a[0, 1] = 2.0**-29
     out = a @ b
-    (cert,) = CERTIFIERS[aten.mm.default]((a, b), {}, [out], BOUNDS[aten.mm.default]((a, b), {}, [out]))
-    assert cert.all()
+    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], BOUNDS[aten.mm.default]((a, b), {}, [out]), 0, pos)
+    assert cert.tolist() == [True]
 
 
 def test_mean_certified_only_for_power_of_two_counts() -> None:
@@ -625,8 +702,8 @@ def test_mean_certified_only_for_power_of_two_counts() -> None:
     for cols, want in ((4, True), (3, False)):
         args = (x[:, :cols], [1])
         outs = [aten.mean.dim(*args)]
-        (cert,) = CERTIFIERS[aten.mean.dim](args, {}, outs, BOUNDS[aten.mean.dim](args, {}, outs))
-        assert (cert is not None and bool(cert.all())) == want
+        cert = CERTIFIERS[aten.mean.dim](args, {}, outs, BOUNDS[aten.mean.dim](args, {}, outs), 0, torch.arange(2))
+        assert (cert is not None and cert.tolist() == [True, True]) == want
 
 
 def test_lsb() -> None:
