@@ -360,29 +360,3 @@ BOUNDS: dict[Any, Bound] = {
 # op -> BOUNDS[op] evaluated only at given flat positions (same sums, gathered)
 BOUNDS_AT: dict[Any, PositionBound] = {op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)}
 
-
-# -- cheap upper bounds of E for the matmul family (a filter in front of BOUNDS_AT) ---------------------
-# Cauchy-Schwarz: sum_k |a_ik b_kj| <= ||a_i|| ||b_j||, from row and column norms: O(MK + KN + MN) instead of
-# the second matmul. The norms are computed in floating point (relative error ~ K u), so the result is
-# inflated by 2^-10, far more than that. It is only ever used to find candidates: the element's E itself
-# comes from BOUNDS_AT, so a loose bound costs time (more candidates), never soundness.
-_CS_SLACK = 1 + 2.0**-10
-
-
-def _matmul_cs(func: Any) -> Bound:
-    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        v = outs[0]
-        bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
-        u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
-        # in float64 whatever the work dtype: float32 squares of small grid values would underflow to 0
-        na = torch.linalg.vector_norm(a, dim=2, dtype=torch.float64).unsqueeze(2)      # (B, M, 1)
-        nb = torch.linalg.vector_norm(b, dim=1, dtype=torch.float64).unsqueeze(1)      # (B, 1, N)
-        s = (na * nb).mul_(abs(alpha) * _CS_SLACK).to(v.dtype)
-        if bias is not None:
-            s = s.add_(abs(beta) * bias.abs())
-        return [_finish(s.reshape(v.shape).mul_(gamma(k, u)), k, u, v.dtype)]
-
-    return bound
-
-
-CHEAP_BOUNDS: dict[Any, Bound] = {op: _matmul_cs(op) for op in BOUNDS_AT}

@@ -258,10 +258,14 @@ class RoundedExecution(TorchDispatchMode):
                 continue
             shape = tuple(v.shape)
             if self.mode == "record":
-                if self.policy == "bound" and bounds is None:
-                    bounds = spec.bound(args, kwargs, floats)
-                band = self._band(r, None if bounds is None else bounds[i])
-                entry = self._find_entries(site, spec.name, shape, v, r, band)
+                if self.policy == "bound":
+                    cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, 2 * BAND_SLACK, bounds)
+                    ww = e_cand * (2 * BAND_SLACK)
+                else:
+                    band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
+                    cand = self._candidates(v, r, band)
+                    ww = band[cand]
+                entry = self._find_entries(site, spec.name, shape, v, r, cand, ww)
                 self._sites.append(entry)
                 self._offsets.append(offset)
                 self._counts["logged"] += entry.num_entries
@@ -289,7 +293,7 @@ class RoundedExecution(TorchDispatchMode):
         op = spec.functional or func
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
-        bounds = spec.bound(args, kwargs, floats)
+        bounds: list[torch.Tensor | None] | None = None
         for i, v in enumerate(floats):
             if v is None:
                 continue
@@ -302,15 +306,18 @@ class RoundedExecution(TorchDispatchMode):
             bad = (~torch.isfinite(r)) | (r.abs() > grid_max(self.bits))
             any_bad = bool(bad.any())
             if any_bad:
-                if bounds[i] is None:
-                    raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
                 r[bad] = 0.0
             self._counts["checked"] += v.numel()
             tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0])
             tally[0] += v.numel()
-            if bounds[i] is not None and v.numel():
+            if v.numel():
                 start = time.perf_counter()
-                pos = self._ambiguous(v, r, bounds[i])
+                cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, BAND_SLACK, bounds)
+                if e_cand is None:  # an output without an error bound is an exact count
+                    if any_bad:
+                        raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
+                    cand = cand[:0]
+                pos = self._ambiguous(v, r, cand, e_cand * BAND_SLACK if e_cand is not None else None)
                 if any_bad:
                     pos = torch.cat([pos, bad.reshape(-1).nonzero().squeeze(1)]).unique()
                 if pos.numel():
@@ -336,15 +343,35 @@ class RoundedExecution(TorchDispatchMode):
             return args[0]
         return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
 
-    def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
-        """Flat positions whose value lies within the bound E of a rounding boundary (ties included)."""
-        vf, rf = v.reshape(-1), r.reshape(-1)
-        band = (bound.expand(v.shape) * BAND_SLACK).reshape(-1)
-        half = spacing_below(rf, self.bits).mul_(0.5)
-        cand = torch.sub(vf, rf).abs_().add_(band).ge_(half).nonzero().squeeze(1)
+    def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
+        """Flat positions where |v - r| + band >= half the spacing below r: a superset of the values within
+        `band` (flat) of a rounding boundary, since the nearest boundary is at least that far away. (In
+        place on the temporaries: these passes run over every value of every device op.)"""
+        half = spacing_below(r.reshape(-1), self.bits).mul_(0.5)
+        return torch.sub(v.reshape(-1), r.reshape(-1)).abs_().add_(band).ge_(half).nonzero().squeeze(1)
+
+    def _near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, r: torch.Tensor, factor: float,
+              bounds: list | None) -> tuple[torch.Tensor, torch.Tensor | None, list | None]:
+        """(candidate positions for a band of factor * E, E at them (None: no bound), the op's bounds).
+
+        E is computed everywhere, once per op call. (A Cauchy-Schwarz pre-filter with E gathered at the
+        candidates only was measured slower, twice: the exact ties of quantised and few-term sums are
+        candidates whatever the bound, and the gathered |a||b| sums cost more than the second matmul.)"""
+        v = floats[i]
+        if bounds is None:
+            bounds = spec.bound(args, kwargs, floats)
+        if bounds[i] is None:
+            return torch.zeros(0, dtype=torch.long, device=v.device), None, bounds
+        e = bounds[i].expand(v.shape).reshape(-1)
+        cand = self._candidates(v, r, e * factor)
+        return cand, e[cand], bounds
+
+    def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, cand: torch.Tensor, band: torch.Tensor | None) -> torch.Tensor:
+        """The candidates whose value lies within `band` (at the candidates) of a rounding boundary (ties included)."""
         if cand.numel() == 0:
             return cand
-        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band[cand].cpu().numpy()
+        vf, rf = v.reshape(-1), r.reshape(-1)
+        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band.cpu().numpy()
         diff, down, up = self._geometry(vv, rr)
         near = np.minimum(diff + down * 0.5, up * 0.5 - diff) <= ww
         return cand[torch.from_numpy(near).to(cand.device)]
@@ -358,14 +385,6 @@ class RoundedExecution(TorchDispatchMode):
 
     # -- record -------------------------------------------------------------------------------------
 
-    def _band(self, r: torch.Tensor, bound: torch.Tensor | None) -> torch.Tensor:
-        """Half-width w of the band around boundaries, elementwise (flat)."""
-        if self.policy == "bound":
-            if bound is None:  # an output without an error bound (an exact count): nothing is ambiguous
-                return torch.zeros(r.numel(), dtype=r.dtype, device=r.device)
-            return (bound.expand(r.shape) * (2 * BAND_SLACK)).reshape(-1)
-        return spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
-
     def _bound_at(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, pos: torch.Tensor,
                   full: list | None = None) -> torch.Tensor:
         """The error bound E of output i at flat positions `pos` (gathered when that is much cheaper)."""
@@ -378,19 +397,15 @@ class RoundedExecution(TorchDispatchMode):
         return full[i].expand(v.shape).reshape(-1)[pos]
 
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
-                      band: torch.Tensor) -> SiteLog:
-        vf, rf = v.reshape(-1), r.reshape(-1)
-        half = spacing_below(rf, self.bits).mul_(0.5)
-        # The nearest boundary is at least half a (lower) spacing minus |v - r| away: a cheap filter that
-        # never drops a value within the band, then the exact test on the few candidates. (In place on
-        # the temporaries: these passes run over every rounded value of every device op.)
-        cand = torch.sub(vf, rf).abs_().add_(band).gt_(half).nonzero().squeeze(1)
-        if cand.numel() == 0:
+                      cand: torch.Tensor, band: torch.Tensor | None) -> SiteLog:
+        """The log entries of one output: the candidates (see _candidates) within `band` (at them) of a boundary."""
+        if cand.numel() == 0 or band is None:
             return SiteLog(site, op, shape)
+        vf, rf = v.reshape(-1), r.reshape(-1)
         # The exact test on the candidates in numpy (a few values per op: numpy's per-call cost is a
         # fraction of torch's); the same IEEE operations in the same dtype, so the same decisions.
         idx = cand.cpu().numpy()
-        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band[cand].cpu().numpy()
+        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band.cpu().numpy()
         diff, down, up = self._geometry(vv, rr)
         d_lo = diff + down * 0.5  # distance to the boundary below r
         d_hi = up * 0.5 - diff  # distance to the boundary above r
