@@ -98,26 +98,23 @@ def test_replay_step_of_an_exact_run_on_another_device(runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS + SCALE)
 def test_exact_full_matrix(runs, model):
+    # With no log, an audit on device D recomputes exactly what a trainer on D computes: the matrix of
+    # every trainer/auditor pair is the statement that every device's run is the same, leaf for leaf.
     devices = ["cpu", *emulated_devices()]
     spec = _exact(model, steps=SCALE_STEPS) if model in SCALE else example(f"exact/{model}")
-    states = {tuple(_states(runs, spec, d)) for d in devices}
-    assert len(states) == 1, f"{model}: trainers on {devices} reached different states"
-    for trainer in devices:
-        for auditor in devices:
-            if auditor != trainer:
-                _check_pair(runs, spec, trainer, auditor)
+    leaves = {d: Run.open(runs.get(spec, d)).leaves for d in devices}
+    assert len({tuple(v) for v in leaves.values()}) == 1, f"{model}: trainers on {devices} reached different leaves"
+    _check_pair(runs, spec, devices[-1], "cpu")   # and the audit itself says so
 
 
 @pytest.mark.slow
-def test_exact_run_trained_by_4_processes_is_audited_by_1_and_by_2(tmp_path):
+def test_exact_run_trained_by_2_processes_is_audited_by_1(tmp_path):
     from vtrain.train import train
-    spec = _exact("mlp", shards=4, steps=12)
+    spec = _exact("mlp", shards=2, steps=12)
     out = tmp_path / "run"
-    train(spec, out, spec_toml=to_toml(spec), workers=4)
-    run = Run.open(out)
-    for workers, device in ((1, emulated_devices()[0]), (2, "cpu")):
-        report = audit(run, device, workers=workers)
-        assert report.matched, f"{workers} process(es) on {device}: {report.divergence}"
+    train(spec, out, spec_toml=to_toml(spec), workers=2)
+    report = audit(Run.open(out), emulated_devices()[0])
+    assert report.matched, report.divergence
 
 
 def test_exact_run_with_a_checkpoint_interval(runs):
