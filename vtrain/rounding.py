@@ -240,8 +240,7 @@ class RoundedExecution(TorchDispatchMode):
         out = self.device.execute(spec.functional or func, args, kwargs)
         if self.exact:
             return self._canonical(func, spec, args, kwargs, out)
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        outs, floats = _outputs(out)
         bounds: list[torch.Tensor | None] | None = None
         for i, v in enumerate(floats):
             if v is None:
@@ -291,8 +290,7 @@ class RoundedExecution(TorchDispatchMode):
     def _canonical(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, out: Any) -> Any:
         from vtrain.resolve import CERTIFIERS  # noqa: PLC0415 (resolve pulls in mpmath: only exact runs pay)
         op = spec.functional or func
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+        outs, floats = _outputs(out)
         bounds: list[torch.Tensor | None] | None = None
         for i, v in enumerate(floats):
             if v is None:
@@ -471,6 +469,12 @@ class RoundedExecution(TorchDispatchMode):
         self._counts["logged_values"] += int(entry.val_pos.size)
         rf[pos] = claim
         return r
+
+
+def _outputs(out: Any) -> tuple[list, list]:
+    """(the op's outputs as a list, the same with None for every non-floating output)."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    return outs, [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
 
 
 def _map_floats(out: Any, fn: Any) -> Any:
