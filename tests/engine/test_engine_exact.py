@@ -26,10 +26,6 @@ def _exact(example_name: str, **changes):
     return example(example_name, resolution="exact", **changes)
 
 
-def _states(runs, spec, device: str) -> list[bytes]:
-    return [r.state_hash for r in Run.open(runs.get(spec, device)).records]
-
-
 def _check_pair(runs, spec, trainer: str, auditor: str) -> None:
     path = runs.get(spec, trainer)
     run = Run.open(path)
@@ -47,11 +43,9 @@ def test_exact_runs_match_across_devices_without_a_log(runs, model):
     # examples/exact/ are the examples with the exact resolution, nothing else changed
     assert dataclasses.replace(_exact(model), name=spec.name) == spec
     assert spec.steps >= 100 and (spec.dtype, spec.bits) == ("float64", 32)
-    emu = emulated_devices()[0]
-    _check_pair(runs, spec, "cpu", emu)
-    _check_pair(runs, spec, emu, "cpu")
-    # not only the leaves: the two trainers' states are bit-identical at every step
-    assert _states(runs, spec, "cpu") == _states(runs, spec, emu)
+    # MATCH compares every leaf, and each leaf commits the whole state: the auditor on the emulated device
+    # computed the cpu trainer's states bit for bit at every step (the slow matrix trains on every device)
+    _check_pair(runs, spec, "cpu", emulated_devices()[0])
 
 
 @pytest.mark.parametrize("model", ["scale/logreg", "scale/mlp", pytest.param("scale/cnn", marks=pytest.mark.slow)])
@@ -64,7 +58,6 @@ def test_exact_scale_models_match_where_rounding_alone_diverges(runs, model):
     assert all(m["ambiguous"] > 0 for m in metrics)
     assert sum(m["recomputed"] for m in metrics) > 0
     _check_pair(runs, spec, "cpu", emu)
-    assert _states(runs, spec, "cpu") == _states(runs, spec, emu)
     if model != "scale/logreg":   # (64-term dot products: rounding alone happens to agree there, as in the log ablation)
         ablation = audit(Run.open(path), emu, ignore_log=True)
         assert ablation.divergence is not None, f"{model}: rounding without the exact resolution did not diverge"
@@ -72,10 +65,10 @@ def test_exact_scale_models_match_where_rounding_alone_diverges(runs, model):
 
 def test_exact_trainer_with_2_threads_auditor_with_1(tmp_path):
     out = tmp_path / "run"
-    t = cli("train", "examples/exact/mlp.toml", "--out", str(out), "--steps", "40", threads=2, process=True)
+    t = cli("train", "examples/exact/mlp.toml", "--out", str(out), "--steps", "20", threads=2, process=True)
     assert t.returncode == 0, t.stderr
     root_line = t.stdout.strip().splitlines()[-1]
-    assert root_line.startswith("root=0x") and root_line.endswith(" size=41")
+    assert root_line.startswith("root=0x") and root_line.endswith(" size=21")
     a = cli("audit", str(out), "--device", emulated_devices()[-1], threads=1)
     assert a.returncode == 0, a.stdout + a.stderr
     assert a.stdout.strip().splitlines()[-1] == f"MATCH {root_line}"
@@ -83,7 +76,7 @@ def test_exact_trainer_with_2_threads_auditor_with_1(tmp_path):
     assert "exact: ambiguous/step=" in a.stdout
     i = cli("inspect", str(out), "--verify")
     assert i.returncode == 0, i.stdout + i.stderr
-    assert "exact:      checked=" in i.stdout and "verified:   41 states match their leaves" in i.stdout
+    assert "exact:      checked=" in i.stdout and "verified:   21 states match their leaves" in i.stdout
 
 
 def test_replay_step_of_an_exact_run_on_another_device(runs):
