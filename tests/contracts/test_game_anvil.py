@@ -131,5 +131,6 @@ def test_solvency_machine_on_anvil_200(anvil_base):
     """The issue's >= 200 random sequences, randomised per run (a failure prints its sequence)."""
     run_state_machine_as_test(
         anvil_machine(anvil_base),
-        settings=settings(max_examples=200, stateful_step_count=20, **{**SETTINGS, "derandomize": False}),
+        # 10 transitions a sequence: 2,000 transactions, which keeps the slow pass within CI's budget
+        settings=settings(max_examples=200, stateful_step_count=10, **{**SETTINGS, "derandomize": False}),
     )
