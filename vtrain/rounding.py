@@ -301,9 +301,13 @@ class RoundedExecution(TorchDispatchMode):
             # A device whose value (or a float32 partial sum) overflowed may still have a finite exact
             # value that another device computes: such elements are settled exactly like ambiguous ones
             # (the resolver raises when the exact value itself overflows).
-            bad = (~torch.isfinite(r)) | (r.abs() > grid_max(self.bits))
-            any_bad = bool(bad.any())
+            any_bad = False
+            if r.numel():   # one pass in the common case; NaN fails both comparisons
+                lo, hi = torch.aminmax(r)
+                limit = grid_max(self.bits)
+                any_bad = not (-limit <= lo.item() and hi.item() <= limit)
             if any_bad:
+                bad = (~torch.isfinite(r)) | (r.abs() > limit)
                 r[bad] = 0.0
             self._counts["checked"] += v.numel()
             tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0])
