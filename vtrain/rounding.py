@@ -122,6 +122,9 @@ class RoundedExecution(TorchDispatchMode):
         if not 0 <= tau < 0.5:
             raise ValueError(f"tau must be in [0, 0.5), got {tau}")
         self.bits, self.device, self.policy, self.tau, self.mode, self.step = bits, device, policy, tau, mode, step
+        from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+        self._fused = fused
+        self._limit = grid_max(bits)
         self.replay_log = replay_log
         self.exact = resolution == "exact" and mode == "record"
         self.resolution = resolution
@@ -211,6 +214,11 @@ class RoundedExecution(TorchDispatchMode):
                 self._check_finite(t, spec)
             return t
         self._counts["rounded"] += t.numel()
+        if t.numel() and self._fused.usable(t):
+            out = torch.empty_like(t)
+            if self._fused.round_into(self._fused.flat(t), self._fused.flat(out), self.bits - 9, self._limit) < 0:
+                return out
+            # out of range: the torch path below raises the error that names the value
         try:
             return round_to_grid(t, self.bits)
         except GridOverflowError as exc:
@@ -223,6 +231,11 @@ class RoundedExecution(TorchDispatchMode):
             raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
 
     def _round_into(self, t: torch.Tensor, spec: OpSpec) -> None:
+        if t.is_floating_point() and not self._trivial(t) and t.numel() and self._fused.usable(t):
+            self._counts["rounded"] += t.numel()
+            if self._fused.round_into(self._fused.flat(t), self._fused.flat(t), self.bits - 9, self._limit) < 0:
+                return
+            self._counts["rounded"] -= t.numel()  # counted again below, where the check raises
         if t.is_floating_point():
             r = self._round(t, spec)
             if r is not t:
@@ -251,14 +264,16 @@ class RoundedExecution(TorchDispatchMode):
             site = self._counts["sites"]
             self._counts["sites"] += 1
             offset = self._counts["rounded"]
-            r = self._round(v, spec)
+            if self.mode == "record" and self.policy == "bound":
+                r, cand, e_cand, bounds = self._round_near(spec, args, kwargs, floats, i, 2 * BAND_SLACK, bounds)
+            else:
+                r = self._round(v, spec)
             if self.mode == "plain":
                 outs[i] = r
                 continue
             shape = tuple(v.shape)
             if self.mode == "record":
                 if self.policy == "bound":
-                    cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, 2 * BAND_SLACK, bounds)
                     ww = e_cand * (2 * BAND_SLACK)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
@@ -296,25 +311,29 @@ class RoundedExecution(TorchDispatchMode):
             if v is None:
                 continue
             self._counts["sites"] += 1
-            self._counts["rounded"] += v.numel()
-            r = round_unchecked(v, self.bits).contiguous()
-            # A device whose value (or a float32 partial sum) overflowed may still have a finite exact
-            # value that another device computes: such elements are settled exactly like ambiguous ones
-            # (the resolver raises when the exact value itself overflows).
-            any_bad = False
-            if r.numel():   # one pass in the common case; NaN fails both comparisons
-                lo, hi = torch.aminmax(r)
-                limit = grid_max(self.bits)
-                any_bad = not (-limit <= lo.item() and hi.item() <= limit)
-            if any_bad:
-                bad = (~torch.isfinite(r)) | (r.abs() > limit)
-                r[bad] = 0.0
             self._counts["checked"] += v.numel()
             tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0])
             tally[0] += v.numel()
+            start = time.perf_counter()
+            fused = self._fused_near(spec, args, kwargs, floats, i, BAND_SLACK, bounds)
+            any_bad = False
+            if fused is None:
+                self._counts["rounded"] += v.numel()
+                r = round_unchecked(v, self.bits).contiguous()
+                # A device whose value (or a float32 partial sum) overflowed may still have a finite exact
+                # value that another device computes: such elements are settled exactly like ambiguous ones
+                # (the resolver raises when the exact value itself overflows).
+                if r.numel():  # one pass in the common case; NaN fails both comparisons
+                    lo, hi = torch.aminmax(r)
+                    any_bad = not (-self._limit <= lo.item() and hi.item() <= self._limit)
+                if any_bad:
+                    bad = (~torch.isfinite(r)) | (r.abs() > self._limit)
+                    r[bad] = 0.0
             if v.numel():
-                start = time.perf_counter()
-                cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, BAND_SLACK, bounds)
+                if fused is not None:
+                    r, cand, e_cand, bounds = fused
+                else:
+                    cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, BAND_SLACK, bounds)
                 if e_cand is None:  # an output without an error bound is an exact count
                     if any_bad:
                         raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
@@ -344,6 +363,39 @@ class RoundedExecution(TorchDispatchMode):
             args[0].copy_(outs[0])
             return args[0]
         return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    def _round_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
+                    bounds: list | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list | None]:
+        """(output i rounded, then as `_near`): in one fused pass where the kernels take it."""
+        fused = self._fused_near(spec, args, kwargs, floats, i, factor, bounds)
+        if fused is not None:
+            return fused
+        r = self._round(floats[i], spec)  # raises for a value off the grid
+        return (r, *self._near(spec, args, kwargs, floats, i, r, factor, bounds))
+
+    def _fused_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
+                    bounds: list | None) -> tuple | None:
+        """`_round_near` by the fused kernels (counting the rounded values), or None where they cannot take
+        the output or a value is off the grid (NaN, infinite, beyond the largest grid value)."""
+        v, fused = floats[i], self._fused
+        if not (v.numel() and fused.usable(v)):
+            return None
+        if bounds is None:
+            bounds = spec.bound(args, kwargs, floats)
+        e, out, m = bounds[i], torch.empty_like(v), self.bits - 9
+        if e is None:
+            if fused.round_into(fused.flat(v), fused.flat(out), m, self._limit) >= 0:
+                return None
+            self._counts["rounded"] += v.numel()
+            return out, torch.zeros(0, dtype=torch.long), None, bounds
+        e = e.reshape(1) if e.numel() == 1 else e.expand(v.shape).contiguous()
+        cand = np.empty(v.numel(), dtype=np.int64)
+        count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, m, self._limit, fused.flat(out), cand)
+        if bad >= 0:
+            return None
+        self._counts["rounded"] += v.numel()
+        pos = torch.from_numpy(cand[:count].copy())
+        return out, pos, e.view(-1)[pos] if e.numel() > 1 else e.expand(count), bounds
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
         """Flat positions where |v - r| + band >= half the spacing below r: a superset of the values within

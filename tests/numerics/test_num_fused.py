@@ -1,0 +1,99 @@
+"""The fused CPU kernels (vtrain.fused) against the torch path they replace: the same bits, the same
+candidates, the same logs and states."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_num_grid import _adversarial_fp64
+from vtrain import fused
+from vtrain.devices import get_device
+from vtrain.grid import grid_max, round_unchecked
+from vtrain.rounding import RoundedExecution
+from vtrain.spec import load_spec
+from vtrain.state import state_hash
+from vtrain.train import TrainingSession
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _values(bits: int, dtype: np.dtype) -> np.ndarray:
+    x = _adversarial_fp64(2000, bits - 9, np.random.default_rng(bits))
+    if dtype == np.float32:  # float32 work: its own ties, subnormals and near-max values
+        x = x.astype(np.float32)
+        x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(-np.inf)),
+                            np.array([1e-45, -1e-45, 0.0, -0.0], dtype=np.float32)])
+    return x[np.abs(x) < (2 - 2.0 ** -(bits - 8)) * 2.0**127]  # beyond, values round off the grid (tested apart)
+
+
+@pytest.mark.parametrize("bits", [10, 16, 19, 24, 31, 32])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_round_into_equals_the_torch_rounding_bit_for_bit(bits: int, dtype: np.dtype) -> None:
+    if dtype == np.float32 and bits == 32:
+        pytest.skip("float32 work at bits = 32 is never rounded (every float32 is a grid value)")
+    x = _values(bits, dtype)
+    out = np.empty_like(x)
+    assert fused.round_into(x, out, bits - 9, grid_max(bits)) == -1
+    want = round_unchecked(torch.from_numpy(x), bits).numpy()
+    assert np.array_equal(out.view(np.uint8), want.view(np.uint8))  # -0.0 stays -0.0 too
+
+
+@pytest.mark.parametrize("bits", [19, 32])
+def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None:
+    top = grid_max(bits)
+    beyond = (2 - 2.0 ** -(bits - 9 + 1)) * 2.0**127  # the midpoint to 2^128 rounds to it
+    for bad in (float("nan"), float("inf"), -float("inf"), beyond, -beyond, 2.0**130):
+        x = np.array([1.0, top, -top, bad, 3.0, bad])
+        assert fused.round_into(x, np.empty_like(x), bits - 9, top) == 3, bad
+        e = np.zeros(1)
+        count, first = fused.round_near(x, e, 1.0, bits - 9, top, np.empty_like(x), np.empty(6, np.int64))
+        assert first == 3, bad
+
+
+@pytest.mark.parametrize("bits", [19, 32])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_round_near_gives_the_torch_candidates(bits: int, dtype: np.dtype) -> None:
+    if dtype == np.float32 and bits == 32:
+        pytest.skip("never rounded")
+    x = _values(bits, dtype)
+    gen = np.random.default_rng(7)
+    # bands from nothing to a few spacings, so every branch of the test is taken
+    e = (np.abs(x) * 2.0 ** -(bits - 9) * gen.choice([0.0, 1e-9, 0.1, 0.3, 0.49, 0.5, 0.51, 2.0], x.size)).astype(dtype)
+    rx = RoundedExecution(bits=bits, device=get_device("cpu"), mode="plain")
+    for band in (e, e[:1]):
+        out, cand = np.empty_like(x), np.empty(x.size, np.int64)
+        count, bad = fused.round_near(x, band, 2.0, bits - 9, grid_max(bits), out, cand)
+        assert bad == -1
+        v = torch.from_numpy(x)
+        r = round_unchecked(v, bits)
+        want = rx._candidates(v, r, torch.from_numpy(band).expand(v.shape) * 2.0).numpy()
+        assert np.array_equal(out.view(np.uint8), r.numpy().view(np.uint8))
+        if dtype == np.float64:  # the same float64 operations: the same set
+            assert np.array_equal(cand[:count], want)
+        else:  # float32 work: the kernel's test runs in float64, at least as wide as torch's float32 one
+            assert set(want.tolist()) <= set(cand[:count].tolist())
+            assert count <= want.size * 1.01 + 4
+
+
+def _run(spec_name: str, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    monkeypatch.setattr(fused, "ENABLED", fused_on)
+    spec = load_spec(EXAMPLES / spec_name)
+    spec = dataclasses.replace(spec, steps=steps, warmup_steps=min(spec.warmup_steps, steps - 1))
+    s = TrainingSession(spec, "cpu")
+    out = [s.step(t, "record") for t in range(1, steps + 1)]
+    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes())
+
+
+@pytest.mark.parametrize("spec_name", ["mlp.toml", "cnn.toml", "scale/mlp.toml", "exact/mlp.toml", "exact/cnn.toml"])
+def test_training_with_the_kernels_is_bit_identical_to_the_torch_path(spec_name: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    logs_on, loss_on, state_on = _run(spec_name, True, 4, monkeypatch)
+    logs_off, loss_off, state_off = _run(spec_name, False, 4, monkeypatch)
+    assert logs_on == logs_off
+    assert loss_on == loss_off
+    assert state_on == state_off

@@ -1,0 +1,132 @@
+"""Fused CPU kernels for the rounding hot path: one pass over an op's output instead of several torch passes.
+
+Every op output of a rounded step is rounded to the grid, and every device-dependent output is also
+filtered for values near a rounding boundary (vtrain.rounding). In torch that is a float32 round trip and
+a range check (three passes and two buffers) for each output, plus about ten more elementwise passes for
+the filter; on a small step each pass also pays torch's per-call cost. These numba kernels do the same in
+one pass, on CPU tensors only (other devices keep the torch path in vtrain.grid and vtrain.rounding).
+
+They compute the same values with the same IEEE operations as the torch path, so nothing downstream can
+tell them apart: tests/numerics/test_num_fused.py checks the rounding bit for bit against
+`vtrain.grid.round_unchecked`, and the candidate sets against `RoundedExecution._candidates`. Rounding:
+at bits = 32 on float64 the hardware cast to float32 (RNE from the float64 value, subnormals included);
+otherwise x / q rounded half-to-even and scaled back by q, the grid spacing at x, all exact. A value that
+is NaN, infinite or beyond the grid makes a kernel report its position; the caller then takes the torch
+path, which raises the error that names it (or, in the exact resolution, settles such elements exactly).
+
+numba compiles each kernel on first use per dtype (about a second) and caches the machine code beside
+this file, so later processes load it in milliseconds.
+"""
+
+from __future__ import annotations
+
+
+import numpy as np
+import torch
+from numba import njit
+
+MIN_NORMAL = 2.0**-126
+ENABLED = True  # tests turn it off to compare against the torch path
+
+# Binary exponents E of grid values (clamped below at -126, where the grid turns uniform): 2^E for
+# E = -126 .. 127 by table lookup, since numba has no cheap float<->int bit cast for scalars (frexp/ldexp
+# per element measured 6x slower).
+_EMIN, _EMAX = -126, 127
+_POW2 = np.array([2.0**e for e in range(_EMIN, _EMAX + 1)])
+
+
+def usable(t: torch.Tensor) -> bool:
+    """Whether the kernels can take `t` (a contiguous float64/float32 CPU tensor)."""
+    return ENABLED and t.device.type == "cpu" and t.dtype in (torch.float64, torch.float32) and t.is_contiguous()
+
+
+def flat(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor's elements (shared memory)."""
+    return t.detach().view(-1).numpy()
+
+
+def _layout(a: np.ndarray) -> tuple[np.ndarray, int, int, int]:
+    """(integer view, explicit mantissa bits, exponent field mask, exponent bias) of a float array."""
+    if a.dtype == np.float64:
+        return a.view(np.int64), 52, 0x7FF, 1023
+    return a.view(np.int32), 23, 0xFF, 127
+
+
+def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
+    """out = v rounded onto the grid with m mantissa bits (out may be v). Returns the first position whose
+    value is NaN, infinite or rounds beyond `limit` (the largest grid value), or -1."""
+    vi, mant, emask, bias = _layout(v)
+    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, _POW2)
+
+
+def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
+               cand: np.ndarray) -> tuple[int, int]:
+    """out = v rounded (as round_into); cand[:count] = the positions where |v - r| + factor * e >= half the
+    grid spacing below r (e has v's size, or one element for all). Returns (count, first bad position or -1).
+
+    The test is `RoundedExecution._candidates`: a superset of the values within factor * e of a rounding
+    boundary, since the nearest boundary is at least half the spacing below r away from r."""
+    vi, mant, emask, bias = _layout(v)
+    oi = _layout(out)[0]
+    return _round_near(v, vi, mant, emask, bias, e, factor, m, m == 23 and v.dtype == np.float64, limit, out, oi,
+                       cand, _POW2)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _exponent(bits: int, mant: int, emask: int, bias: int) -> int:
+    """The binary exponent of a float from its integer bits, clamped below at -126 (0 and subnormals too)."""
+    return max(((bits >> mant) & emask) - bias, _EMIN)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _grid_round(x: float, bits: int, mant: int, emask: int, bias: int, m: int, cast32: bool,
+                pow2: np.ndarray) -> float:
+    """x rounded to nearest-even on the grid; beyond the largest binade, x itself (the caller flags it)."""
+    if cast32:
+        return np.float64(np.float32(x))
+    exp = _exponent(bits, mant, emask, bias)
+    if exp > _EMAX:  # |x| >= 2^128 (or inf, NaN): off the grid
+        return x
+    q = pow2[exp - _EMIN] * pow2[-m - _EMIN]  # the spacing at x: a power of two, so x / q and r * q are exact
+    return np.rint(x / q) * q
+
+
+@njit(cache=True, nogil=True)
+def _round_into(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int, out: np.ndarray, m: int,
+                cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    bad = -1
+    for i in range(v.size):
+        r = _grid_round(v[i], vi[i], mant, emask, bias, m, cast32, pow2)
+        if bad < 0 and not abs(r) <= limit:
+            bad = i
+        out[i] = r
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int, e: np.ndarray, factor: float,
+                m: int, cast32: bool, limit: float, out: np.ndarray, oi: np.ndarray, cand: np.ndarray,
+                pow2: np.ndarray) -> tuple[int, int]:
+    fraction = (1 << mant) - 1
+    one = e.size == 1
+    count = 0
+    bad = -1
+    for i in range(v.size):
+        x = v[i]
+        r = _grid_round(x, vi[i], mant, emask, bias, m, cast32, pow2)
+        if bad < 0 and not abs(r) <= limit:
+            bad = i
+        out[i] = r
+        # Half the spacing below r: 2^(E-m-1) in r's binade E, half that at a power of two above the
+        # uniform range (vtrain.grid.spacing_below); read from r's bits as stored.
+        rb = oi[i]
+        exp = ((rb >> mant) & emask) - bias
+        below = exp - 1 if (rb & fraction) == 0 and exp > _EMIN else max(exp, _EMIN)
+        if below > _EMAX:
+            continue  # off the grid: flagged above
+        half = pow2[below - _EMIN] * pow2[-m - 1 - _EMIN]
+        band = (e[0] if one else e[i]) * factor
+        if abs(x - r) + band >= half:
+            cand[count] = i
+            count += 1
+    return count, bad
