@@ -21,6 +21,8 @@ this file, so later processes load it in milliseconds.
 from __future__ import annotations
 
 
+import math
+
 import numpy as np
 import torch
 from numba import njit
@@ -37,12 +39,12 @@ _POW2 = np.array([2.0**e for e in range(_EMIN, _EMAX + 1)])
 
 def usable(t: torch.Tensor) -> bool:
     """Whether the kernels can take `t` (a contiguous float64/float32 CPU tensor)."""
-    return ENABLED and t.device.type == "cpu" and t.dtype in (torch.float64, torch.float32) and t.is_contiguous()
+    return ENABLED and t.is_cpu and (t.dtype is torch.float64 or t.dtype is torch.float32) and t.is_contiguous()
 
 
 def flat(t: torch.Tensor) -> np.ndarray:
     """A numpy view of a contiguous CPU tensor's elements (shared memory)."""
-    return t.detach().view(-1).numpy()
+    return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
 
 
 def _layout(a: np.ndarray) -> tuple[np.ndarray, int, int, int]:
@@ -79,16 +81,25 @@ def _exponent(bits: int, mant: int, emask: int, bias: int) -> int:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _grid_round(x: float, bits: int, mant: int, emask: int, bias: int, m: int, cast32: bool,
-                pow2: np.ndarray) -> float:
-    """x rounded to nearest-even on the grid; beyond the largest binade, x itself (the caller flags it)."""
+def _grid_round(x: float, exp: int, m: int, cast32: bool, pow2: np.ndarray) -> float:
+    """x rounded to nearest-even on the grid, given x's clamped binary exponent (unused when cast32); beyond
+    the largest binade, x itself (the caller flags it)."""
     if cast32:
         return np.float64(np.float32(x))
-    exp = _exponent(bits, mant, emask, bias)
     if exp > _EMAX:  # |x| >= 2^128 (or inf, NaN): off the grid
         return x
     q = pow2[exp - _EMIN] * pow2[-m - _EMIN]  # the spacing at x: a power of two, so x / q and r * q are exact
     return np.rint(x / q) * q
+
+
+@njit(cache=True, nogil=True, inline="always")
+def round_scalar(x: float, m: int, cast32: bool, pow2: np.ndarray) -> float:
+    """One float64 value rounded onto the grid (for kernels whose values live in registers, not arrays)."""
+    if cast32:
+        return np.float64(np.float32(x))
+    if x == 0 or not math.isfinite(x):
+        return x  # signed zero stays; inf and NaN are the caller's to flag
+    return _grid_round(x, max(math.frexp(x)[1] - 1, _EMIN), m, False, pow2)
 
 
 @njit(cache=True, nogil=True)
@@ -96,7 +107,7 @@ def _round_into(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int,
                 cast32: bool, limit: float, pow2: np.ndarray) -> int:
     bad = -1
     for i in range(v.size):
-        r = _grid_round(v[i], vi[i], mant, emask, bias, m, cast32, pow2)
+        r = _grid_round(v[i], 0 if cast32 else _exponent(vi[i], mant, emask, bias), m, cast32, pow2)
         if bad < 0 and not abs(r) <= limit:
             bad = i
         out[i] = r
@@ -113,7 +124,7 @@ def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int,
     bad = -1
     for i in range(v.size):
         x = v[i]
-        r = _grid_round(x, vi[i], mant, emask, bias, m, cast32, pow2)
+        r = _grid_round(x, 0 if cast32 else _exponent(vi[i], mant, emask, bias), m, cast32, pow2)
         if bad < 0 and not abs(r) <= limit:
             bad = i
         out[i] = r

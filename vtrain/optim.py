@@ -1,8 +1,8 @@
 """Optimizer and learning-rate schedule builders (the only optimisation code that reads the spec).
 
-Optimizers are torch.optim's single-tensor implementations (foreach=False, fused=False): the
-multi-tensor and fused kernels are device-specific fused ops the rounded execution does not
-model. The learning rate of each step is a pure function of (spec, step), so a referee replaying
+Optimizers are torch.optim's single-tensor algorithms (foreach=False, fused=False: the multi-tensor
+and fused kernels are device-specific fused ops the rounded execution does not model), whose rounded
+update runs as one fused pass per parameter on CPU (vtrain.fused_optim: the same values). The learning rate of each step is a pure function of (spec, step), so a referee replaying
 one step needs no scheduler state; it is rounded to the grid so every device uses the same value.
 """
 
@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from vtrain.fused_optim import RoundedAdam, RoundedAdamW, RoundedSGD
 from vtrain.grid import round_to_grid
 from vtrain.spec import Spec
 
@@ -20,9 +21,9 @@ from vtrain.spec import Spec
 def build_optimizer(spec: Spec, model: nn.Module) -> torch.optim.Optimizer:
     params = [p for _, p in sorted(model.named_parameters())]
     if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
-                               foreach=False, fused=False)
-    cls = torch.optim.Adam if spec.optimizer == "adam" else torch.optim.AdamW
+        return RoundedSGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
+                          foreach=False, fused=False)
+    cls = RoundedAdam if spec.optimizer == "adam" else RoundedAdamW
     return cls(params, lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps,
                weight_decay=spec.weight_decay, foreach=False, fused=False)
 

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
@@ -191,18 +191,26 @@ class RoundedExecution(TorchDispatchMode):
             return func(*args, **kwargs)
         self._counts["ops"] += 1
         if spec.cls is OpClass.IEEE:
+            # An IEEE op's (or its decomposition's) output is a fresh tensor: rounded in place.
             if spec.decomposed is not None:
                 out = spec.decomposed(*args, **kwargs)
+                self._round_into(out, spec)
                 if spec.inplace:
-                    args[0].copy_(self._round(out, spec))
+                    args[0].copy_(out)
                     return args[0]
-                return self._round(out, spec)
+                return out
             out = func(*args, **kwargs)
             if spec.inplace:
                 self._round_into(args[0], spec)
                 return out
-            return _map_floats(out, lambda t: self._round(t, spec))
+            return _map_floats(out, lambda t: self._round_into(t, spec))
         return self._device_op(func, spec, args, kwargs)
+
+    def count_rounded(self, elements: int, ops: int) -> None:
+        """Account for `ops` IEEE op outputs of `elements` values in all rounded outside the dispatch path
+        (vtrain.fused_optim), so the step's statistics read as if they had been dispatched."""
+        self._counts["rounded"] += elements
+        self._counts["ops"] += ops
 
     def _trivial(self, t: torch.Tensor) -> bool:
         # float32 work at bits = 32: every float32 is a grid value and no rounding can differ.
@@ -230,16 +238,18 @@ class RoundedExecution(TorchDispatchMode):
         except GridOverflowError as exc:
             raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
 
-    def _round_into(self, t: torch.Tensor, spec: OpSpec) -> None:
+    def _round_into(self, t: torch.Tensor, spec: OpSpec) -> torch.Tensor:
+        """Round t in place (t returned)."""
         if t.is_floating_point() and not self._trivial(t) and t.numel() and self._fused.usable(t):
             self._counts["rounded"] += t.numel()
             if self._fused.round_into(self._fused.flat(t), self._fused.flat(t), self.bits - 9, self._limit) < 0:
-                return
+                return t
             self._counts["rounded"] -= t.numel()  # counted again below, where the check raises
         if t.is_floating_point():
             r = self._round(t, spec)
             if r is not t:
                 t.copy_(r)
+        return t
 
     def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         """Run one primitive of a decomposition through this mode (rounded, and resolved if need be)."""
@@ -525,6 +535,12 @@ class RoundedExecution(TorchDispatchMode):
         self._counts["logged_values"] += int(entry.val_pos.size)
         rf[pos] = claim
         return r
+
+
+def active_rounding() -> RoundedExecution | None:
+    """The RoundedExecution the current code runs under (the innermost dispatch mode), if any."""
+    mode = _get_current_dispatch_mode()
+    return mode if isinstance(mode, RoundedExecution) else None
 
 
 def _outputs(out: Any) -> tuple[list, list]:

@@ -1,0 +1,100 @@
+"""The fused optimizer updates (vtrain.fused_optim) step for step against torch's updates through the
+dispatch mode: bit-identical parameters and optimizer state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vtrain import fused
+from vtrain.devices import get_device
+from vtrain.grid import round_to_grid
+from vtrain.fused_optim import RoundedAdam, RoundedAdamW, RoundedSGD
+from vtrain.rounding import NonFiniteError, RoundedExecution
+
+CONFIGS = {
+    "adam": (RoundedAdam, {"lr": 0.002, "betas": (0.9, 0.999), "eps": 1e-8}),
+    "adam-l2": (RoundedAdam, {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.01}),
+    "adamw": (RoundedAdamW, {"lr": 0.003, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}),
+    "sgd": (RoundedSGD, {"lr": 0.1}),
+    "sgd-momentum": (RoundedSGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}),
+    "sgd-dampening": (RoundedSGD, {"lr": 0.05, "momentum": 0.5, "dampening": 0.25}),
+}
+
+
+def _grid_tensor(shape: tuple[int, ...], gen: torch.Generator, bits: int, scale: float = 1.0) -> torch.Tensor:
+    x = torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+    x.view(-1)[:7] = torch.tensor([0.0, -0.0, 2.0**-140, -(2.0**-130), 1e-30, 3.0, -1.5], dtype=torch.float64)
+    return round_to_grid(x, bits)
+
+
+def _bits_of(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().view(torch.int64)  # exact, -0.0 included
+
+
+def _train(name: str, bits: int, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    monkeypatch.setattr(fused, "ENABLED", fused_on)
+    cls, kwargs = CONFIGS[name]
+    gen = torch.Generator().manual_seed(bits)
+    params = [torch.nn.Parameter(_grid_tensor(shape, gen, bits)) for shape in ((33, 17), (17,), (3, 4, 5))]
+    opt = cls(params, foreach=False, fused=False, **kwargs)
+    for t in range(1, steps + 1):
+        for p in params:  # gradients of every scale, tiny ones included
+            p.grad = _grid_tensor(p.shape, gen, bits, scale=10.0 ** float(torch.randint(-6, 3, (1,), generator=gen)))
+        with RoundedExecution(bits=bits, device=get_device("cpu"), mode="plain", step=t):
+            opt.step()
+    state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
+    return [*params, *state]
+
+
+@pytest.mark.parametrize("bits", [32, 24, 13])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fused_update_is_bit_identical_to_the_dispatched_one(name: str, bits: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    got = _train(name, bits, True, 4, monkeypatch)
+    want = _train(name, bits, False, 4, monkeypatch)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(_bits_of(a), _bits_of(b)) if a.dtype == torch.float64 else torch.equal(a, b)
+
+
+def test_the_fused_path_is_taken_and_counted_like_the_dispatched_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vtrain.fused_optim as fo
+
+    runs = []
+    real = fo._run
+    monkeypatch.setattr(fo, "_run", lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+    counts = {}
+    for on in (True, False):
+        monkeypatch.setattr(fused, "ENABLED", on)
+        for cls, kwargs in CONFIGS.values():
+            p = torch.nn.Parameter(torch.ones(10, dtype=torch.float64))
+            opt = cls([p], foreach=False, fused=False, **kwargs)
+            for t in (1, 2):  # SGD's first step creates the momentum buffer, the second updates it
+                p.grad = torch.full((10,), 0.5, dtype=torch.float64)
+                with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain", step=t) as rx:
+                    opt.step()
+                counts.setdefault(on, []).append((rx.stats["rounded"], rx.stats["ops"]))
+    assert runs.count("adam") == 3 * 2 and runs.count("sgd") == 3 * 2  # only with the kernels on
+    assert counts[True] == counts[False]
+
+
+def test_a_diverging_update_raises_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    for on in (True, False):
+        monkeypatch.setattr(fused, "ENABLED", on)
+        p = torch.nn.Parameter(torch.full((4,), 3.0e38, dtype=torch.float64))
+        p.grad = torch.full((4,), -1.0, dtype=torch.float64)
+        opt = RoundedSGD([p], lr=1e38)
+        with pytest.raises(NonFiniteError), RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
+            opt.step()
+
+
+def test_outside_rounded_execution_it_is_torchs_optimizer() -> None:
+    gen = torch.Generator().manual_seed(3)
+    a = torch.nn.Parameter(torch.randn(8, generator=gen, dtype=torch.float64))
+    b = torch.nn.Parameter(a.detach().clone())
+    a.grad = b.grad = torch.randn(8, generator=gen, dtype=torch.float64)
+    RoundedAdam([a], lr=0.1).step()
+    torch.optim.Adam([b], lr=0.1, foreach=False).step()
+    assert torch.equal(a, b)

@@ -1,0 +1,180 @@
+"""Optimizer updates as one fused pass per parameter: torch.optim's Adam, AdamW and SGD, rounded.
+
+Under rounded execution every elementwise op of an optimizer update is a dispatch, a torch kernel and a
+rounding pass over the whole parameter: an Adam update is 7-8 of them per parameter, more than half the
+ops of a small step and, on a 1M-parameter MLP, as much time as its forward and backward passes. These
+numba kernels compute, per element, exactly what that dispatch path computes: the same float64
+operations in the same order, the primitives of a decomposed op (vtrain.ops: lerp, addcmul, addcdiv,
+add with alpha) unrounded and every dispatched op's output rounded to the grid (vtrain.fused). So the
+parameters and the optimizer state after a step are bit-identical to the dispatch path's
+(tests/numerics/test_num_fused_optim.py steps both side by side), and so are the checkpoints.
+
+The optimizers are torch's classes with `step` taking this path only where it applies: inside a
+RoundedExecution, float64 work on contiguous CPU tensors, the plain single-tensor algorithm (no amsgrad,
+maximize, nesterov, capturable or differentiable). Everything else, and every scalar op (the step
+counter), goes through torch's own code and the dispatch mode. State is created by torch's own
+`_init_group` (torch is pinned), so the state dict is torch's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from numba import njit
+from torch.optim.adam import adam as torch_adam
+from torch.optim.sgd import sgd as torch_sgd
+
+from vtrain import fused
+from vtrain.fused import _POW2
+from vtrain.fused import round_scalar as _r
+from vtrain.rounding import NonFiniteError, RoundedExecution, active_rounding
+
+@njit(cache=True, nogil=True)
+def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
+          beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool, limit: float,
+          pow2: np.ndarray) -> int:
+    bad = -1
+    for i in range(p.size):
+        x = p[i]
+        grad = g[i]
+        if decay != 1.0:  # AdamW: param.mul_(1 - lr * wd)
+            x = _r(x * decay, m, cast32, pow2)
+        if wd != 0.0:  # Adam: grad.add(param, alpha=wd)
+            grad = _r(grad + x * wd, m, cast32, pow2)
+        avg = _r(m1[i] + (grad - m1[i]) * w1, m, cast32, pow2)  # exp_avg.lerp_(grad, 1 - beta1)
+        sq = _r(m2[i] * beta2, m, cast32, pow2)  # exp_avg_sq.mul_(beta2)
+        gg = grad * grad
+        sq = _r(sq + (gg if w2 == 1.0 else gg * w2), m, cast32, pow2)  # .addcmul_(grad, grad, value=1 - beta2)
+        den = _r(math.sqrt(sq), m, cast32, pow2)  # exp_avg_sq.sqrt()
+        den = _r(den / bc2_sqrt, m, cast32, pow2)  # / bias_correction2_sqrt
+        den = _r(den + eps, m, cast32, pow2)  # .add_(eps)
+        q = avg / den
+        x = _r(x + (q if scale == 1.0 else q * scale), m, cast32, pow2)  # param.addcdiv_(avg, den, value=-step_size)
+        if bad < 0 and not (abs(x) <= limit and abs(avg) <= limit and abs(sq) <= limit and abs(den) <= limit
+                            and abs(grad) <= limit):
+            bad = i
+        p[i] = x
+        m1[i] = avg
+        m2[i] = sq
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def _sgd(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
+         neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    bad = -1
+    for i in range(p.size):
+        x = p[i]
+        grad = g[i]
+        if wd != 0.0:  # grad.add(param, alpha=wd)
+            grad = _r(grad + x * wd, m, cast32, pow2)
+        if momentum != 0.0:
+            if fresh:  # buf = grad.clone()
+                b = grad
+            else:  # buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+                b = _r(buf[i] * momentum, m, cast32, pow2)
+                b = _r(b + (grad if alpha == 1.0 else grad * alpha), m, cast32, pow2)
+            buf[i] = b
+            grad = b
+        x = _r(x + grad * neg_lr, m, cast32, pow2)  # param.add_(grad, alpha=-lr)
+        if bad < 0 and not (abs(x) <= limit and abs(grad) <= limit):
+            bad = i
+        p[i] = x
+    return bad
+
+
+def _fits(rx: RoundedExecution | None, tensors: list[torch.Tensor]) -> bool:
+    return rx is not None and all(t.dtype is torch.float64 and fused.usable(t) and not t.is_sparse for t in tensors)
+
+
+def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, index: int, tensors: list[torch.Tensor],
+         *scalars: Any, rounded: int) -> None:
+    m = rx.bits - 9
+    bad = kernel(*[fused.flat(t) for t in tensors], *scalars, m, m == 23, rx._limit, _POW2)
+    rx.count_rounded(tensors[0].numel() * rounded, ops=rounded)
+    if bad >= 0:
+        raise NonFiniteError(rx.step, -1, f"{name} update of parameter {index}",
+                             f"element {bad} left the grid (NaN, inf or beyond the largest grid value)")
+
+
+class RoundedAdam(torch.optim.Adam):
+    """torch.optim.Adam (and AdamW: `decoupled_weight_decay=True`) with the fused rounded update."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        rx = active_rounding()
+        if closure is not None or rx is None:
+            return super().step(closure)
+        for group in self.param_groups:
+            if any(group[k] for k in ("amsgrad", "maximize", "capturable", "differentiable", "foreach", "fused")) \
+                    or any(isinstance(v, torch.Tensor) for v in (group["lr"], *group["betas"])):
+                return super().step(closure)
+        for group in self.param_groups:
+            params, grads, avgs, sqs, maxs, steps = [], [], [], [], [], []
+            self._init_group(group, params, grads, avgs, sqs, maxs, steps)
+            if not _fits(rx, [*params, *grads, *avgs, *sqs]):
+                self._torch_group(group, params, grads, avgs, sqs, steps)
+                continue
+            lr, (beta1, beta2), wd, eps = group["lr"], group["betas"], group["weight_decay"], group["eps"]
+            decoupled = group["decoupled_weight_decay"]
+            for i, (p, g, avg, sq, step_t) in enumerate(zip(params, grads, avgs, sqs, steps)):
+                step_t += 1  # through the dispatch mode, as torch does it
+                # the Python scalars exactly as torch's _single_tensor_adam computes them
+                step = step_t.item()
+                bc1, bc2 = 1 - beta1**step, 1 - beta2**step
+                step_size = lr / bc1
+                decay = 1 - lr * wd if decoupled and wd != 0 else 1.0
+                rounded = 7 + (wd != 0)
+                _run(rx, _adam, "adam", i, [p, g, avg, sq], decay, 0.0 if decoupled else wd, 1 - beta1, beta2,
+                     1 - beta2, bc2**0.5, eps, -step_size, rounded=rounded)
+        return None
+
+    def _torch_group(self, group: dict, params: list, grads: list, avgs: list, sqs: list, steps: list) -> None:
+        torch_adam(params, grads, avgs, sqs, [], steps, amsgrad=False, has_complex=False,
+                   beta1=group["betas"][0], beta2=group["betas"][1], lr=group["lr"],
+                   weight_decay=group["weight_decay"], eps=group["eps"], maximize=False, foreach=False,
+                   capturable=False, differentiable=False, fused=False,
+                   decoupled_weight_decay=group["decoupled_weight_decay"])
+
+
+class RoundedAdamW(RoundedAdam):
+    """torch.optim.AdamW's algorithm (Adam with decoupled weight decay), with the fused rounded update."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, decoupled_weight_decay=True, **kwargs)
+
+
+class RoundedSGD(torch.optim.SGD):
+    """torch.optim.SGD with the fused rounded update."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        rx = active_rounding()
+        if closure is not None or rx is None or any(g["nesterov"] or g["maximize"] or g["foreach"] or g["fused"]
+                                                    or isinstance(g["lr"], torch.Tensor) for g in self.param_groups):
+            return super().step(closure)
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            momentum = group["momentum"]
+            if not _fits(rx, [*params, *grads, *(b for b in bufs if b is not None)]):
+                torch_sgd(params, grads, bufs, weight_decay=group["weight_decay"], momentum=momentum,
+                          lr=group["lr"], dampening=group["dampening"], nesterov=False, maximize=False,
+                          foreach=False, fused=False)
+            else:
+                wd, alpha = group["weight_decay"], 1 - group["dampening"]
+                for i, (p, g) in enumerate(zip(params, grads)):
+                    buf = bufs[i] if momentum != 0 else None
+                    fresh = momentum != 0 and buf is None
+                    if fresh:
+                        buf = bufs[i] = torch.empty_like(p)
+                    rounded = 1 + (wd != 0) + (2 if momentum != 0 and not fresh else 0)
+                    _run(rx, _sgd, "sgd", i, [p, g, buf if buf is not None else p], fresh, wd, momentum, alpha,
+                         -group["lr"], rounded=rounded)
+            if momentum != 0:  # as torch.optim.SGD.step
+                for p, buf in zip(params, bufs, strict=True):
+                    self.state[p]["momentum_buffer"] = buf
+        return None
