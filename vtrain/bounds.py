@@ -7,7 +7,7 @@ gamma_n = n*u / (1 - n*u):
 
 - sums of n terms: gamma_(n-1) * sum|x_k|; means add one division;
 - dot products, matmuls and convolutions of length K: gamma_K * (|A| |B|), computed as the same op on
-  absolute values (one extra matmul/conv, in float32 for float64 work, see `on_abs`: tighter than the
+  absolute values (one extra matmul/conv, in float32 for float64 work, see `abs_bounds`: tighter than the
   Cauchy-Schwarz norm bound, which relu-sparse operands make orders of magnitude looser);
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
@@ -80,43 +80,55 @@ def _prod(xs: Any) -> int:
 _F32_SAFE = 2.0**120
 
 
-def on_abs(func: Any, args: tuple, kwargs: dict, k: int) -> Any:
-    """`func` (bilinear in its tensor operands, each output a sum of at most k products) on the operands'
-    absolute values: for every output an upper bound of its exact sum of |terms|, in the operands' dtype.
+def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], dtype: torch.dtype) -> list:
+    """E for every output of `func`, bilinear in its tensor operands, output j a sum of at most ks[j]
+    products: gamma_k times `func` on the operands' absolute values (an upper bound of each output's exact
+    sum of |terms|), finished as `_finish` does, in the work dtype.
 
-    Float64 work computes it in float32 (a matmul or convolution ~2.3x faster; measured in
-    docs/benchmarks.md) and inflates the result to stay an upper bound: rounding |x| to float32 loses at
-    most 2^-24 of it relative, or 2^-150 absolute below the normal range; float32 products and sums of
-    non-negative terms undershoot the exact sum by at most gamma_k relative plus 2^-150 per subnormal
-    product. So (1 + gamma32_(k+2)) (1 + 2^-21) times the float32 result plus (k + 1) 2^-148 (1 + the
-    operands' largest magnitudes) bounds every exact sum. Operands whose products could overflow float32
-    (or that hold inf or NaN) take the float64 path; float32 work always does.
+    Float64 work computes the absolute sums in float32 (a matmul or convolution ~2.3x faster) and inflates
+    them to stay upper bounds: rounding |x| to float32 loses at most 2^-24 of it relative, or 2^-150
+    absolute below the normal range; float32 products and sums of non-negative terms undershoot the exact
+    sum by at most gamma_k relative plus 2^-150 per subnormal product. So (1 + gamma32_(k+2)) (1 + 2^-21)
+    times the float32 result plus (k + 1) 2^-148 (1 + the operands' largest magnitudes) bounds every exact
+    sum. Operands whose products could overflow float32 (or that hold inf or NaN) take the float64 path;
+    float32 work always does. Each output is finished in one pass: its factors, multiplied out in Python
+    (a few roundings of 2^-53), stay inside `_finish`'s 2^-20 of slack.
     """
+    from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+
+    u = unit_roundoff(dtype)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     abskw = {key: _abs(val) for key, val in kwargs.items()}
-    if not tensors or tensors[0].dtype != torch.float64:
-        return func(*[_abs(a) for a in args], **abskw)
-    abs32 = [a.to(torch.float32).abs_() if isinstance(a, torch.Tensor) else _abs(a) for a in args]
-    largest = max((float(t.max()) for t in abs32 if isinstance(t, torch.Tensor) and t.numel()), default=0.0)
-    if not (k + 1) * max(largest, 1.0) ** 2 < _F32_SAFE:  # also False for inf and NaN
-        return func(*[_abs(a) for a in args], **abskw)
-    scale = (1 + gamma(k + 2, 2.0**-24)) * (1 + 2.0**-21)
-    floor = (k + 1) * 2.0**-148 * (1 + len(tensors) * largest)
-    out = func(*abs32, **abskw)
-    if isinstance(out, torch.Tensor):
-        return out.to(torch.float64).mul_(scale).add_(floor)
-    return tuple(None if o is None else o.to(torch.float64).mul_(scale).add_(floor) for o in out)
+    scale, floor = 1.0, 0.0
+    out = None
+    if dtype == torch.float64 and tensors:
+        prepared = [fused.abs32(a) if isinstance(a, torch.Tensor) else (_abs(a), 0.0) for a in args]
+        largest = max(m for _, m in prepared)
+        k = max(ks)
+        if (k + 1) * max(largest, 1.0) ** 2 < _F32_SAFE:  # also False for inf and NaN
+            out = func(*[a for a, _ in prepared], **abskw)
+            scale = (1 + gamma(k + 2, 2.0**-24)) * (1 + 2.0**-21)
+            floor = (k + 1) * 2.0**-148 * (1 + len(tensors) * largest)
+    if out is None:
+        out = func(*[_abs(a) for a in args], **abskw)
+    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+    result = []
+    for o, k in zip(outs, ks):
+        if o is None:
+            result.append(None)
+            continue
+        g = gamma(k, u)
+        c = 1 + 2 * g + 2.0**-20
+        result.append(fused.affine64(o, scale * g * c, floor * g * c + max(k, 1) * _tiny(dtype))
+                      if dtype == torch.float64 else _finish(o.mul_(g), k, u, dtype))
+    return result
 
 
 def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
     """The op itself on absolute values, times gamma of the dot length (+ extra roundings)."""
 
     def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        v = outs[0]
-        u = unit_roundoff(v.dtype)
-        k = k_of(args) + terms
-        absval = on_abs(func, args, kwargs, k)
-        return [_finish(absval.mul_(gamma(k, u)), k, u, v.dtype)]
+        return abs_bounds(func, args, kwargs, [k_of(args) + terms], outs[0].dtype)
 
     return bound
 
@@ -166,14 +178,12 @@ def _conv_k(args: tuple) -> int:
 def _convolution_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     grad, x, weight = args[0], args[1], args[2]
     dtype = next(o.dtype for o in outs if o is not None)
-    u = unit_roundoff(dtype)
-    rest = args[3:]
     kernel = _prod(weight.shape[2:])
     k_input = max(weight.shape[0], weight.shape[1]) * kernel  # terms per grad_input element
     k_weight = grad.shape[0] * _prod(grad.shape[2:])  # N * output positions
-    absvals = on_abs(aten.convolution_backward.default, (grad, x, weight, *rest), {}, max(k_input, k_weight))
-    ks = (k_input, k_weight, k_weight)
-    return [None if o is None else _finish(gamma(k, u) * a, k, u, dtype) for o, a, k in zip(outs, absvals, ks)]
+    absvals = abs_bounds(aten.convolution_backward.default, (grad, x, weight, *args[3:]), {},
+                         (k_input, k_weight, k_weight), dtype)
+    return [None if o is None else a for o, a in zip(outs, absvals)]
 
 
 # -- reductions -------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ ENABLED = True  # tests turn it off to compare against the torch path
 # E = -126 .. 127 by table lookup, since numba has no cheap float<->int bit cast for scalars (frexp/ldexp
 # per element measured 6x slower).
 _EMIN, _EMAX = -126, 127
-_POW2 = np.array([2.0**e for e in range(_EMIN, _EMAX + 1)])
+POW2 = np.array([2.0**e for e in range(_EMIN, _EMAX + 1)])
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -58,7 +58,7 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
     """out = v rounded onto the grid with m mantissa bits (out may be v). Returns the first position whose
     value is NaN, infinite or rounds beyond `limit` (the largest grid value), or -1."""
     vi, mant, emask, bias = _layout(v)
-    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, _POW2)
+    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
 
 def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
@@ -71,7 +71,7 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
     vi, mant, emask, bias = _layout(v)
     oi = _layout(out)[0]
     return _round_near(v, vi, mant, emask, bias, e, factor, m, m == 23 and v.dtype == np.float64, limit, out, oi,
-                       cand, _POW2)
+                       cand, POW2)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -141,3 +141,44 @@ def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int,
             cand[count] = i
             count += 1
     return count, bad
+
+
+def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(|t| rounded to float32, its largest element, inf if t holds NaN) for a float64 tensor: one pass where
+    the kernels take t or its transpose (a matmul's operands often are transposed views), torch's otherwise."""
+    src = t if t.is_contiguous() else t.t() if t.dim() == 2 and t.t().is_contiguous() else None
+    if src is None or not usable(src) or not t.numel():
+        a = t.to(torch.float32).abs_()
+        largest = float(a.max()) if a.numel() else 0.0
+        return a, largest if largest == largest else math.inf
+    out = torch.empty(src.shape, dtype=torch.float32)
+    largest = _abs32(flat(src), flat(out))
+    return (out if src is t else out.t()), largest
+
+
+def affine64(s: torch.Tensor, a: float, b: float) -> torch.Tensor:
+    """s * a + b in float64 (two IEEE roundings per element, as torch's mul then add), s float32 or float64;
+    in place for float64 s."""
+    out = s if s.dtype == torch.float64 else torch.empty(s.shape, dtype=torch.float64)
+    if not (usable(s) and s.numel()):
+        return out.copy_(s).mul_(a).add_(b) if out is not s else out.mul_(a).add_(b)
+    _affine(flat(s), flat(out), a, b)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _abs32(v: np.ndarray, out: np.ndarray) -> float:
+    largest = 0.0
+    nan = False
+    for i in range(v.size):
+        y = abs(np.float32(v[i]))
+        out[i] = y
+        largest = max(largest, np.float64(y))
+        nan |= y != y
+    return math.inf if nan else largest
+
+
+@njit(cache=True, nogil=True)
+def _affine(s: np.ndarray, out: np.ndarray, a: float, b: float) -> None:
+    for i in range(s.size):
+        out[i] = np.float64(s[i]) * a + b
