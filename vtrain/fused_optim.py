@@ -37,6 +37,17 @@ from vtrain.rounding import NonFiniteError, RoundedExecution, active_rounding
 def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
           beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool,
           pow2: np.ndarray) -> None:
+    # the float32 cast as a constant, so the compiler drops the general rounding from the loop (~1.4x)
+    if cast32:
+        _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, 23, True, pow2)
+    else:
+        _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, m, False, pow2)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _adam_loop(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
+               beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool,
+               pow2: np.ndarray) -> None:
     for i in range(p.size):
         x = p[i]
         grad = g[i]
@@ -61,6 +72,15 @@ def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: f
 @njit(cache=True, nogil=True)
 def _sgd(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
          neg_lr: float, m: int, cast32: bool, pow2: np.ndarray) -> None:
+    if cast32:  # as in _adam
+        _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, 23, True, pow2)
+    else:
+        _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, m, False, pow2)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _sgd_loop(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
+              neg_lr: float, m: int, cast32: bool, pow2: np.ndarray) -> None:
     for i in range(p.size):
         x = p[i]
         grad = g[i]
