@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_rounding.py [--steps 20] [--reps 5] [--threads 1]
 
 Models are the numerics tests' MLP (64-64-10, Adam) and CNN (two 3x3 convs, AdamW), batch 32 of sklearn
-digits, plus wider MLPs: mlp-wide 64-256-256-10 (batch 32) and mlp-xl 64-1024-1024-10 (batch 256). Float64
+digits, plus wider MLPs: mlp-wide 64-256-256-10 (batch 32) and mlp-xl 64-1024-1024-10 (batch 256),
+with vtrain's optimizers (vtrain.fused_optim, as training builds them; plain runs use them too). Float64
 work at bits = 32 on device cpu. Timings are process CPU time (time.process_time: with one thread that is
 the compute time, which other processes on a shared machine disturb far less than wall time), medians over
 interleaved repetitions of `--steps` steps. Prints markdown tables.
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "numerics
 
 from numkit import batch, make_model, make_optimizer  # noqa: E402
 from vtrain.devices import get_device  # noqa: E402
+from vtrain.fused_optim import RoundedAdam  # noqa: E402
 from vtrain.grid import round_to_grid  # noqa: E402
 from vtrain.rounding import RoundedExecution  # noqa: E402
 
@@ -42,9 +44,9 @@ def _model(kind: str, dtype: torch.dtype) -> tuple[nn.Module, torch.optim.Optimi
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(round_to_grid(p, 32))
-        return model, torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        return model, RoundedAdam(model.parameters(), lr=1e-3, foreach=False)
     model = make_model(kind, dtype, 32)
-    return model, make_optimizer(kind, model)
+    return model, make_optimizer(kind, model, fused=True)
 
 
 def _steps(kind: str, variant: str, steps: int, logs: list | None) -> tuple[float, list, list]:

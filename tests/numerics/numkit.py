@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
 from vtrain.devices import get_device
+from vtrain.fused_optim import RoundedAdam, RoundedAdamW, RoundedSGD
 from vtrain.grid import round_to_grid
 from vtrain.rounding import RoundedExecution
 from vtrain.roundlog import StepLog
@@ -32,12 +33,16 @@ def make_model(kind: str, dtype: torch.dtype, bits: int) -> nn.Module:
     return model
 
 
-def make_optimizer(kind: str, model: nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(kind: str, model: nn.Module, fused: bool = False) -> torch.optim.Optimizer:
+    """torch's optimizer (every op of its update dispatched), or with `fused` vtrain's (what training uses:
+    the same update in one pass per parameter on CPU)."""
+    adam, adamw, sgd = (RoundedAdam, RoundedAdamW, RoundedSGD) if fused else \
+        (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
     if kind == "mlp":
-        return torch.optim.Adam(model.parameters(), lr=3e-3, foreach=False)
+        return adam(model.parameters(), lr=3e-3, foreach=False)
     if kind == "cnn":
-        return torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-2, foreach=False)
-    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4, foreach=False)
+        return adamw(model.parameters(), lr=3e-3, weight_decay=1e-2, foreach=False)
+    return sgd(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4, foreach=False)
 
 
 def batch(step: int, dtype: torch.dtype, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
