@@ -62,7 +62,8 @@ def bench_example(name: str, steps: int, reps: int, changes: dict) -> dict:
     spec = dataclasses.replace(load_spec(ROOT / "examples" / f"{name}.toml"), steps=max(steps, 1), **changes)
     exact = dataclasses.replace(spec, resolution="exact")
     spec32 = dataclasses.replace(spec, dtype="float32", bits=32) if spec.dtype == "float64" else spec
-    warm = run_steps(exact, "cpu", "record", steps)   # warm-up and the statistics
+    run_steps(exact, "cpu", "record", steps)  # warm-up (loads the compiled kernels)
+    warm = run_steps(exact, "cpu", "record", steps)  # the statistics, on warm kernels
     log_run = run_steps(spec, "cpu", "record", steps)
     logs = log_run["logs"]
     times: dict[str, list[float]] = {k: [] for k in ("exact", "log", "log-audit", "plain64", "plain32")}
