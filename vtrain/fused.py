@@ -160,7 +160,7 @@ def affine64(s: torch.Tensor, a: float, b: float) -> torch.Tensor:
     """s * a + b in float64 (two IEEE roundings per element, as torch's mul then add), s float32 or float64;
     in place for float64 s."""
     out = s if s.dtype == torch.float64 else torch.empty(s.shape, dtype=torch.float64)
-    if not (usable(s) and s.numel()):
+    if not (usable(s) and s.numel() >= 4096):  # below, two torch calls cost less than one numba call
         return out.copy_(s).mul_(a).add_(b) if out is not s else out.mul_(a).add_(b)
     _affine(flat(s), flat(out), a, b)
     return out

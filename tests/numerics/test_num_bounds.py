@@ -157,10 +157,11 @@ def _exact_abs_sum(a: np.ndarray, b: np.ndarray) -> list[list[Fraction]]:
 
 
 @pytest.mark.parametrize("scale", [1.0, 2.0**-140, 2.0**-75, 2.0**50])
-def test_float32_abs_sums_bound_the_exact_sums(scale: float) -> None:
+def test_float32_abs_sums_bound_the_exact_sums(scale: float, monkeypatch: pytest.MonkeyPatch) -> None:
     # abs_bounds runs float64 work's |A||B| in float32: E must still be at least gamma_K times the exact
     # sum of |terms|, also where products fall below float32's normal range (2^-140, 2^-75: every product
     # is subnormal or zero in float32) and for operands off the float32 grid.
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)  # these small operands take float32 too
     gen = torch.Generator().manual_seed(5)
     a = torch.randn(6, 33, generator=gen, dtype=torch.float64) * scale
     b = torch.randn(33, 5, generator=gen, dtype=torch.float64)
@@ -183,6 +184,9 @@ def test_float32_abs_sums_bound_the_exact_sums(scale: float) -> None:
     if scale == 1.0:  # normal range: within float32's gamma of the float64 sums, not just above them
         want = (a.abs() @ b.abs()) * gamma(33, 2.0**-53)
         assert ((got - want) / want).max() < 64 * 2.0**-24
+        monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 30)
+        (f64,) = abs_bounds(aten.mm.default, (a, b), {}, [33], torch.float64)
+        assert not torch.equal(got, f64)  # the float32 path was the one tested above
 
 
 def test_float32_abs_sums_fall_back_to_float64_near_overflow() -> None:
