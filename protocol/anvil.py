@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from vtrain.errors import ToolchainError
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ANVIL_BINARY = REPO_ROOT / "node_modules" / "@foundry-rs" / "anvil-linux-amd64" / "bin" / "anvil"
 HOST = "127.0.0.1"
+_LISTENING = re.compile(r"Listening on " + re.escape(HOST) + r":(\d+)")
 
 
 class AnvilError(ToolchainError):
@@ -98,26 +100,29 @@ def start_anvil(
     """Start anvil on `port` (a free one if None) on 127.0.0.1 and wait until its RPC answers."""
     if not binary.is_file():
         raise AnvilError(f"anvil is missing at {binary}: run scripts/setup.sh (it runs npm ci for @foundry-rs/anvil)")
-    if port is None:
-        port = free_port()
-    elif port_in_use(port):
+    if port is not None and port_in_use(port):
         raise AnvilError(f"port {port} on {HOST} is already in use: pick another port or omit it for a free one")
-    fd, log_name = tempfile.mkstemp(prefix=f"anvil-{port}-", suffix=".log")
+    fd, log_name = tempfile.mkstemp(prefix=f"anvil-{port or 'any'}-", suffix=".log")
     log_path = Path(log_name)
+    # Without a port anvil binds port 0 (the kernel picks a free one) and names it in its log: picking a
+    # free port first and passing it on would race with other processes doing the same (parallel tests).
     with os.fdopen(fd, "wb") as log:
         process = subprocess.Popen(
-            [str(binary), "--host", HOST, "--port", str(port), "--chain-id", str(chain_id)],
+            [str(binary), "--host", HOST, "--port", str(port or 0), "--chain-id", str(chain_id)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
-    node = Anvil(process, port, chain_id, log_path)
+    node = Anvil(process, port or 0, chain_id, log_path)
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
             tail = log_path.read_text(errors="replace")[-2000:]
             log_path.unlink(missing_ok=True)
             raise AnvilError(f"anvil exited with status {process.returncode} before answering on port {port}:\n{tail}")
+        if not node.port:
+            found = _LISTENING.search(log_path.read_text(errors="replace"))
+            node.port = int(found.group(1)) if found else 0
         try:
-            answered = int(str(rpc(node.url, "eth_chainId")), 16)
+            answered = int(str(rpc(node.url, "eth_chainId")), 16) if node.port else None
         except (urllib.error.URLError, ConnectionError, OSError):
             answered = None
         if answered is not None:

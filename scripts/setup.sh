@@ -50,7 +50,7 @@ else
   .venv/bin/python -m pip check >/dev/null || fail "pip could not install requirements.lock consistently; see the messages above, then rerun"
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e . 2>&1 \
     | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c 'import torch, web3, solcx, pymerkle, sha3, vtrain, protocol' \
+  .venv/bin/python -c 'import torch, web3, solcx, pymerkle, sha3, xdist, vtrain, protocol' \
     || fail "the Python packages did not import after installation; rerun scripts/setup.sh"
   echo "$PY_HASH" > "$PY_STAMP"
 fi

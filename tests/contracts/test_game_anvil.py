@@ -33,7 +33,13 @@ def anvil_node():
 
 @pytest.fixture(scope="module")
 def anvil_base(anvil_node, artifacts):
-    return make_world(rpc_web3(anvil_node.url), artifacts["VerificationGame"])
+    w3 = rpc_web3(anvil_node.url)
+    # web3 asks the node for its chain id before every call and transaction it validates (half of
+    # all requests); one node's chain id never changes, so ask once: the solvency machine's
+    # thousands of transactions take ~30 % less time, every one still sent to anvil.
+    w3.provider.cacheable_requests = {"eth_chainId"}
+    w3.provider.cache_allowed_requests = True
+    return make_world(w3, artifacts["VerificationGame"])
 
 
 @pytest.fixture

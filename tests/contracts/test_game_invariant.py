@@ -133,7 +133,9 @@ class GameMachine(RuleBasedStateMachine):
         # runs to be reproducible, and eth-tester's own block times follow the wall clock).
         self.clock = self.world.now() + 10**6
         self.ledger = Ledger()
-        self.base_balance = self.world.game.balance()
+        # Only this machine's transactions move the contract's ether: the balance read after one
+        # is the balance before the next (one read a transaction instead of two or three).
+        self.base_balance = self.balance = self.world.game.balance()
         w = self.world
         self.actors = [w.client, w.trainer, w.auditor, w.auditor2, w.referee, w.stranger]
         self.job_ids: list[int] = []
@@ -152,16 +154,17 @@ class GameMachine(RuleBasedStateMachine):
 
     def send(self, method: str, *args, value: int = 0, **kw):
         """Call a binding method; feed its events to the ledger; a revert must change nothing."""
-        balance = self.world.game.balance()
+        before = self.balance
         self.clock += 1
         self.world.at(self.clock)
         try:
             r = getattr(self.world.game, method)(*args, **kw)
         except ContractRevert:
-            assert self.world.game.balance() == balance
+            assert self.world.game.balance() == before
             return None
         withdrawn = sum(e["amount"] for e in r.events if e.name == "Withdrawn")
-        assert self.world.game.balance() - balance == value - withdrawn, f"{method} moved ether it should not"
+        self.balance = self.world.game.balance()
+        assert self.balance - before == value - withdrawn, f"{method} moved ether it should not"
         deposit_events = [e for e in r.events if e.name in ("JobCreated", "Committed", "Challenged")]
         assert deposit_events or value == 0, f"{method} kept {value} wei without a deposit event"
         for ev in r.events:
@@ -278,7 +281,7 @@ class GameMachine(RuleBasedStateMachine):
         """After every mined transaction (a revert was checked to change no balance): the
         contract holds exactly what it owes, and every credit and job matches the ledger."""
         game = self.world.game
-        assert game.balance() - self.base_balance == self.ledger.owed()
+        assert self.balance - self.base_balance == self.ledger.owed()   # read just after the transaction
         for actor in self.actors:
             assert game.credit(actor) == self.ledger.credits[actor], actor
         for job_id in self.job_ids:

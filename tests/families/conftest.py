@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from familykit import RunCache, write_cifar, write_corpus
-
-# several test processes share 2 cores: one thread each
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
