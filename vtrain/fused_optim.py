@@ -108,14 +108,18 @@ def _run(rx: RoundedExecution, kernel: Callable[..., None], name: str, index: in
 
     Checking only the results suffices: every intermediate that can leave the grid (a weight-decayed
     gradient, a moment, a momentum buffer, the parameter) flows into a stored result, and Adam's
-    denominator, sqrt(v) / sqrt(1 - beta2^t) + eps, stays finite for a second moment v on the grid. (A check inside the loop halved its speed.)
+    denominator, sqrt(v) / sqrt(1 - beta2^t) + eps, stays finite for a second moment v on the grid. (A
+    check inside the loop halved its speed.) tensors[1] is the gradient, read only; a tensor passed twice
+    (SGD without momentum has no buffer) is checked once.
     """
     m = rx.bits - 9
     arrays = [fused.flat(t) for t in tensors]
     kernel(*arrays, *scalars, m, m == 23, POW2)
     rx.count_rounded(tensors[0].numel() * rounded, ops=rounded)
-    for which, a in zip(("parameter", "gradient", "state", "state"), arrays):
-        if which != "gradient" and a.size and not np.abs(a).max() <= rx._limit:  # NaN fails too
+    written = [("parameter", arrays[0])]
+    written += [("state", a) for t, a in zip(tensors[2:], arrays[2:]) if t is not tensors[0]]
+    for which, a in written:
+        if a.size and not np.abs(a).max() <= rx._limit:  # NaN fails too
             raise NonFiniteError(rx.step, -1, f"{name} update of parameter {index}",
                                  f"its {which} left the grid (NaN, inf or beyond the largest grid value)")
 

@@ -241,10 +241,10 @@ class RoundedExecution(TorchDispatchMode):
     def _round_into(self, t: torch.Tensor, spec: OpSpec) -> torch.Tensor:
         """Round t in place (t returned)."""
         if t.is_floating_point() and not self._trivial(t) and t.numel() and self._fused.usable(t):
-            self._counts["rounded"] += t.numel()
             if self._fused.round_into(self._fused.flat(t), self._fused.flat(t), self.bits - 9, self._limit) < 0:
+                self._counts["rounded"] += t.numel()
                 return t
-            self._counts["rounded"] -= t.numel()  # counted again below, where the check raises
+            # out of range: `_round` below raises the error that names the op
         if t.is_floating_point():
             r = self._round(t, spec)
             if r is not t:
