@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 import torch
 
-from vtrain.bounds import BOUNDS, BOUNDS_AT, Bound, PositionBound
+from vtrain.blockbound import BOUNDS_AT, UPPERS, Upper
+from vtrain.bounds import BOUNDS, Bound, PositionBound
 from vtrain.errors import VtrainError
 
 aten = torch.ops.aten
@@ -64,6 +65,7 @@ class OpSpec:
     functional: Any = None  # class 3 in-place ops: the out-of-place overload actually computed
     bound: Bound | None = None  # class 3: the error bound of vtrain.bounds
     bound_at: PositionBound | None = None  # class 3 matmuls: `bound` at given flat positions only
+    bound_upper: Upper | None = None  # class 3 matmuls: a cheap upper bound of `bound` (vtrain.blockbound)
     decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
 
 
@@ -199,7 +201,7 @@ def _build() -> dict[Any, OpSpec]:
     for op in _IEEE:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():
-        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op))
+        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op), bound_upper=UPPERS.get(op))
     for op, functional in _DEVICE_INPLACE.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional])
     for op, (fn, inplace) in _DECOMPOSED.items():

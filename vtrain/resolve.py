@@ -12,7 +12,8 @@ things per op:
   division); elementwise functions are correctly rounded by exactmath's multi-precision fallback.
   Measured on 2 shared, loaded cores: mm ~9 us per position at K = 64 and ~90 us at K = 1024; a 3x3x16
   convolution ~14 us; a conv grad_weight element of 8192 terms ~460 us.
-- a CERTIFIER, `CERTIFIERS[op](args, kwargs, outs, bounds, i, pos)` -> a bool tensor of len(pos) (on pos's
+- a CERTIFIER, `CERTIFIERS[op](args, kwargs, outs, e, i, pos)` (e: output i's error bound E of
+  vtrain.bounds at the positions pos, gathered or taken from the full bound) -> a bool tensor of len(pos) (on pos's
   device) that is True where output i's computed value at flat position pos is provably the exact value
   whatever order and blocking any IEEE device summed in, or None (none certified). The engine skips the
   resolver there. Linear ops: every term is an integer multiple of a power of two q, and
@@ -50,8 +51,8 @@ from vtrain.errors import VtrainError
 aten = torch.ops.aten
 
 Resolver = Callable[[tuple, dict, int, np.ndarray, int], np.ndarray]
-Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], Sequence["torch.Tensor | None"], int,
-                      "torch.Tensor"], "torch.Tensor | None"]
+Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], "torch.Tensor | None", int, "torch.Tensor"],
+                     "torch.Tensor | None"]
 
 _GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk of terms
 
@@ -609,11 +610,6 @@ def _per_key(key: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> t
     return fn(uniq)[inverse]
 
 
-def _bound_at(e: torch.Tensor, shape: Sequence[int], pos: torch.Tensor) -> torch.Tensor:
-    """The bound E (broadcastable to the output) at flat positions, without materialising it."""
-    return e.expand(tuple(shape))[_coords(pos, shape)] if len(shape) else e.reshape(1).expand(len(pos))
-
-
 def _all(pos: torch.Tensor) -> torch.Tensor:
     return torch.ones(len(pos), dtype=torch.bool, device=pos.device)
 
@@ -621,7 +617,7 @@ def _all(pos: torch.Tensor) -> torch.Tensor:
 def _certify(q: torch.Tensor, e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor,
              divisor: int = 1) -> torch.Tensor | None:
     """q: power-of-two grain of every term of each position's sum (or one grain for all); e: the op's bound
-    E >= gamma_k * S (S = sum|terms|) of k terms, broadcastable to `out`, for a result divided by `divisor`
+    E >= gamma_k * S (S = sum|terms|) of k terms at the positions, for a result divided by `divisor`
     (a power of two). True at the positions where S < 2^p q and q / divisor does not underflow."""
     if e is None or k <= 0:
         return None
@@ -633,22 +629,22 @@ def _certify(q: torch.Tensor, e: torch.Tensor | None, k: int, out: torch.Tensor,
         return None
     if k * u >= 0.5:
         return None
-    e = _bound_at(e, out.shape, pos).to(torch.float64)
+    e = e.to(torch.float64)
     s_upper = e * (divisor * _MARGIN * (1 - k * u) / (k * u))  # E / gamma_k, rounded up
     return ((s_upper < q * 2.0**p) & (q >= tiny * divisor)).to(pos.device)
 
 
-def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
              pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.shape[1] == 0:
         return None
     r, c = _coords(pos, outs[0].shape)
     q = _per_key(r, lambda u: lsb(a[u]).amin(1)) * _per_key(c, lambda u: lsb(b[:, u]).amin(0))
-    return _certify(q, bounds[0], a.shape[1], outs[0], pos)
+    return _certify(q, e, a.shape[1], outs[0], pos)
 
 
-def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
               pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.shape[2] == 0 or a.shape[0] == 0:
@@ -657,27 +653,27 @@ def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: in
     rows, cols = a.shape[1], b.shape[2]
     qa = _per_key(n * rows + r, lambda u: lsb(a[u // rows, u % rows]).amin(1))
     qb = _per_key(n * cols + c, lambda u: lsb(b[u // cols, :, u % cols]).amin(1))
-    return _certify(qa * qb, bounds[0], a.shape[2], outs[0], pos)
+    return _certify(qa * qb, e, a.shape[2], outs[0], pos)
 
 
-def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
               pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.numel() == 0:
         return None
-    return _certify(lsb(a).amin() * lsb(b).amin(), bounds[0], a.numel(), outs[0], pos)
+    return _certify(lsb(a).amin() * lsb(b).amin(), e, a.numel(), outs[0], pos)
 
 
-def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
              pos: torch.Tensor) -> torch.Tensor | None:
     a, x = args[0], args[1]
     if a.shape[1] == 0:
         return None
     q = _per_key(pos, lambda u: lsb(a[u]).amin(1)) * lsb(x).amin()
-    return _certify(q, bounds[0], a.shape[1], outs[0], pos)
+    return _certify(q, e, a.shape[1], outs[0], pos)
 
 
-def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.addmm.default, args, kwargs)
     bias, a, b = kw["self"], kw["mat1"], kw["mat2"]
@@ -687,7 +683,7 @@ def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: 
     r, c = _coords(pos, shape)
     q = _per_key(r, lambda u: lsb(a[u]).amin(1)) * _per_key(c, lambda u: lsb(b[:, u]).amin(0))
     q = torch.minimum(q, lsb(bias.expand(shape)[r, c]))
-    return _certify(q, bounds[0], a.shape[1], outs[0], pos)
+    return _certify(q, e, a.shape[1], outs[0], pos)
 
 
 def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -696,7 +692,7 @@ def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tenso
     return pos // (shape[1] * inner), (pos // inner) % shape[1]
 
 
-def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                       pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.convolution.default, args, kwargs)
     try:
@@ -710,10 +706,10 @@ def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequenc
     q = _per_key(n, lambda u: lsb(x[u]).amin((1, 2, 3))) * _per_key(co, lambda u: lsb(w[u]).amin((1, 2, 3)))
     if kw["bias"] is not None:
         q = torch.minimum(q, lsb(kw["bias"][co]))
-    return _certify(q, bounds[0], w[0].numel(), outs[0], pos)
+    return _certify(q, e, w[0].numel(), outs[0], pos)
 
 
-def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                                pos: torch.Tensor) -> torch.Tensor | None:
     op = aten.convolution_backward.default
     kw = _bind(op, args, kwargs)
@@ -736,17 +732,17 @@ def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, bounds
         n, ci = _image_channel(pos, outs[0].shape)
         q = _per_key(n, lambda u: lsb(g[u]).amin((1, 2, 3))) * \
             _per_key(ci % c_g, lambda u: lsb(w[:, u]).amin((0, 2, 3)))
-        return _certify(q, bounds[0], per_pixel, outs[0], pos)
+        return _certify(q, e, per_pixel, outs[0], pos)
     if i == 1:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
         co, cl = _image_channel(pos, outs[1].shape)
         ci = (co // (c_out // groups)) * c_g + cl
         q = _per_key(co, gcol) * _per_key(ci, lambda u: lsb(x[:, u]).amin((0, 2, 3)))
-        return _certify(q, bounds[1], per_weight, outs[1], pos)
-    return _certify(_per_key(pos, gcol), bounds[2], per_weight, outs[2], pos)
+        return _certify(q, e, per_weight, outs[1], pos)
+    return _certify(_per_key(pos, gcol), e, per_weight, outs[2], pos)
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+    def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
         x, keep, red = _reduction(op, args, kwargs)
         n = math.prod(x.shape[d] for d in red)
@@ -759,7 +755,7 @@ def _cert_reduce(op: Any, mean: bool) -> Certifier:
         else:  # the reduced slice of each position (distinct positions: distinct slices)
             xp = x.permute(*keep, *red)
             q = lsb(xp[_coords(pos.to(x.device), [x.shape[d] for d in keep])].reshape(len(pos), n)).amin(1)
-        return _certify(q, bounds[0], n, outs[0], pos, n if mean else 1)
+        return _certify(q, e, n, outs[0], pos, n if mean else 1)
 
     return certify
 
@@ -771,7 +767,7 @@ def _plane_grain(src: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> tor
 
 
 def _cert_avg_pool(op: Any) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+    def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
         kw = _bind(op, args, kwargs)
         kernel, stride, padding, ceil = _pool_params(kw)
@@ -782,12 +778,12 @@ def _cert_avg_pool(op: Any) -> Certifier:
             return None
         # terms are src / div over at most kernel-area windows; the bound is gamma_(area+1) of the op on |src|
         q = _plane_grain(src, outs[0], pos)
-        return _certify(q, bounds[0], kernel[0] * kernel[1], outs[0], pos, div)
+        return _certify(q, e, kernel[0] * kernel[1], outs[0], pos, div)
 
     return certify
 
 
-def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                               pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.max_pool2d_with_indices_backward.default, args, kwargs)
     (k0, k1), (s0, s1), _, _ = _pool_params(kw)
@@ -798,10 +794,10 @@ def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, bounds:
     g = kw["grad_output"]
     if g.numel() == 0:
         return None
-    return _certify(_plane_grain(g, outs[0], pos), bounds[0], k0 * k1, outs[0], pos)
+    return _certify(_plane_grain(g, outs[0], pos), e, k0 * k1, outs[0], pos)
 
 
-def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                                    pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.embedding_dense_backward.default, args, kwargs)
     g, ind = kw["grad_output"], kw["indices"].reshape(-1)
@@ -813,11 +809,11 @@ def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, bo
     if kw["scale_grad_by_freq"] or g.numel() == 0:
         return single
     g2 = g.reshape(-1, g.shape[-1])
-    cert = _certify(_per_key(col, lambda u: lsb(g2[:, u]).amin(0)), bounds[0], ind.numel(), outs[0], pos)
+    cert = _certify(_per_key(col, lambda u: lsb(g2[:, u]).amin(0)), e, ind.numel(), outs[0], pos)
     return single if cert is None else single | cert
 
 
-def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                            pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.nll_loss_forward.default, args, kwargs)
     if kw["weight"] is not None or (i == 0 and kw["reduction"] != 0):
@@ -826,7 +822,7 @@ def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, bounds: Se
     return _all(pos)
 
 
-def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, bounds: Sequence, i: int,
+def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                             pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.nll_loss_backward.default, args, kwargs)
     if kw["weight"] is not None:

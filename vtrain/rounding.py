@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
+from vtrain.blockbound import gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
@@ -348,14 +349,16 @@ class RoundedExecution(TorchDispatchMode):
                     if any_bad:
                         raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
                     cand = cand[:0]
-                pos = self._ambiguous(v, r, cand, e_cand * BAND_SLACK if e_cand is not None else None)
+                near = self._ambiguous(v, r, cand, e_cand * BAND_SLACK if e_cand is not None else None)
+                pos, e_pos = cand[near], e_cand[near] if e_cand is not None else None
                 if any_bad:
                     pos = torch.cat([pos, bad.reshape(-1).nonzero().squeeze(1)]).unique()
+                    e_pos = self._bound_at(spec, args, kwargs, floats, i, pos, full=bounds)
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
                     certifier = CERTIFIERS.get(op)
-                    exact = certifier(args, kwargs, floats, bounds, i, pos) if certifier else None
+                    exact = certifier(args, kwargs, floats, e_pos, i, pos) if certifier else None
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]
@@ -391,21 +394,35 @@ class RoundedExecution(TorchDispatchMode):
         if not (v.numel() and fused.usable(v)):
             return None
         if bounds is None:
+            upper = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
+            if upper is not None:  # the pre-filter of vtrain.blockbound
+                out, pos, bad = self._kernel_near(v, upper, factor)
+                if bad >= 0:
+                    return None
+                self._counts["rounded"] += v.numel()
+                return (out, pos, *self._settle(spec, args, kwargs, floats, i, pos))
             bounds = spec.bound(args, kwargs, floats)
-        e, out, m = bounds[i], torch.empty_like(v), self.bits - 9
+        e, m = bounds[i], self.bits - 9
         if e is None:
+            out = torch.empty_like(v)
             if fused.round_into(fused.flat(v), fused.flat(out), m, self._limit) >= 0:
                 return None
             self._counts["rounded"] += v.numel()
             return out, torch.zeros(0, dtype=torch.long), None, bounds
         e = e.reshape(1) if e.numel() == 1 else e.expand(v.shape).contiguous()
-        cand = np.empty(v.numel(), dtype=np.int64)
-        count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, m, self._limit, fused.flat(out), cand)
+        out, pos, bad = self._kernel_near(v, e, factor)
         if bad >= 0:
             return None
         self._counts["rounded"] += v.numel()
-        pos = torch.from_numpy(cand[:count].copy())
-        return out, pos, e.view(-1)[pos] if e.numel() > 1 else e.expand(count), bounds
+        return out, pos, e.view(-1)[pos] if e.numel() > 1 else e.expand(pos.numel()), bounds
+
+    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor, factor: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(v rounded, the candidate positions for a band of factor * e, the first bad position or -1)."""
+        fused, out = self._fused, torch.empty_like(v)
+        cand = np.empty(v.numel(), dtype=np.int64)
+        count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, self.bits - 9, self._limit,
+                                      fused.flat(out), cand)
+        return out, torch.from_numpy(cand[:count].copy()), bad
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
         """Flat positions where |v - r| + band >= half the spacing below r: a superset of the values within
@@ -418,11 +435,16 @@ class RoundedExecution(TorchDispatchMode):
               bounds: list | None) -> tuple[torch.Tensor, torch.Tensor | None, list | None]:
         """(candidate positions for a band of factor * E, E at them (None: no bound), the op's bounds).
 
-        E is computed everywhere, once per op call. (A Cauchy-Schwarz pre-filter with E gathered at the
-        candidates only was measured slower, twice: the exact ties of quantised and few-term sums are
-        candidates whatever the bound, and the gathered |a||b| sums cost more than the second matmul.)"""
+        E is computed everywhere, once per op call, except for large matmuls: there the pre-filter of
+        vtrain.blockbound finds the candidates and E is taken at them only (`_settle`). (A Cauchy-Schwarz
+        pre-filter was measured slower, twice: the exact ties of quantised and few-term sums are candidates
+        whatever the bound, and relu-sparse operands make it loose by 10^3 on weight gradients.)"""
         v = floats[i]
         if bounds is None:
+            upper = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
+            if upper is not None:
+                cand = self._candidates(v, r, upper.reshape(-1).mul_(factor))
+                return (cand, *self._settle(spec, args, kwargs, floats, i, cand))
             bounds = spec.bound(args, kwargs, floats)
         if bounds[i] is None:
             return torch.zeros(0, dtype=torch.long, device=v.device), None, bounds
@@ -430,15 +452,26 @@ class RoundedExecution(TorchDispatchMode):
         cand = self._candidates(v, r, e * factor)
         return cand, e[cand], bounds
 
+    def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int,
+                cand: torch.Tensor) -> tuple[torch.Tensor, list | None]:
+        """(E at the pre-filter's candidates, the full bounds or None): gathered where that pays, else taken
+        from the full bound. Either way the decisions that follow (which candidates lie within the band)
+        use E itself; U only chose where to look."""
+        v = floats[i]
+        if gather_pays(cand.numel(), v.numel()):
+            return spec.bound_at(args, kwargs, floats, cand), None
+        bounds = spec.bound(args, kwargs, floats)
+        return bounds[i].expand(v.shape).reshape(-1)[cand], bounds
+
     def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, cand: torch.Tensor, band: torch.Tensor | None) -> torch.Tensor:
-        """The candidates whose value lies within `band` (at the candidates) of a rounding boundary (ties included)."""
+        """Which candidates (a bool mask over them) lie within `band` (at them) of a rounding boundary, ties
+        included."""
         if cand.numel() == 0:
-            return cand
+            return torch.zeros(0, dtype=torch.bool, device=cand.device)
         vf, rf = v.reshape(-1), r.reshape(-1)
         vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band.cpu().numpy()
         diff, down, up = self._geometry(vv, rr)
-        near = np.minimum(diff + down * 0.5, up * 0.5 - diff) <= ww
-        return cand[torch.from_numpy(near).to(cand.device)]
+        return torch.from_numpy(np.minimum(diff + down * 0.5, up * 0.5 - diff) <= ww).to(cand.device)
 
     def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
         from vtrain.resolve import resolver_for  # noqa: PLC0415
@@ -453,7 +486,7 @@ class RoundedExecution(TorchDispatchMode):
                   full: list | None = None) -> torch.Tensor:
         """The error bound E of output i at flat positions `pos` (gathered when that is much cheaper)."""
         v = floats[i]
-        if full is None and spec.bound_at is not None and pos.numel() * 64 <= v.numel():
+        if full is None and spec.bound_at is not None and gather_pays(pos.numel(), v.numel()):
             return spec.bound_at(args, kwargs, floats, pos)
         full = full if full is not None else spec.bound(args, kwargs, floats)
         if full[i] is None:  # an output without an error bound (an exact count): nothing is ambiguous

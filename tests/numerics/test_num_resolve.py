@@ -555,6 +555,11 @@ def test_gelu_tanh_forms(dtype: torch.dtype, bits: int) -> None:
 CERT_CASES = [c for c in CASES if c.op in CERTIFIERS]
 
 
+def _e_at(e: torch.Tensor | None, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+    """An op's full bound E (broadcastable to its output) at flat positions, as the engine hands it over."""
+    return None if e is None else e.expand(out.shape).reshape(-1)[pos]
+
+
 def _certify(case: Case, args: tuple, kwargs: dict) -> tuple[list, list]:
     """(outputs, per output the certificate asked at every position: a bool array, or None)."""
     outs = case.op(*args, **kwargs)
@@ -563,7 +568,8 @@ def _certify(case: Case, args: tuple, kwargs: dict) -> tuple[list, list]:
     bounds = BOUNDS[case.op](args, kwargs, floats)
     certs = []
     for i, o in enumerate(floats):
-        cert = None if o is None else CERTIFIERS[case.op](args, kwargs, floats, bounds, i, torch.arange(o.numel()))
+        pos = torch.arange(0 if o is None else o.numel())
+        cert = None if o is None else CERTIFIERS[case.op](args, kwargs, floats, _e_at(bounds[i], o, pos), i, pos)
         assert cert is None or (cert.dtype == torch.bool and cert.shape == (o.numel(),)), (case.name, i)
         certs.append(None if cert is None else cert.numpy())
     return outs, certs
@@ -676,7 +682,7 @@ def test_certificate_at_a_few_positions_is_the_certificate_at_all(case: Case, ki
             continue
         n = floats[i].numel()
         pos = torch.randperm(n, generator=gen)[:max(1, n // 3)]
-        got = CERTIFIERS[case.op](args, kwargs, floats, bounds, i, pos)
+        got = CERTIFIERS[case.op](args, kwargs, floats, _e_at(bounds[i], floats[i], pos), i, pos)
         assert (got is None) == (want is None), (case.name, i)
         if got is not None:
             assert got.shape == pos.shape and got.tolist() == want[pos.numpy()].tolist(), (case.name, i)
@@ -687,13 +693,15 @@ def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
     b = torch.full((2, 1), 1 + 2.0**-23, dtype=torch.float64)  # exact sum 1 + 2^-23 + 2^-30 + 2^-53: 54 bits
     out = a @ b
     pos = torch.zeros(1, dtype=torch.int64)
-    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], BOUNDS[aten.mm.default]((a, b), {}, [out]), 0, pos)
+    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], _e_at(BOUNDS[aten.mm.default]((a, b), {}, [out])[0], out, pos),
+                                       0, pos)
     assert cert.tolist() == [False]
     assert F(float(out)) != sum(F(x) * F(y) for x, y in zip(a[0].tolist(), b[:, 0].tolist()))  # really inexact
     # one bit fewer (2^-29 instead of 2^-30: 53 bits) is exact and certified
     a[0, 1] = 2.0**-29
     out = a @ b
-    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], BOUNDS[aten.mm.default]((a, b), {}, [out]), 0, pos)
+    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], _e_at(BOUNDS[aten.mm.default]((a, b), {}, [out])[0], out, pos),
+                                       0, pos)
     assert cert.tolist() == [True]
 
 
@@ -702,7 +710,9 @@ def test_mean_certified_only_for_power_of_two_counts() -> None:
     for cols, want in ((4, True), (3, False)):
         args = (x[:, :cols], [1])
         outs = [aten.mean.dim(*args)]
-        cert = CERTIFIERS[aten.mean.dim](args, {}, outs, BOUNDS[aten.mean.dim](args, {}, outs), 0, torch.arange(2))
+        pos = torch.arange(2)
+        cert = CERTIFIERS[aten.mean.dim](args, {}, outs, _e_at(BOUNDS[aten.mean.dim](args, {}, outs)[0], outs[0], pos),
+                                         0, pos)
         assert (cert is not None and cert.tolist() == [True, True]) == want
 
 

@@ -1,0 +1,200 @@
+"""The trainer's matmul pre-filter (vtrain.blockbound): U bounds E everywhere, E gathered at positions is a
+rigorous bound, and the engine logs and resolves exactly what the definition says whichever path it takes."""
+
+from __future__ import annotations
+
+import zlib
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from vtrain import blockbound
+from vtrain.bounds import BOUNDS, gamma, unit_roundoff
+from vtrain.bounds import BOUNDS_AT as TORCH_BOUNDS_AT
+from vtrain.devices import get_device
+from vtrain.grid import round_to_grid
+from vtrain.rounding import BAND_SLACK, RoundedExecution
+
+aten = torch.ops.aten
+GRIDS = [(torch.float64, 32), (torch.float32, 19)]
+
+
+def _operand(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> torch.Tensor:
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind == "relu":  # half the values zero, whole rows too
+        x = x.clamp_min(0)
+        if x.dim() > 1:
+            x[..., :3, :] = 0
+    elif kind == "tiny":  # float32 products underflow
+        x = x * 2.0**-70
+    elif kind == "huge":
+        x = x * 2.0**60
+    elif kind == "quant":  # k/16: exact ties
+        x = torch.round(x * 16) / 16
+    return round_to_grid(x, bits).to(dtype)
+
+
+def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> list:
+    def op(shape: tuple[int, ...]) -> torch.Tensor:
+        return _operand(shape, gen, dtype, bits, kind)
+
+    a, b, bias = op((24, 200)), op((200, 20)), op((20,))
+    g, h = op((200, 24)), op((200, 20))
+    return [
+        ("mm", aten.mm.default, (a, b), {}),
+        ("mm-weight-grad", aten.mm.default, (g.T, h), {}),  # a transposed left operand, K = "batch"
+        ("mm-transposed-right", aten.mm.default, (a, op((20, 200)).T), {}),
+        ("addmm", aten.addmm.default, (bias, a, b), {}),
+        ("addmm-scaled", aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 3.0}),
+        ("bmm", aten.bmm.default, (op((3, 24, 270)), op((3, 270, 20))), {}),
+    ]
+
+
+@pytest.fixture
+def everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small test operands take the pre-filter (and float64 work's float32 full bound)."""
+    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu", "tiny", "huge", "quant"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: torch.dtype, bits: int,
+                                                      kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}/{bits}".encode()))
+    for name, func, args, kwargs in _cases(gen, dtype, bits, kind):
+        v = func(*args, **kwargs)
+        upper = blockbound.UPPERS[func](args, kwargs, [v])
+        if kind == "huge" and dtype == torch.float32:  # float32 sums of 2^120 products overflow: the full
+            assert upper is None, name  # bound is infinite there, which no finite U covers
+            continue
+        assert upper is not None and upper.dtype == v.dtype and upper.shape == v.shape, name
+        pos = torch.arange(v.numel())
+        gathered = blockbound.BOUNDS_AT[func](args, kwargs, [v], pos)
+        (full,) = BOUNDS[func](args, kwargs, [v])  # float64 work: its float32 path (see the fixture)
+        monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 40)
+        (full64,) = BOUNDS[func](args, kwargs, [v])
+        monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
+        u = upper.reshape(-1)
+        for e in (gathered, full.reshape(-1), full64.reshape(-1)):
+            assert (u >= e).all(), (name, kind, float((e - u).max()))
+        if kind == "normal":  # and not uselessly loose: within BLOCK of E
+            assert (u <= gathered * blockbound.BLOCK).all(), name
+
+
+def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randn(64, 256, generator=gen, dtype=torch.float64), torch.randn(256, 64, generator=gen, dtype=torch.float64)
+    upper = blockbound.UPPERS[aten.mm.default]
+    assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
+    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
+    assert upper((a, b), {}, [a @ b]) is not None
+    short = a[:, :blockbound.BLOCK * 4 - 1]
+    assert upper((short, b[:short.shape[1]]), {}, [short @ b[:short.shape[1]]]) is None  # K < 4 blocks
+    for bad in (float("inf"), float("nan"), 2.0**500):
+        b2 = b.clone()
+        b2[5, 7] = bad
+        assert upper((a, b2), {}, [a @ b2]) is None, bad
+
+
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_gathered_bound_is_rigorous_and_agrees_with_torch_gathering(dtype: torch.dtype, bits: int) -> None:
+    gen = torch.Generator().manual_seed(17)
+    for name, func, args, kwargs in _cases(gen, dtype, bits, "normal") + _cases(gen, dtype, bits, "tiny"):
+        v = func(*args, **kwargs)
+        # every position, some twice, in a shuffled order
+        pos = torch.cat([torch.randperm(v.numel(), generator=gen), torch.randint(v.numel(), (50,), generator=gen)])
+        got = blockbound.BOUNDS_AT[func](args, kwargs, [v], pos)
+        ref = TORCH_BOUNDS_AT[func](args, kwargs, [v], pos)
+        assert got.dtype == v.dtype and got.shape == pos.shape
+        k = args[-1].shape[-2] + (3 if func is aten.addmm.default else 0)
+        assert ((got.double() - ref.double()).abs() <= 4 * k * unit_roundoff(dtype) * ref.double()).all(), name
+        # at least gamma_k times the exact sum of |terms| (Fractions) at a sample of positions
+        _, beta, alpha, a, b = _operands(func, args, kwargs)
+        m, n = a.shape[1], b.shape[2]
+        g = Fraction(gamma(k, unit_roundoff(dtype)))
+        for p in pos[:40].tolist():
+            t, i, j = p // (m * n), (p % (m * n)) // n, p % n
+            s = sum((abs(Fraction(float(x)) * Fraction(float(y))) for x, y in zip(a[t, i].tolist(), b[t, :, j].tolist())),
+                    Fraction(0)) * abs(Fraction(alpha))
+            if func is aten.addmm.default:
+                s += abs(Fraction(beta)) * abs(Fraction(float(args[0][j])))
+            assert Fraction(float(got[pos.tolist().index(p)])) >= g * s, (name, p)
+
+
+def _operands(func: object, args: tuple, kwargs: dict) -> tuple:
+    from vtrain.bounds import _mm_operands
+
+    bias, beta, alpha, a, b, _ = _mm_operands(func, args, kwargs)
+    return bias, beta, alpha, a, b
+
+
+def _record(func: object, args: tuple, bits: int, resolution: str = "log") -> tuple[torch.Tensor, RoundedExecution]:
+    with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record", resolution=resolution) as rx:
+        out = func(*args)
+    return out, rx
+
+
+def _layer(dtype: torch.dtype, bits: int) -> tuple[tuple, torch.Tensor]:
+    # quantised operands: some outputs land exactly on a rounding boundary of a coarse grid (log entries)
+    gen = torch.Generator().manual_seed(23)
+    x = _operand((96, 192), gen, dtype, bits, "quant").clamp_min(0)
+    w = _operand((160, 192), gen, dtype, bits, "quant") / 8
+    bias = _operand((160,), gen, dtype, bits, "quant")
+    return (bias, x, w.T), x
+
+
+LOG_GRIDS = [(torch.float64, 14), (torch.float32, 14)]
+
+
+@pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
+def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype: torch.dtype, bits: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    args, _ = _layer(dtype, bits)
+    func = aten.addmm.default
+    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 1 << 60)
+    plain_out, plain = _record(torch.addmm, args, bits)  # no pre-filter: E everywhere
+    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
+    monkeypatch.setattr(blockbound, "GATHER_COST", 1 << 60)
+    fallback_out, fallback = _record(torch.addmm, args, bits)  # U's candidates, E from the full bound
+    monkeypatch.setattr(blockbound, "GATHER_COST", 1)
+    gathered_out, gathered = _record(torch.addmm, args, bits)  # U's candidates, E gathered at them
+    assert torch.equal(plain_out, fallback_out) and torch.equal(plain_out, gathered_out)
+    (site,) = plain.log.sites
+    assert site.num_entries > 0  # the case has entries to lose
+    # the fallback decides with the same E on a superset of the candidates: the same log, byte for byte
+    assert fallback.log.to_bytes() == plain.log.to_bytes()
+    # the gathered path: what the engine's own test logs with the gathered E at every position
+    v = func(*args)
+    everything = torch.arange(v.numel())
+    e = blockbound.BOUNDS_AT[func](args, {}, [v], everything)
+    want = gathered._find_entries(0, site.op, tuple(v.shape), v, gathered_out, everything, e * (2 * BAND_SLACK))
+    (got,) = gathered.log.sites
+    for field in ("dir_pos", "dir_up", "val_pos", "val"):
+        assert np.array_equal(getattr(got, field), getattr(want, field)), field
+    # and an auditor on another device accepts the log and lands on the trainer's values
+    for log in (fallback.log, gathered.log):
+        with RoundedExecution(bits=bits, device=get_device("emu:splitk8-tree"), mode="replay", replay_log=log) as rx:
+            replayed = torch.addmm(*args)
+        assert torch.equal(replayed, plain_out)
+        assert rx.stats["logged"] == log.sites[0].num_entries
+
+
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_exact_resolution_is_the_same_with_and_without_the_prefilter(everywhere: None, dtype: torch.dtype, bits: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    args, x = _layer(dtype, bits)
+    grad = _operand((96, 160), torch.Generator().manual_seed(29), dtype, bits, "quant")
+    outs = {}
+    for name, products, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
+        monkeypatch.setattr(blockbound, "MIN_PRODUCTS", products)
+        monkeypatch.setattr(blockbound, "GATHER_COST", cost)
+        fwd, rx = _record(torch.addmm, args, bits, "exact")
+        wgrad, rx2 = _record(torch.mm, (grad.T, x), bits, "exact")
+        outs[name] = (fwd, wgrad)
+        assert rx.stats["ambiguous"] + rx2.stats["ambiguous"] > 0
+    for name in ("fallback", "gathered"):
+        for want, got in zip(outs["full"], outs[name]):
+            assert torch.equal(want, got), name

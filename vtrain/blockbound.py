@@ -1,0 +1,197 @@
+"""A cheap upper bound of a large matmul's error bound, for the trainer's boundary filter (DESIGN.md §1.3).
+
+The trainer (and the exact resolution) must find every output element within the band 2E of a rounding
+boundary, E = gamma_K (|A| |B|) elementwise (vtrain.bounds). Computing |A| |B| everywhere is a second
+matmul as large as the op itself: a third of a plain step's time on a 1M-parameter MLP. But only a few
+elements in a thousand lie anywhere near a boundary, and the auditor already computes E only where it needs
+it (`bounds.BOUNDS_AT`, K products per position). So the engine filters twice:
+
+1. U >= E everywhere, from block maxima: splitting the K terms into blocks of BLOCK,
+       sum_k |a_ik| |b_kj|  <=  sum_blocks (max_(k in block) |a_ik|) (sum_(k in block) |b_kj|),
+   one matmul BLOCK times smaller. The elements farther than factor * U from every boundary are
+   certainly farther than factor * E; the others are candidates.
+2. E at the candidates, gathered (`bounds.BOUNDS_AT`); the engine decides with that E exactly as it
+   would with E computed everywhere.
+
+U is loose by the ratio of a block's maximum to its mean (2-5x on dense layers), so the candidates grow by
+that much; but where many products vanish pairwise (weight gradients of relu layers: a unit's activations
+and another's gradients are nonzero on disjoint samples) a block mixes them and U is loose by orders of
+magnitude at a few percent of the elements. Gathering E there costs more than the full bound, so
+`gather_pays` sends such ops back to the full bound: a decision from the candidate count alone, a pure
+function of the op's inputs, so a run and its resumption decide alike.
+
+U must bound the E that `bounds.BOUNDS_AT` computes in floating point, not only the exact one. That E is
+at most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| (which may exceed the exact sum
+by gamma_(K+2) relative, in the work dtype, plus K half-subnormals of underflowing float32 products) plus
+k smallest subnormals. U is computed in float64 (at most K/BLOCK + BLOCK + 3 roundings of 2^-53 below the
+block sum) and carries, besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest
+subnormals of the work dtype: far more than all of these together for K < 2^20.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from numba import njit
+
+from vtrain import bounds
+from vtrain.bounds import PositionBound, _finish, _mm_operands, _tiny, gamma, unit_roundoff
+
+aten = torch.ops.aten
+
+BLOCK = 32
+MIN_PRODUCTS = 1 << 26  # outputs x K below this: the full bound's extra matmul is cheap enough
+# Gathering E at one candidate (K products, gathered row and column) costs about this many times the share
+# of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
+GATHER_COST = 128
+
+Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "torch.Tensor | None"]
+
+
+def gather_pays(candidates: int, outputs: int) -> bool:
+    """Whether gathering E at `candidates` of an op's `outputs` elements is cheaper than the full bound."""
+    return candidates * GATHER_COST <= outputs
+
+
+def _matmul_upper(func: Any) -> Upper:
+    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+        """U >= E at every element of the output (the output's dtype and shape), or None where the full
+        bound is cheap (a small op) or U would not be finite."""
+        v = outs[0]
+        bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
+        k = a.shape[-1]
+        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu:
+            return None
+        u, kk = unit_roundoff(v.dtype), k + terms
+        g = gamma(kk, u)
+        amax = np.zeros((a.shape[0], a.shape[1], -(-k // BLOCK)))
+        bsum = np.zeros((b.shape[0], amax.shape[2], b.shape[2]))
+        if not (_block_max(_numpy(a), amax) & _block_sum(_numpy(b), bsum)):
+            return None
+        amax, bsum = torch.from_numpy(amax), torch.from_numpy(bsum)
+        a_max, b_max = amax.max().item(), bsum.max().item()
+        largest = max(a_max, b_max)  # >= every |operand|
+        scale = a_max * b_max * (k // BLOCK + 1) * abs(alpha)  # >= every sum of |terms|
+        bias_abs = None
+        if bias is not None and beta != 0 and bias.numel():
+            bias_abs = bias.abs().to(torch.float64)
+            largest = max(largest, bias_abs.max().item())
+            scale += abs(beta) * bias_abs.max().item()
+        # float64 holds U below 2^1000; float32 work's full bound overflows (to an infinite E, which U would
+        # not cover) once its float32 sums pass 2^128
+        if not (g < 1 and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
+            return None
+        s = torch.bmm(amax, bsum).reshape(v.shape)
+        if alpha != 1:
+            s.mul_(abs(alpha))
+        if bias_abs is not None:
+            s.add_(bias_abs, alpha=abs(beta))
+        # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k tiny) and the full bound's
+        # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
+        # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
+        # that U's candidates are a superset of either's.
+        c = g * (1 + 2 * g + 2.0**-20)
+        g32 = gamma(k + 4, 2.0**-24)
+        factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
+        floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + 8 * (kk + 1) * _tiny(v.dtype)
+        # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack)
+        return s.mul_(factor).add_(floor).to(v.dtype)
+
+    return upper
+
+
+@njit(cache=True, nogil=True)
+def _block_max(a: np.ndarray, out: np.ndarray) -> bool:
+    """out[n, i, kb] = max |a[n, i, k]| over the block kb of k (out zeroed by the caller); whether every
+    value was finite. The loops follow a's memory order (a transposed gradient is read down its columns)."""
+    finite = True
+    for n in range(a.shape[0]):
+        if a.strides[2] <= a.strides[1]:
+            for i in range(a.shape[1]):
+                for k in range(a.shape[2]):
+                    x = abs(np.float64(a[n, i, k]))
+                    finite &= x - x == 0
+                    out[n, i, k // BLOCK] = max(out[n, i, k // BLOCK], x)
+        else:
+            for k in range(a.shape[2]):
+                for i in range(a.shape[1]):
+                    x = abs(np.float64(a[n, i, k]))
+                    finite &= x - x == 0
+                    out[n, i, k // BLOCK] = max(out[n, i, k // BLOCK], x)
+    return finite
+
+
+@njit(cache=True, nogil=True)
+def _block_sum(b: np.ndarray, out: np.ndarray) -> bool:
+    """out[n, kb, j] = sum |b[n, k, j]| over the block kb of k, in increasing k (out zeroed by the caller);
+    whether every sum is finite. The loops follow b's memory order."""
+    for n in range(b.shape[0]):
+        if b.strides[1] <= b.strides[2]:
+            for j in range(b.shape[2]):
+                for k in range(b.shape[1]):
+                    out[n, k // BLOCK, j] += abs(np.float64(b[n, k, j]))
+        else:
+            for k in range(b.shape[1]):
+                for j in range(b.shape[2]):
+                    out[n, k // BLOCK, j] += abs(np.float64(b[n, k, j]))
+    finite = True
+    for x in out.ravel():
+        finite &= x - x == 0
+    return finite
+
+
+@njit(cache=True, nogil=True)
+def _abs_dots(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+              order: np.ndarray, out: np.ndarray) -> None:
+    # Positions in column order: each column of b (strided when b is row-major) is read once into a buffer.
+    # Float64 products of the operands' values: exact for float32 operands.
+    col = np.empty(a.shape[2])
+    last_n, last_j = -1, -1
+    for t in order:
+        n, i, j = batch[t], rows[t], cols[t]
+        if n != last_n or j != last_j:
+            for k in range(col.size):
+                col[k] = abs(np.float64(b[n, k, j]))
+            last_n, last_j = n, j
+        s = 0.0
+        for k in range(col.size):
+            s += abs(np.float64(a[n, i, k])) * col[k]
+        out[t] = s
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return (t.detach() if t.requires_grad else t).numpy()
+
+
+def _matmul_at(func: Any) -> PositionBound:
+    on_device = bounds.BOUNDS_AT[func]  # other devices gather in torch
+
+    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], pos: torch.Tensor) -> torch.Tensor:
+        """E at flat positions `pos` of the output: K products each, summed in float64 by one compiled loop
+        (an upper bound whatever the order, as the full bound: see `bounds._finish`)."""
+        v = outs[0]
+        if not v.is_cpu:
+            return on_device(args, kwargs, outs, pos)
+        bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
+        u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
+        m, n = a.shape[1], b.shape[2]
+        p = pos.numpy().astype(np.int64, copy=False)
+        batch, rem = p // (m * n), p % (m * n)
+        cols, absval = rem % n, np.empty(p.size)
+        _abs_dots(_numpy(a), _numpy(b), batch, rem // n, cols, np.argsort(batch * n + cols), absval)
+        e = torch.from_numpy(absval)
+        if alpha != 1:
+            e.mul_(abs(alpha))
+        if bias is not None:
+            e.add_(bias.expand(v.shape).reshape(-1)[pos].abs().to(torch.float64), alpha=abs(beta))
+        # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
+        return _finish(e.mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype)
+
+    return bound_at
+
+
+BOUNDS_AT: dict[Any, PositionBound] = {op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default,
+                                                                      aten.addmm.default)}
+UPPERS: dict[Any, Upper] = {op: _matmul_upper(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)}
