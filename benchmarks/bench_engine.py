@@ -6,6 +6,9 @@ once, in turn, so machine load hits all modes alike):
   auditor   the same, replaying the trainer's logs (mode "replay")
   plain64   native torch FP64, no dispatch mode
   plain32   native torch FP32, no dispatch mode
+  floor     native torch FP64 with forward and backward under a dispatch mode that passes every op through
+            unchanged (the optimizer outside it, as the trainer's fused one dispatches nothing per element):
+            what any per-op Python mechanism costs before it does any work
 Time is the step itself (forward, loss, backward, optimizer step, encoding the log); state hashing
 and file writes are reported separately ("hash"). The dense-baseline sizes are measured in the
 warm-up run only (the trainer does not compute them).
@@ -29,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,9 +44,39 @@ from vtrain.state import state_hash  # noqa: E402
 from vtrain.train import TrainingSession  # noqa: E402
 
 
+class PassThrough(TorchDispatchMode):
+    """A dispatch mode that runs every aten op unchanged."""
+
+    stats: dict = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as RoundedExecution
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        return func(*args, **(kwargs or {}))
+
+
+class FloorSession(TrainingSession):
+    """Plain FP64 steps with forward and backward under PassThrough, the optimizer step outside it."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        step = self.optimizer.step
+
+        def unmoded_step(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            with _disable_current_modes():
+                return step(*a, **k)
+
+        self.optimizer.step = unmoded_step
+
+    def _context(self, rounding: str, t: int, replay_log: StepLog | None) -> PassThrough:
+        return PassThrough()
+
+
 def run_steps(spec: Spec, device: str, rounding: str, steps: int, logs: list[StepLog] | None = None,
-              measure_storage: bool = False) -> dict:
-    s = TrainingSession(spec, device)
+              measure_storage: bool = False, session: type = TrainingSession) -> dict:
+    s = session(spec, device)
     s.measure_storage = measure_storage  # the dense baselines: measured once, outside the timed runs
     seconds, hash_s, out_logs, stats = [], [], [], []
     for t in range(1, steps + 1):
@@ -66,9 +100,10 @@ def bench_example(name: str, steps: int, reps: int, emu: str) -> dict:
     spec32 = dataclasses.replace(spec, dtype="float32")
     trainer = run_steps(spec, "cpu", "record", steps, measure_storage=True)  # warm-up, sizes, the logs to replay
     logs = trainer["logs"]
-    times: dict[str, list[float]] = {k: [] for k in ("trainer", "auditor", "plain64", "plain32", "hash")}
+    times: dict[str, list[float]] = {k: [] for k in ("trainer", "auditor", "plain64", "plain32", "floor", "hash")}
     for _ in range(reps):
         times["plain64"].append(run_steps(spec, "cpu", "none", steps)["seconds"] / steps)
+        times["floor"].append(run_steps(spec, "cpu", "none", steps, session=FloorSession)["seconds"] / steps)
         tr = run_steps(spec, "cpu", "record", steps)
         times["trainer"].append(tr["seconds"] / steps)
         times["hash"].append(tr["hash_seconds"] / steps)
@@ -84,6 +119,7 @@ def bench_example(name: str, steps: int, reps: int, emu: str) -> dict:
         "ratio_trainer_vs_plain64": round(med["trainer"] / med["plain64"], 2),
         "ratio_auditor_vs_plain64": round(med["auditor"] / med["plain64"], 2),
         "ratio_trainer_vs_plain32": round(med["trainer"] / med["plain32"], 2),
+        "ratio_floor_vs_plain64": round(med["floor"] / med["plain64"], 2),
         "rounded_per_step": mean_stat(st, "rounded"),
         "logged_per_step": mean_stat(st, "logged"),
         "value_entries_per_step": mean_stat(st, "logged_values"),
@@ -119,11 +155,12 @@ def main() -> None:
     emu = args.emu or next(d.name for d in list_devices() if d.name.startswith("emu:"))
     results = [bench_example(name, args.steps, args.reps, emu) for name in args.examples]
     print(f"# torch {torch.__version__}, threads={args.threads}, steps={args.steps}, reps={args.reps}\n")
-    markdown_table(["example", "plain32 ms", "plain64 ms", "trainer ms", "auditor ms", "state hash ms",
-                    "trainer/plain64", "auditor/plain64", "trainer/plain32"],
-                   [[r["example"], *(r["ms_per_step"][k] for k in ("plain32", "plain64", "trainer", "auditor", "hash")),
-                     f"{r['ratio_trainer_vs_plain64']}x", f"{r['ratio_auditor_vs_plain64']}x",
-                     f"{r['ratio_trainer_vs_plain32']}x"] for r in results])
+    markdown_table(["example", "plain32 ms", "plain64 ms", "floor ms", "trainer ms", "auditor ms", "state hash ms",
+                    "floor/plain64", "trainer/plain64", "auditor/plain64", "trainer/plain32"],
+                   [[r["example"], *(r["ms_per_step"][k] for k in ("plain32", "plain64", "floor", "trainer", "auditor",
+                                                                   "hash")),
+                     f"{r['ratio_floor_vs_plain64']}x", f"{r['ratio_trainer_vs_plain64']}x",
+                     f"{r['ratio_auditor_vs_plain64']}x", f"{r['ratio_trainer_vs_plain32']}x"] for r in results])
     print()
     markdown_table(["example", "rounded/step", "logged/step (values)", "logged fraction", "bound B/step", "tau B/step",
                     "dense B/step", "dense+zip B/step", "dense/bound", "corrections/step"],

@@ -396,10 +396,11 @@ class RoundedExecution(TorchDispatchMode):
         if bounds is None:
             upper = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
             if upper is not None:  # the pre-filter of vtrain.blockbound
-                out, pos, bad = self._kernel_near(v, upper, factor)
+                out, cand, bad = self._kernel_near(v, upper, factor)
                 if bad >= 0:
                     return None
                 self._counts["rounded"] += v.numel()
+                pos = torch.from_numpy(cand)
                 return (out, pos, *self._settle(spec, args, kwargs, floats, i, pos))
             bounds = spec.bound(args, kwargs, floats)
         e, m = bounds[i], self.bits - 9
@@ -410,19 +411,21 @@ class RoundedExecution(TorchDispatchMode):
             self._counts["rounded"] += v.numel()
             return out, torch.zeros(0, dtype=torch.long), None, bounds
         e = e.reshape(1) if e.numel() == 1 else e.expand(v.shape).contiguous()
-        out, pos, bad = self._kernel_near(v, e, factor)
+        out, cand, bad = self._kernel_near(v, e, factor)
         if bad >= 0:
             return None
         self._counts["rounded"] += v.numel()
-        return out, pos, e.view(-1)[pos] if e.numel() > 1 else e.expand(pos.numel()), bounds
+        # E at the candidates gathered in numpy: a fraction of torch's indexing cost on a few values
+        e_cand = torch.from_numpy(fused.flat(e)[cand]) if e.numel() > 1 else e.expand(cand.size)
+        return out, torch.from_numpy(cand), e_cand, bounds
 
-    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor, factor: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor, factor: float) -> tuple[torch.Tensor, np.ndarray, int]:
         """(v rounded, the candidate positions for a band of factor * e, the first bad position or -1)."""
         fused, out = self._fused, torch.empty_like(v)
         cand = np.empty(v.numel(), dtype=np.int64)
         count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, self.bits - 9, self._limit,
                                       fused.flat(out), cand)
-        return out, torch.from_numpy(cand[:count].copy()), bad
+        return out, cand[:count].copy(), bad
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
         """Flat positions where |v - r| + band >= half the spacing below r: a superset of the values within
