@@ -62,7 +62,11 @@ def _matmul_upper(func: Any) -> Upper:
         v = outs[0]
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
-        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu:
+        # Only where both operands run contiguously along K (a linear layer's forward, x @ W^T): there E
+        # gathers as contiguous dot products. A strided column costs a cache miss per term (a gradient
+        # through a weight, g @ W), and a weight gradient's U is loose (see above): measured, the
+        # pre-filter lost time on both.
+        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu or a.stride(2) != 1 or b.stride(1) != 1:
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
         g = gamma(kk, u)
