@@ -2,30 +2,35 @@
 
 The trainer (and the exact resolution) must find every output element within the band 2E of a rounding
 boundary, E = gamma_K (|A| |B|) elementwise (vtrain.bounds). Computing |A| |B| everywhere is a second
-matmul as large as the op itself: a third of a plain step's time on a 1M-parameter MLP. But only a few
-elements in a thousand lie anywhere near a boundary, and the auditor already computes E only where it needs
-it (`bounds.BOUNDS_AT`, K products per position). So the engine filters twice:
+matmul as large as the op itself (in float32 for float64 work, still half its time). But only a few
+elements in a thousand lie anywhere near a boundary, and the auditor needs E only at its log's entries.
+So for large matmuls the engine filters twice:
 
 1. U >= E everywhere, from block maxima: splitting the K terms into blocks of BLOCK,
        sum_k |a_ik| |b_kj|  <=  sum_blocks (max_(k in block) |a_ik|) (sum_(k in block) |b_kj|),
    one matmul BLOCK times smaller. The elements farther than factor * U from every boundary are
    certainly farther than factor * E; the others are candidates.
-2. E at the candidates, gathered (`bounds.BOUNDS_AT`); the engine decides with that E exactly as it
-   would with E computed everywhere.
+2. E at the candidates only (BOUNDS_AT here: K products per position in one compiled loop), or, where
+   there are too many of them (`gather_pays`), from the full bound. Either way the engine then decides
+   with E itself, exactly as it would with E computed everywhere.
 
-U is loose by the ratio of a block's maximum to its mean (2-5x on dense layers), so the candidates grow by
-that much; but where many products vanish pairwise (weight gradients of relu layers: a unit's activations
-and another's gradients are nonzero on disjoint samples) a block mixes them and U is loose by orders of
-magnitude at a few percent of the elements. Gathering E there costs more than the full bound, so
-`gather_pays` sends such ops back to the full bound: a decision from the candidate count alone, a pure
-function of the op's inputs, so a run and its resumption decide alike.
+Where it pays (measured with benchmarks/bench_rounding.py and the lead's A/B scripts on MLPs of width 1024
+and 2048): U is loose by the ratio of a block's maximum to its mean (2-5x on dense layers), so the
+candidates grow by that much, still ~0.2 % of the outputs of a linear layer's forward, x @ W^T. There
+both operands run contiguously along K, and the gathered dot products cost ~1.5 ns a term. Two other
+layouts lost time and are left to the full bound: a gradient through a weight, g @ W, reads W's strided
+columns (a cache miss per term); and a weight gradient, g^T @ x, has a loose U, because where products
+vanish pairwise (a relu unit's activations and another's gradients nonzero on disjoint samples) a block
+mixes them, so U exceeds E by orders of magnitude at a few percent of the elements. The choice depends on
+the operands' layout and the candidate count only, a pure function of the op's inputs, so a run and its
+resumption decide alike.
 
-U must bound the E that `bounds.BOUNDS_AT` computes in floating point, not only the exact one. That E is
-at most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| (which may exceed the exact sum
-by gamma_(K+2) relative, in the work dtype, plus K half-subnormals of underflowing float32 products) plus
-k smallest subnormals. U is computed in float64 (at most K/BLOCK + BLOCK + 3 roundings of 2^-53 below the
-block sum) and carries, besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest
-subnormals of the work dtype: far more than all of these together for K < 2^20.
+U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
+`bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
+most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k smallest subnormals. U is
+computed in float64 (at most K/BLOCK + BLOCK + 3 roundings of 2^-53 below the block sum) and carries,
+besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest subnormals of the work dtype.
+tests/numerics/test_num_blockbound.py checks U against both bounds on adversarial operands.
 """
 
 from __future__ import annotations
