@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_rounding.py [--steps 20] [--reps 5] [--threads 1]
 
 Models are the numerics tests' MLP (64-64-10, Adam) and CNN (two 3x3 convs, AdamW), batch 32 of sklearn
-digits, plus wider MLPs: mlp-wide 64-256-256-10 (batch 32) and mlp-xl 64-1024-1024-10 (batch 256),
+digits, plus wider MLPs: mlp-wide 64-256-256-10 (batch 32), mlp-xl 64-1024-1024-10 (batch 256) and mlp-xxl
+64-2048-2048-10 (batch 512),
 with vtrain's optimizers (vtrain.fused_optim, as training builds them; plain runs use them too). Float64
 work at bits = 32 on device cpu. Timings are process CPU time (time.process_time: with one thread that is
 the compute time, which other processes on a shared machine disturb far less than wall time), medians over
@@ -32,8 +33,8 @@ from vtrain.grid import round_to_grid  # noqa: E402
 from vtrain.rounding import RoundedExecution  # noqa: E402
 
 
-BATCH = {"mlp-xl": 256}  # the others: 32
-WIDTH = {"mlp-wide": 256, "mlp-xl": 1024}
+BATCH = {"mlp-xl": 256, "mlp-xxl": 512}  # the others: 32
+WIDTH = {"mlp-wide": 256, "mlp-xl": 1024, "mlp-xxl": 2048}
 
 
 def _model(kind: str, dtype: torch.dtype) -> tuple[nn.Module, torch.optim.Optimizer]:
