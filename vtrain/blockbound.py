@@ -65,6 +65,8 @@ def _matmul_upper(func: Any) -> Upper:
         """U >= E at every element of the output (the output's dtype and shape), or None where the full
         bound is cheap (a small op) or U would not be finite."""
         v = outs[0]
+        if v.numel() << 16 < MIN_PRODUCTS:  # a quick exit for small outputs (the full bound, unless K > 2^16)
+            return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
         # Only where both operands run contiguously along K (a linear layer's forward, x @ W^T): there E

@@ -349,8 +349,10 @@ class RoundedExecution(TorchDispatchMode):
                     if any_bad:
                         raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
                     cand = cand[:0]
-                near = self._ambiguous(v, r, cand, e_cand * BAND_SLACK if e_cand is not None else None)
-                pos, e_pos = cand[near], e_cand[near] if e_cand is not None else None
+                pos, e_pos = cand, e_cand
+                if cand.numel():
+                    near = self._ambiguous(v, r, cand, e_cand * BAND_SLACK)
+                    pos, e_pos = cand[near], e_cand[near]
                 if any_bad:
                     pos = torch.cat([pos, bad.reshape(-1).nonzero().squeeze(1)]).unique()
                     e_pos = self._bound_at(spec, args, kwargs, floats, i, pos, full=bounds)
@@ -466,13 +468,13 @@ class RoundedExecution(TorchDispatchMode):
         bounds = spec.bound(args, kwargs, floats)
         return bounds[i].expand(v.shape).reshape(-1)[cand], bounds
 
-    def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, cand: torch.Tensor, band: torch.Tensor | None) -> torch.Tensor:
+    def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, cand: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
         """Which candidates (a bool mask over them) lie within `band` (at them) of a rounding boundary, ties
         included."""
         if cand.numel() == 0:
             return torch.zeros(0, dtype=torch.bool, device=cand.device)
-        vf, rf = v.reshape(-1), r.reshape(-1)
-        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band.cpu().numpy()
+        idx = cand.cpu().numpy()
+        vv, rr, ww = _at(v, idx), _at(r, idx), band.cpu().numpy()
         diff, down, up = self._geometry(vv, rr)
         return torch.from_numpy(np.minimum(diff + down * 0.5, up * 0.5 - diff) <= ww).to(cand.device)
 
@@ -501,11 +503,10 @@ class RoundedExecution(TorchDispatchMode):
         """The log entries of one output: the candidates (see _candidates) within `band` (at them) of a boundary."""
         if cand.numel() == 0 or band is None:
             return SiteLog(site, op, shape)
-        vf, rf = v.reshape(-1), r.reshape(-1)
         # The exact test on the candidates in numpy (a few values per op: numpy's per-call cost is a
         # fraction of torch's); the same IEEE operations in the same dtype, so the same decisions.
         idx = cand.cpu().numpy()
-        vv, rr, ww = vf[cand].cpu().numpy(), rf[cand].cpu().numpy(), band.cpu().numpy()
+        vv, rr, ww = _at(v, idx), _at(r, idx), band.cpu().numpy()
         diff, down, up = self._geometry(vv, rr)
         d_lo = diff + down * 0.5  # distance to the boundary below r
         d_hi = up * 0.5 - diff  # distance to the boundary above r
@@ -577,6 +578,14 @@ def active_rounding() -> RoundedExecution | None:
     """The RoundedExecution the current code runs under (the innermost dispatch mode), if any."""
     mode = _get_current_dispatch_mode()
     return mode if isinstance(mode, RoundedExecution) else None
+
+
+def _at(t: torch.Tensor, idx: np.ndarray) -> np.ndarray:
+    """t's values at flat positions idx, as numpy (gathered by numpy on CPU: a few values per op)."""
+    t = t.detach() if t.requires_grad else t
+    if t.is_cpu and t.is_contiguous():
+        return t.view(-1).numpy()[idx]
+    return t.reshape(-1)[torch.from_numpy(idx).to(t.device)].cpu().numpy()
 
 
 def _outputs(out: Any) -> tuple[list, list]:
