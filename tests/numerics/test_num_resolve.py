@@ -722,6 +722,27 @@ def test_lsb() -> None:
     assert resolve.lsb(x.to(torch.float32)[1:4]).tolist() == [1.0, 2.0, 0.125]
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_min_lsb_is_the_minimum_of_lsb_over_each_line(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(40, 30, generator=gen, dtype=torch.float64) * 2.0 ** torch.randint(-60, 60, (40, 30), generator=gen)
+    x[0] = 0.0  # a line of zeros: inf
+    x[1, :5] = torch.tensor([2.0**-1074 * 12, 2.0**-1060, -4.0, 0.0, 1 + 2.0**-52], dtype=torch.float64)  # subnormals
+    x[2, 3] = math.inf
+    x[5, :3] = torch.tensor([2.0**-149 * 6, 2.0**-140, 8.0])  # float32 subnormals, power of two
+    x[3, 7] = math.nan
+    x[:, 4] = 0.0
+    x = x.to(dtype)
+    for a in (x, x.T.contiguous().T):  # row-major and column-major storage
+        for dim, lines in ((0, 40), (1, 30)):
+            idx = torch.randperm(lines, generator=gen)
+            got = resolve.min_lsb(a, idx, dim)
+            want = resolve.lsb(a[idx]).amin(1) if dim == 0 else resolve.lsb(a[:, idx]).amin(0)
+            assert torch.equal(got.isnan(), want.isnan()), dim
+            ok = ~want.isnan()
+            assert torch.equal(got[ok], want[ok]), dim
+
+
 # The certificates read S = sum|terms| off the bound as E / gamma_K, K below: guard that coupling.
 TERM_COUNTS: dict[str, Callable[[tuple], list[int]]] = {
     "mm": lambda a: [a[0].shape[1]],
