@@ -35,6 +35,7 @@ tests/numerics/test_num_blockbound.py checks U against both bounds on adversaria
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -52,7 +53,17 @@ MIN_PRODUCTS = 1 << 26  # outputs x K below this: the full bound's extra matmul 
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
 GATHER_COST = 128
 
-Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "torch.Tensor | None"]
+@dataclass(frozen=True)
+class Prefilter:
+    """U >= E over the whole output, and (for sums without an addend) which positions' sums have a nonzero
+    term: the others are exact zeros on every device, E there is k smallest subnormals, and no grid
+    boundary is within any band of them (the nearest, half FP32's smallest subnormal, is 2^-150)."""
+
+    upper: torch.Tensor
+    nonzero: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "Prefilter | None"]
 
 
 def gather_pays(candidates: int, outputs: int) -> bool:
@@ -60,20 +71,34 @@ def gather_pays(candidates: int, outputs: int) -> bool:
     return candidates * GATHER_COST <= outputs
 
 
+_SCRATCH: list[torch.Tensor] = [torch.empty(0, dtype=torch.float64)]
+
+
+def _scratch(n: int) -> torch.Tensor:
+    """n float64 values of a buffer that outlives the call: a fresh tensor of tens of MB costs more in first-
+    touch page faults (~0.6 ms a MB measured here) than computing U. U is read once, by the caller's filter,
+    before the next op (rounded execution runs one op at a time per process)."""
+    if _SCRATCH[0].numel() < n:
+        _SCRATCH[0] = torch.empty(n, dtype=torch.float64)
+    return _SCRATCH[0][:n]
+
+
 def _matmul_upper(func: Any) -> Upper:
     def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
-        """U >= E at every element of the output (the output's dtype and shape), or None where the full
-        bound is cheap (a small op) or U would not be finite."""
+        """U >= E at every element of the output (the output's dtype and shape) and the nonzero-term filter,
+        or None where the full bound is cheap (a small op), a layout makes the filter cost more than it
+        saves, or U would not be finite."""
         v = outs[0]
         if v.numel() << 16 < MIN_PRODUCTS:  # a quick exit for small outputs (the full bound, unless K > 2^16)
             return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
-        # Only where both operands run contiguously along K (a linear layer's forward, x @ W^T): there E
-        # gathers as contiguous dot products. A strided column costs a cache miss per term (a gradient
-        # through a weight, g @ W), and a weight gradient's U is loose (see above): measured, the
-        # pre-filter lost time on both.
-        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu or a.stride(2) != 1 or b.stride(1) != 1:
+        # Two layouts (see above): both operands contiguous along K (a linear layer's forward, x @ W^T), and
+        # neither, with no addend (a weight gradient, g^T @ x), where the sums with no nonzero term go
+        # before E is gathered. A gradient through a weight (g @ W) is left to the full bound.
+        forward = a.stride(2) == 1 and b.stride(1) == 1
+        weight_grad = bias is None and a.stride(2) != 1 and b.stride(1) != 1
+        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu or not (forward or weight_grad):
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
         g = gamma(kk, u)
@@ -94,21 +119,23 @@ def _matmul_upper(func: Any) -> Upper:
         # not cover) once its float32 sums pass 2^128
         if not (g < 1 and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
             return None
-        s = torch.bmm(amax, bsum).reshape(v.shape)
-        if alpha != 1:
-            s.mul_(abs(alpha))
-        if bias_abs is not None:
-            s.add_(bias_abs, alpha=abs(beta))
         # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k tiny) and the full bound's
         # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
         # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
-        # that U's candidates are a superset of either's.
+        # that U's candidates are a superset of either's. The factor goes into the (small) block maxima,
+        # the addend and the floor into one broadcast add.
         c = g * (1 + 2 * g + 2.0**-20)
         g32 = gamma(k + 4, 2.0**-24)
         factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
         floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + 8 * (kk + 1) * _tiny(v.dtype)
+        s = torch.bmm(amax.mul_(factor * abs(alpha)), bsum, out=_scratch(v.numel()).view(amax.shape[0], amax.shape[1], -1))
+        s = s.view(v.shape)
+        if bias_abs is not None:
+            s.add_(bias_abs.mul_(abs(beta) * factor).add_(floor))
+        else:
+            s.add_(floor)
         # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack)
-        return s.mul_(factor).add_(floor).to(v.dtype)
+        return Prefilter(s.to(v.dtype), _nonzero_terms(a, b) if bias is None else None)
 
     return upper
 
@@ -170,6 +197,54 @@ def _abs_dots(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray,
         for k in range(col.size):
             s += abs(np.float64(a[n, i, k])) * col[k]
         out[t] = s
+
+
+@njit(cache=True, nogil=True)
+def _support(x: np.ndarray, out: np.ndarray) -> None:
+    """out[n, i, k // 64] has bit k % 64 set where x[n, i, k] != 0 (out zeroed by the caller; NaN counts
+    as nonzero). The loops follow x's memory order."""
+    for n in range(x.shape[0]):
+        if x.strides[2] <= x.strides[1]:
+            for i in range(x.shape[1]):
+                for k in range(x.shape[2]):
+                    if x[n, i, k] != 0:
+                        out[n, i, k >> 6] |= np.uint64(1) << np.uint64(k & 63)
+        else:
+            for k in range(x.shape[2]):
+                for i in range(x.shape[1]):
+                    if x[n, i, k] != 0:
+                        out[n, i, k >> 6] |= np.uint64(1) << np.uint64(k & 63)
+
+
+@njit(cache=True, nogil=True)
+def _overlap(sa: np.ndarray, sb: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+             out: np.ndarray) -> None:
+    """out[t]: whether row rows[t] of a and column cols[t] of b share a nonzero position k."""
+    for t in range(rows.size):
+        hit = False
+        for w in range(sa.shape[2]):
+            if sa[batch[t], rows[t], w] & sb[batch[t], cols[t], w]:
+                hit = True
+                break
+        out[t] = hit
+
+
+def _nonzero_terms(a: torch.Tensor, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """For C = a @ b (batched): a function from flat positions of C to whether some product a_ik b_kj there
+    has both factors nonzero (bitsets of each row's and column's nonzeros, made on first use)."""
+    m, n, words = a.shape[1], b.shape[2], -(-a.shape[2] // 64)
+
+    def nonzero(pos: torch.Tensor) -> torch.Tensor:
+        sa = np.zeros((a.shape[0], m, words), dtype=np.uint64)
+        sb = np.zeros((b.shape[0], n, words), dtype=np.uint64)
+        _support(_numpy(a), sa)
+        _support(_numpy(b.transpose(1, 2)), sb)
+        p = pos.numpy()
+        out = np.empty(p.size, dtype=np.bool_)
+        _overlap(sa, sb, p // (m * n), (p % (m * n)) // n, p % n, out)
+        return torch.from_numpy(out)
+
+    return nonzero
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from vtrain.blockbound import gather_pays
+from vtrain.blockbound import Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
@@ -396,14 +396,13 @@ class RoundedExecution(TorchDispatchMode):
         if not (v.numel() and fused.usable(v)):
             return None
         if bounds is None:
-            upper = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
-            if upper is not None:  # the pre-filter of vtrain.blockbound
-                out, cand, bad = self._kernel_near(v, upper, factor)
+            pre = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
+            if pre is not None:  # the pre-filter of vtrain.blockbound
+                out, cand, bad = self._kernel_near(v, pre.upper, factor)
                 if bad >= 0:
                     return None
                 self._counts["rounded"] += v.numel()
-                pos = torch.from_numpy(cand)
-                return (out, pos, *self._settle(spec, args, kwargs, floats, i, pos))
+                return (out, *self._settle(spec, args, kwargs, floats, i, torch.from_numpy(cand), pre))
             bounds = spec.bound(args, kwargs, floats)
         e, m = bounds[i], self.bits - 9
         if e is None:
@@ -446,10 +445,10 @@ class RoundedExecution(TorchDispatchMode):
         whatever the bound, and relu-sparse operands make it loose by 10^3 on weight gradients.)"""
         v = floats[i]
         if bounds is None:
-            upper = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
-            if upper is not None:
-                cand = self._candidates(v, r, upper.reshape(-1).mul_(factor))
-                return (cand, *self._settle(spec, args, kwargs, floats, i, cand))
+            pre = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
+            if pre is not None:
+                return self._settle(spec, args, kwargs, floats, i, self._candidates(v, r, pre.upper.reshape(-1) * factor),
+                                    pre)
             bounds = spec.bound(args, kwargs, floats)
         if bounds[i] is None:
             return torch.zeros(0, dtype=torch.long, device=v.device), None, bounds
@@ -457,16 +456,19 @@ class RoundedExecution(TorchDispatchMode):
         cand = self._candidates(v, r, e * factor)
         return cand, e[cand], bounds
 
-    def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int,
-                cand: torch.Tensor) -> tuple[torch.Tensor, list | None]:
-        """(E at the pre-filter's candidates, the full bounds or None): gathered where that pays, else taken
-        from the full bound. Either way the decisions that follow (which candidates lie within the band)
-        use E itself; U only chose where to look."""
+    def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, cand: torch.Tensor,
+                pre: Prefilter) -> tuple[torch.Tensor, torch.Tensor, list | None]:
+        """(the pre-filter's candidates, E at them, the full bounds or None). Candidates whose sum has no
+        nonzero term are dropped (E could not make them candidates, see blockbound.Prefilter); E at the
+        others is gathered where that pays, else taken from the full bound. Either way the decisions that
+        follow (which candidates lie within the band) use E itself; U only chose where to look."""
+        if pre.nonzero is not None and cand.numel():
+            cand = cand[pre.nonzero(cand)]
         v = floats[i]
         if gather_pays(cand.numel(), v.numel()):
-            return spec.bound_at(args, kwargs, floats, cand), None
+            return cand, spec.bound_at(args, kwargs, floats, cand), None
         bounds = spec.bound(args, kwargs, floats)
-        return bounds[i].expand(v.shape).reshape(-1)[cand], bounds
+        return cand, bounds[i].expand(v.shape).reshape(-1)[cand], bounds
 
     def _ambiguous(self, v: torch.Tensor, r: torch.Tensor, cand: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
         """Which candidates (a bool mask over them) lie within `band` (at them) of a rounding boundary, ties

@@ -40,13 +40,16 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
     def op(shape: tuple[int, ...]) -> torch.Tensor:
         return _operand(shape, gen, dtype, bits, kind)
 
-    # operands contiguous along K (x @ W^T, a linear layer's forward): the layout the pre-filter takes
+    # the layouts the pre-filter takes: both operands contiguous along K (x @ W^T, a linear layer's
+    # forward), or neither, without an addend (g^T @ x, a weight gradient)
     a, b, bias = op((24, 200)), op((20, 200)).T, op((20,))
     return [
         ("mm", aten.mm.default, (a, b), {}),
+        ("mm-weight-grad", aten.mm.default, (op((200, 24)).T, op((200, 20))), {}),
         ("mm-k-not-blocks", aten.mm.default, (op((24, 150)), op((20, 150)).T), {}),
         ("addmm", aten.addmm.default, (bias, a, b), {}),
         ("addmm-scaled", aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 3.0}),
+        ("addmm-bias-only", aten.addmm.default, (bias, a, b), {"beta": 2.0, "alpha": 0.0}),
         ("bmm", aten.bmm.default, (op((3, 24, 270)), op((3, 20, 270)).transpose(1, 2)), {}),
     ]
 
@@ -65,22 +68,30 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
     gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}/{bits}".encode()))
     for name, func, args, kwargs in _cases(gen, dtype, bits, kind):
         v = func(*args, **kwargs)
-        upper = blockbound.UPPERS[func](args, kwargs, [v])
-        if kind == "huge" and dtype == torch.float32:  # float32 sums of 2^120 products overflow: the full
-            assert upper is None, name  # bound is infinite there, which no finite U covers
-            continue
-        assert upper is not None and upper.dtype == v.dtype and upper.shape == v.shape, name
+        pre = blockbound.UPPERS[func](args, kwargs, [v])
         pos = torch.arange(v.numel())
         gathered = blockbound.BOUNDS_AT[func](args, kwargs, [v], pos)
         (full,) = BOUNDS[func](args, kwargs, [v])  # float64 work: its float32 path (see the fixture)
         monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 40)
         (full64,) = BOUNDS[func](args, kwargs, [v])
         monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
+        if pre is None:  # only near float32 overflow (sums of 2^120 products), where the full bound may be
+            assert kind == "huge" and dtype == torch.float32, name  # infinite, which no finite U covers
+            continue
+        upper = pre.upper
+        assert upper.dtype == v.dtype and upper.shape == v.shape, name
         u = upper.reshape(-1)
         for e in (gathered, full.reshape(-1), full64.reshape(-1)):
             assert (u >= e).all(), (name, kind, float((e - u).max()))
         if kind == "normal":  # and not uselessly loose: within BLOCK of E
             assert (u <= gathered * blockbound.BLOCK).all(), name
+        # the nonzero-term filter, against its definition (sums with an addend have none)
+        assert (pre.nonzero is None) == (func is aten.addmm.default), name
+        if pre.nonzero is not None:
+            a3, b3 = (args[0], args[1]) if func is aten.bmm.default else (args[0][None], args[1][None])
+            want = ((a3 != 0).double() @ (b3 != 0).double() > 0).reshape(-1)
+            shuffled = torch.randperm(v.numel(), generator=gen)
+            assert torch.equal(pre.nonzero(shuffled), want[shuffled]), name
 
 
 def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,9 +101,13 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
     monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
     assert upper((a, b), {}, [a @ b]) is not None
-    # operands strided along K: a gradient through a weight (g @ W) and a weight gradient (g^T @ x)
+    # a gradient through a weight (g @ W: the right operand strided along K), and an addend to a weight
+    # gradient's layout
     assert upper((a, b.contiguous()), {}, [a @ b]) is None
-    assert upper((b.T.contiguous().T, b), {}, [b.T @ b]) is None
+    wa, wb = a.T.contiguous().T, b.contiguous()
+    assert upper((wa, wb), {}, [wa @ wb]) is not None
+    bias = torch.zeros(64, dtype=torch.float64)
+    assert blockbound.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None
     short = a[:, :blockbound.BLOCK * 4 - 1]
     assert upper((short, b[:short.shape[1]]), {}, [short @ b[:short.shape[1]]]) is None  # K < 4 blocks
     for bad in (float("inf"), float("nan"), 2.0**500):
@@ -146,7 +161,7 @@ def _record(func: object, args: tuple, bits: int, resolution: str = "log") -> tu
 def _layer(dtype: torch.dtype, bits: int) -> tuple[tuple, torch.Tensor]:
     # quantised operands: some outputs land exactly on a rounding boundary of a coarse grid (log entries)
     gen = torch.Generator().manual_seed(23)
-    x = _operand((96, 192), gen, dtype, bits, "quant").clamp_min(0)
+    x = _operand((160, 192), gen, dtype, bits, "quant").clamp_min(0)
     w = _operand((160, 192), gen, dtype, bits, "quant") / 8
     bias = _operand((160,), gen, dtype, bits, "quant")
     return (bias, x, w.T), x  # w.T: contiguous along K, as the pre-filter wants
@@ -155,18 +170,24 @@ def _layer(dtype: torch.dtype, bits: int) -> tuple[tuple, torch.Tensor]:
 LOG_GRIDS = [(torch.float64, 14), (torch.float32, 14)]
 
 
+@pytest.mark.parametrize("layout", ["forward", "weight-grad"])
 @pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
-def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype: torch.dtype, bits: int,
+def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype: torch.dtype, bits: int, layout: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    args, _ = _layer(dtype, bits)
-    func = aten.addmm.default
+    args, x = _layer(dtype, bits)
+    if layout == "weight-grad":  # g^T @ x with relu-sparse x: sums with no nonzero term
+        grad = _operand((160, 160), torch.Generator().manual_seed(31), dtype, bits, "relu")
+        func, fn, args = aten.mm.default, torch.mm, (grad.T, x)
+    else:
+        func, fn = aten.addmm.default, torch.addmm
+    assert blockbound.UPPERS[func](args, {}, [func(*args)]) is not None  # the case takes the pre-filter
     monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 1 << 60)
-    plain_out, plain = _record(torch.addmm, args, bits)  # no pre-filter: E everywhere
+    plain_out, plain = _record(fn, args, bits)  # no pre-filter: E everywhere
     monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
     monkeypatch.setattr(blockbound, "GATHER_COST", 1 << 60)
-    fallback_out, fallback = _record(torch.addmm, args, bits)  # U's candidates, E from the full bound
+    fallback_out, fallback = _record(fn, args, bits)  # U's candidates, E from the full bound
     monkeypatch.setattr(blockbound, "GATHER_COST", 1)
-    gathered_out, gathered = _record(torch.addmm, args, bits)  # U's candidates, E gathered at them
+    gathered_out, gathered = _record(fn, args, bits)  # U's candidates, E gathered at them
     assert torch.equal(plain_out, fallback_out) and torch.equal(plain_out, gathered_out)
     (site,) = plain.log.sites
     assert site.num_entries > 0  # the case has entries to lose
@@ -183,7 +204,7 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     # and an auditor on another device accepts the log and lands on the trainer's values
     for log in (fallback.log, gathered.log):
         with RoundedExecution(bits=bits, device=get_device("emu:splitk8-tree"), mode="replay", replay_log=log) as rx:
-            replayed = torch.addmm(*args)
+            replayed = fn(*args)
         assert torch.equal(replayed, plain_out)
         assert rx.stats["logged"] == log.sites[0].num_entries
 
@@ -192,7 +213,7 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
 def test_exact_resolution_is_the_same_with_and_without_the_prefilter(everywhere: None, dtype: torch.dtype, bits: int,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     args, x = _layer(dtype, bits)
-    grad = _operand((96, 160), torch.Generator().manual_seed(29), dtype, bits, "quant")
+    grad = _operand((160, 160), torch.Generator().manual_seed(29), dtype, bits, "relu")
     outs = {}
     for name, products, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
         monkeypatch.setattr(blockbound, "MIN_PRODUCTS", products)
