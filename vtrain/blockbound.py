@@ -14,16 +14,19 @@ So for large matmuls the engine filters twice:
    there are too many of them (`gather_pays`), from the full bound. Either way the engine then decides
    with E itself, exactly as it would with E computed everywhere.
 
-Where it pays (measured with benchmarks/bench_rounding.py and the lead's A/B scripts on MLPs of width 1024
-and 2048): U is loose by the ratio of a block's maximum to its mean (2-5x on dense layers), so the
-candidates grow by that much, still ~0.2 % of the outputs of a linear layer's forward, x @ W^T. There
-both operands run contiguously along K, and the gathered dot products cost ~1.5 ns a term. Two other
-layouts lost time and are left to the full bound: a gradient through a weight, g @ W, reads W's strided
-columns (a cache miss per term); and a weight gradient, g^T @ x, has a loose U, because where products
-vanish pairwise (a relu unit's activations and another's gradients nonzero on disjoint samples) a block
-mixes them, so U exceeds E by orders of magnitude at a few percent of the elements. The choice depends on
-the operands' layout and the candidate count only, a pure function of the op's inputs, so a run and its
-resumption decide alike.
+Where it pays (measured with the lead's A/B scripts and benchmarks/bench_rounding.py on MLPs of width
+1024 and 2048, whose three matmuls per layer are a linear layer's x @ W^T, g @ W and g^T @ x): U is loose
+by the ratio of a block's maximum to its mean (2-5x on dense layers), so the candidates grow by that much,
+still ~0.2 % of the outputs. E is then gathered in one compiled loop, ~1.5 ns a term where b's columns are
+contiguous (x @ W^T); where they are strided each group of LINE adjacent columns is read once. A weight
+gradient's U alone would be useless: where products vanish pairwise (a relu unit's activations and
+another's gradients nonzero on disjoint samples) a block mixes them, and U exceeds E by orders of
+magnitude at a few percent of the elements. But those sums have no nonzero term at all, so bitsets of
+each row's and column's nonzeros (`Prefilter.nonzero`) drop them before E is gathered, leaving about as
+many candidates as E itself. The input gradient, g @ W, is left to the full bound: its gathers read W's
+strided columns for thousands of candidates, which paid at width 1024 (5 against 10 ms) and lost at 2048.
+Everything depends on the operands' layout and the candidate count only, a pure function of the op's
+inputs, so a run and its resumption decide alike.
 
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
@@ -48,6 +51,7 @@ from vtrain.bounds import PositionBound, _finish, _mm_operands, _tiny, gamma, un
 aten = torch.ops.aten
 
 BLOCK = 32
+LINE = 8  # float64 columns of b per cache line, gathered together by `_abs_dots`
 MIN_PRODUCTS = 1 << 26  # outputs x K below this: the full bound's extra matmul is cheap enough
 # Gathering E at one candidate (K products, gathered row and column) costs about this many times the share
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
@@ -93,11 +97,10 @@ def _matmul_upper(func: Any) -> Upper:
             return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
-        # Two layouts (see above): both operands contiguous along K (a linear layer's forward, x @ W^T), and
-        # neither, with no addend (a weight gradient, g^T @ x), where the sums with no nonzero term go
-        # before E is gathered. A gradient through a weight (g @ W) is left to the full bound.
+        # A linear layer's forward (x @ W^T: both operands run along K) and its weight gradient (g^T @ x:
+        # neither does, no addend), not its input gradient (g @ W): see above.
         forward = a.stride(2) == 1 and b.stride(1) == 1
-        weight_grad = bias is None and a.stride(2) != 1 and b.stride(1) != 1
+        weight_grad = bias is None and a.stride(2) != 1
         if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu or not (forward or weight_grad):
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
@@ -183,19 +186,23 @@ def _block_sum(b: np.ndarray, out: np.ndarray) -> bool:
 @njit(cache=True, nogil=True)
 def _abs_dots(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
               order: np.ndarray, out: np.ndarray) -> None:
-    # Positions in column order: each column of b (strided when b is row-major) is read once into a buffer.
-    # Float64 products of the operands' values: exact for float32 operands.
-    col = np.empty(a.shape[2])
-    last_n, last_j = -1, -1
+    # Positions in column order. Each group of LINE adjacent columns of b is read once into a buffer: a
+    # row-major b's column is strided, and one pass down it brings in the cache lines of its neighbours.
+    # Float64 products of the operands' values (exact for float32 operands), summed in increasing k.
+    cols_buf = np.empty((a.shape[2], LINE))
+    last_n, last_group = -1, -1
     for t in order:
         n, i, j = batch[t], rows[t], cols[t]
-        if n != last_n or j != last_j:
-            for k in range(col.size):
-                col[k] = abs(np.float64(b[n, k, j]))
-            last_n, last_j = n, j
+        if n != last_n or j // LINE != last_group:
+            last_n, last_group = n, j // LINE
+            first = last_group * LINE
+            for k in range(a.shape[2]):
+                for c in range(min(LINE, b.shape[2] - first)):
+                    cols_buf[k, c] = abs(np.float64(b[n, k, first + c]))
+        c = j - last_group * LINE
         s = 0.0
-        for k in range(col.size):
-            s += abs(np.float64(a[n, i, k])) * col[k]
+        for k in range(a.shape[2]):
+            s += abs(np.float64(a[n, i, k])) * cols_buf[k, c]
         out[t] = s
 
 

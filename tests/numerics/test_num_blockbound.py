@@ -40,8 +40,7 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
     def op(shape: tuple[int, ...]) -> torch.Tensor:
         return _operand(shape, gen, dtype, bits, kind)
 
-    # the layouts the pre-filter takes: both operands contiguous along K (x @ W^T, a linear layer's
-    # forward), or neither, without an addend (g^T @ x, a weight gradient)
+    # the layouts the pre-filter takes: a linear layer's forward x @ W^T and weight gradient g^T @ x
     a, b, bias = op((24, 200)), op((20, 200)).T, op((20,))
     return [
         ("mm", aten.mm.default, (a, b), {}),
@@ -101,13 +100,12 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
     monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
     assert upper((a, b), {}, [a @ b]) is not None
-    # a gradient through a weight (g @ W: the right operand strided along K), and an addend to a weight
-    # gradient's layout
+    # x @ W^T and g^T @ x take it; g @ W (only the right operand strided along K) does not
     assert upper((a, b.contiguous()), {}, [a @ b]) is None
     wa, wb = a.T.contiguous().T, b.contiguous()
     assert upper((wa, wb), {}, [wa @ wb]) is not None
     bias = torch.zeros(64, dtype=torch.float64)
-    assert blockbound.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None
+    assert blockbound.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None  # strided left, an addend
     short = a[:, :blockbound.BLOCK * 4 - 1]
     assert upper((short, b[:short.shape[1]]), {}, [short @ b[:short.shape[1]]]) is None  # K < 4 blocks
     for bad in (float("inf"), float("nan"), 2.0**500):
