@@ -17,6 +17,11 @@ gamma_n = n*u / (1 - n*u):
   document <= 2 ulps for these functions in double precision.
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
 
+On a small step E's per-call cost matters more than its arithmetic: the log-softmax bounds run their
+elementwise part as one numba pass (vtrain.fused), the reduced NLL loss bound runs in Python floats, each
+with the same IEEE operations in the same order as the torch expressions they stand in for (which remain
+the path for everything else; tests/numerics/test_num_bounds.py compares the bits).
+
 Every E is inflated by (1 + 2*gamma_K + 2^-20) so that computing E itself in floating point (which can
 undershoot the exact sum of absolute values by gamma_K relative) still leaves an upper bound, and gets an
 absolute floor of K smallest subnormals of the work dtype for underflow. The trainer and the auditor
@@ -55,9 +60,15 @@ def gamma(n: int, u: float) -> float:
     return math.inf if nu >= 1 else nu / (1 - nu)
 
 
+def _finish_factors(n: int, u: float, dtype: torch.dtype) -> tuple[float, float]:
+    """(inflation, floor) of `_finish`: E becomes E * inflation + floor."""
+    return 1 + 2 * gamma(n, u) + 2.0**-20, max(n, 1) * _tiny(dtype)
+
+
 def _finish(e: torch.Tensor, n: int, u: float, dtype: torch.dtype) -> torch.Tensor:
     # In place: every caller hands over a fresh temporary (same operations, same bits, no new buffers).
-    return e.mul_(1 + 2 * gamma(n, u) + 2.0**-20).add_(max(n, 1) * _tiny(dtype))
+    c, floor = _finish_factors(n, u, dtype)
+    return e.mul_(c).add_(floor)
 
 
 def _abs(x: Any) -> Any:
@@ -98,25 +109,31 @@ def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], dtype: t
     from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
 
     u = unit_roundoff(dtype)
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    abskw = {key: _abs(val) for key, val in kwargs.items()}
+    abskw = {key: _abs(val) for key, val in kwargs.items()} if kwargs else kwargs
     scale, floor = 1.0, 0.0
     out = None
     # (small operands: numba's and the casts' per-call cost exceeds what float32 saves; measured 87 vs 35 us
     # for a 32x64 @ 64x10 addmm)
-    if dtype == torch.float64 and sum(t.numel() for t in tensors) >= _F32_MIN_ELEMENTS:
+    if dtype is torch.float64 and sum(a.numel() for a in args if isinstance(a, torch.Tensor)) >= _F32_MIN_ELEMENTS:
         prepared = [fused.abs32(a) if isinstance(a, torch.Tensor) else (_abs(a), 0.0) for a in args]
         largest = max(m for _, m in prepared)
         k = max(ks)
         if (k + 1) * max(largest, 1.0) ** 2 < _F32_SAFE:  # also False for inf and NaN
             out = func(*[a for a, _ in prepared], **abskw)
             scale = (1 + gamma(k + 2, 2.0**-24)) * (1 + 2.0**-21)
-            floor = (k + 1) * 2.0**-148 * (1 + len(tensors) * largest)
+            tensors = sum(isinstance(a, torch.Tensor) for a in args)
+            floor = (k + 1) * 2.0**-148 * (1 + tensors * largest)
     if out is None:
-        out = func(*[_abs(a) for a in args], **abskw)
-    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        out = func(*[a.abs() if isinstance(a, torch.Tensor) else _abs(a) for a in args], **abskw)
+    if isinstance(out, torch.Tensor):
+        k = ks[0]
+        g = gamma(k, u)
+        if dtype is not torch.float64:
+            return [_finish(out.mul_(g), k, u, dtype)]
+        c = 1 + 2 * g + 2.0**-20
+        return [fused.affine64(out, scale * g * c, floor * g * c + max(k, 1) * _tiny(dtype))]
     result = []
-    for o, k in zip(outs, ks):
+    for o, k in zip(out, ks):
         if o is None:
             result.append(None)
             continue
@@ -206,8 +223,9 @@ def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list
     n = _reduced_count(x, dim)
     u = unit_roundoff(v.dtype)
     dims = list(range(x.dim())) if not dim else list(dim)
-    s = x.to(v.dtype).abs().sum(dims, keepdim=keepdim) if x.dim() else x.to(v.dtype).abs()
-    return [_finish(gamma(n, u) * s.reshape(v.shape), n, u, v.dtype)]
+    xa = x.abs() if x.dtype is v.dtype else x.to(v.dtype).abs_()
+    s = xa.sum(dims, keepdim=keepdim) if x.dim() else xa
+    return [_finish(s.reshape(v.shape).mul_(gamma(n, u)), n, u, v.dtype)]  # (s: a fresh temporary)
 
 
 def _mean(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
@@ -234,10 +252,34 @@ def _shifted(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return xs - mx, mx - xs.amin(dim, keepdim=True)
 
 
+def _rows(dim: int, *ts: torch.Tensor) -> list | None:
+    """(rows, n) numpy views of same-shaped contiguous float64 CPU tensors whose `dim` is the last, for the
+    kernels of vtrain.fused; None where they cannot take them (the torch expressions then do)."""
+    from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+    x = ts[0]
+    nd = x.dim()
+    if not nd or dim % nd != nd - 1 or not x.numel():
+        return None
+    for t in ts:
+        if t.dtype is not torch.float64 or t.shape != x.shape or not fused.usable(t):
+            return None
+    n = x.shape[-1]
+    return [fused.flat(t).reshape(-1, n) for t in ts]
+
+
 def _log_softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     x, dim = args[0], args[1]
     y = outs[0]
     u, t, n = unit_roundoff(y.dtype), _t(y.dtype), x.shape[dim] if x.dim() else 1
+    rows = _rows(dim, x, y)
+    if rows is not None:  # the expression below in one pass (vtrain.fused.log_softmax_bound)
+        from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+        e = torch.empty_like(y)
+        if fused.log_softmax_bound(*rows, fused.flat(e).reshape(rows[0].shape), u, t, gamma(n, u),
+                                   *_finish_factors(n, u, y.dtype)):
+            return [e]
     s, spread = _shifted(x, dim)  # s <= 0; spread bounds every exp argument's error
     lse = s - y  # log(sum exp(s)) up to rounding, >= 0
     # y = s - log(S): error of s (u|s|), of S (relative gamma_n + t + u*spread from the exp arguments),
@@ -262,8 +304,18 @@ def _log_softmax_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor
     u, t, n = unit_roundoff(y.dtype), _t(y.dtype), grad.shape[dim] if grad.dim() else 1
     p = torch.exp(out)
     total = grad.sum(dim, keepdim=True)
+    sabs = grad.abs().sum(dim, keepdim=True)
+    rows = _rows(dim, p, y) if grad.dtype is torch.float64 else None
+    if rows is not None:  # the expression below after the sums, in one pass
+        from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+        e = torch.empty_like(y)
+        if fused.log_softmax_backward_bound(rows[0], fused.flat(sabs), fused.flat(total), rows[1],
+                                            fused.flat(e).reshape(rows[0].shape), u, t + 2 * u, gamma(n, u),
+                                            *_finish_factors(n, u, y.dtype)):
+            return [e]
     # y = g - exp(out) * sum(g): errors of the sum, of exp (t), of the product and the subtraction.
-    e = p * (gamma(n, u) * grad.abs().sum(dim, keepdim=True) + (t + 2 * u) * total.abs()) + u * y.abs()
+    e = p * (gamma(n, u) * sabs + (t + 2 * u) * total.abs()) + u * y.abs()
     return [_finish(e, n, u, y.dtype)]
 
 
@@ -288,6 +340,15 @@ def _nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | N
     # the same reduction over |x|: the mean (or sum) of the picked |x| weighted by |w|
     absloss, abstotal = aten.nll_loss_forward.default(-x.abs(), target, None if weight is None else weight.abs(),
                                                        reduction, ignore_index)
+    if loss.dtype is torch.float64 and loss.is_cpu and loss.dim() == 0 and total.dim() == 0:
+        return _nll_loss_scalars(n, reduction, absloss.item(), abstotal.item(), loss.item(), total.item())
+    return _nll_loss_tensors(n, reduction, absloss, abstotal, loss, total)
+
+
+def _nll_loss_tensors(n: int, reduction: int, absloss: torch.Tensor, abstotal: torch.Tensor, loss: torch.Tensor,
+                      total: torch.Tensor) -> list[torch.Tensor]:
+    """E of the reduced NLL loss and of its total weight, from the same reduction over |x| and |w|."""
+    u = unit_roundoff(loss.dtype)
     e_total = _finish(gamma(n, u) * abstotal.abs(), n, u, loss.dtype)
     if reduction != 1:  # sum: n weighted terms, gamma_(n+1) covers the products and the sum
         return [_finish(gamma(n + 2, u) * absloss.abs() + 2 * u * loss.abs(), n, u, loss.dtype), e_total]
@@ -300,6 +361,25 @@ def _nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | N
     num = gamma(n + 1, u) * absloss.abs() * wsum + gamma(n, u) * (1 + 2 * u) * loss.abs() * wsum
     e = torch.where(margin > 0, num / margin.clamp_min(_tiny(loss.dtype)), torch.full_like(num, math.inf))
     return [_finish(e + 2 * u * loss.abs(), n, u, loss.dtype), e_total]
+
+
+def _nll_loss_scalars(n: int, reduction: int, absloss: float, abstotal: float, loss: float,
+                      total: float) -> list[torch.Tensor]:
+    """_nll_loss_tensors for 0-d float64 CPU tensors, in Python floats: the same IEEE double operations in
+    the same order (a 0-d float64 tensor op is one double operation), at a fraction of the per-call cost.
+    (No Python float operation here can raise: the one division is by at least _tiny.)"""
+    u, tiny = 2.0**-53, 2.0**-1074
+    g = gamma(n, u)
+    c, floor = _finish_factors(n, u, torch.float64)
+    wsum = abs(abstotal)
+    e_total = g * wsum * c + floor
+    if reduction != 1:
+        e = gamma(n + 2, u) * abs(absloss) + 2 * u * abs(loss)
+    else:
+        margin = abs(total) - g * wsum
+        num = gamma(n + 1, u) * abs(absloss) * wsum + g * (1 + 2 * u) * abs(loss) * wsum
+        e = (num / max(margin, tiny) if margin > 0 else math.inf) + 2 * u * abs(loss)
+    return [torch.tensor(e * c + floor, dtype=torch.float64), torch.tensor(e_total, dtype=torch.float64)]
 
 
 def _few_roundings(k: int) -> Bound:
@@ -339,7 +419,7 @@ def _embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Te
     u = unit_roundoff(y.dtype)
     n = indices.numel() + 1  # rows summed into one weight row (+ the frequency scaling, if asked)
     absval = aten.embedding_dense_backward.default(grad.abs(), *args[1:], **kwargs)
-    return [_finish(gamma(n, u) * absval, n, u, y.dtype)]
+    return [_finish(absval.mul_(gamma(n, u)), n, u, y.dtype)]  # (absval: a fresh temporary)
 
 
 # -- pooling ----------------------------------------------------------------------------------------
@@ -354,7 +434,7 @@ def _pool(func: Any, kernel_pos: int) -> Bound:
         kernel = args[kernel_pos]
         k = _prod(kernel if len(kernel) == 2 else (kernel[0], kernel[0])) + 1
         absval = func(args[0].abs(), *args[1:], **kwargs)
-        return [_finish(gamma(k, u) * absval, k, u, y.dtype)]
+        return [_finish(absval.mul_(gamma(k, u)), k, u, y.dtype)]  # (absval: a fresh temporary)
 
     return bound
 

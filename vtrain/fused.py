@@ -14,6 +14,9 @@ otherwise x / q rounded half-to-even and scaled back by q, the grid spacing at x
 is NaN, infinite or beyond the grid makes a kernel report its position; the caller then takes the torch
 path, which raises the error that names it (or, in the exact resolution, settles such elements exactly).
 
+The error-bound kernels at the end do the elementwise part of a few bounds of vtrain.bounds in one pass,
+for the same reason (tests/numerics/test_num_bounds.py compares them with the torch expressions bit for bit).
+
 numba compiles each kernel on first use per dtype (about a second) and caches the machine code beside
 this file, so later processes load it in milliseconds.
 """
@@ -182,3 +185,55 @@ def _abs32(v: np.ndarray, out: np.ndarray) -> float:
 def _affine(s: np.ndarray, out: np.ndarray, a: float, b: float) -> None:
     for i in range(s.size):
         out[i] = np.float64(s[i]) * a + b
+
+
+# -- error-bound kernels (vtrain.bounds): the elementwise part of a bound in one pass -----------------
+# The same float64 operations, in the same order, as the torch expressions in vtrain.bounds (no fast-math:
+# numba neither reassociates nor contracts into FMA). Reductions whose order could matter stay torch's; a
+# maximum or minimum is exact in any order. A NaN anywhere makes them return False (NaN payloads, and
+# torch's NaN-propagating max, are not worth matching): the caller then takes its torch expression.
+
+
+@njit(cache=True, nogil=True)
+def log_softmax_bound(x: np.ndarray, y: np.ndarray, out: np.ndarray, u: float, t: float, g: float, c: float,
+                      floor: float) -> bool:
+    """vtrain.bounds._log_softmax on (rows, n) arrays (the softmax dim last), finished: out = e * c + floor."""
+    for r in range(x.shape[0]):
+        mx = -math.inf
+        for j in range(x.shape[1]):
+            v = x[r, j]
+            if v != v:
+                return False
+            mx = max(mx, v)
+        mn = mx
+        for j in range(x.shape[1]):  # -inf entries count as the max (masking)
+            v = x[r, j]
+            mn = min(mn, mx if v == -math.inf else v)
+        spread = mx - mn
+        for j in range(x.shape[1]):
+            v = x[r, j]
+            s = (mx if v == -math.inf else v) - mx
+            yv = y[r, j]
+            lse = s - yv
+            e = u * (abs(s) + abs(yv) + spread) + g + t * (1 + abs(lse))
+            e = e * c + floor
+            if e != e:
+                return False
+            out[r, j] = e
+    return True
+
+
+@njit(cache=True, nogil=True)
+def log_softmax_backward_bound(p: np.ndarray, sabs: np.ndarray, total: np.ndarray, y: np.ndarray, out: np.ndarray,
+                               u: float, tu: float, g: float, c: float, floor: float) -> bool:
+    """vtrain.bounds._log_softmax_backward on (rows, n) arrays given p = exp(out) and the row sums of |grad|
+    and grad (torch's), finished: out = e * c + floor."""
+    for r in range(p.shape[0]):
+        inner = g * sabs[r] + tu * abs(total[r])
+        for j in range(p.shape[1]):
+            e = p[r, j] * inner + u * abs(y[r, j])
+            e = e * c + floor
+            if e != e:
+                return False
+            out[r, j] = e
+    return True

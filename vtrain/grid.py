@@ -72,12 +72,16 @@ def _int_view(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 def check_finite_range(x: torch.Tensor, bits: int) -> None:
     """Raise GridOverflowError unless every element is finite and rounds to a finite grid value."""
-    if x.numel() == 0:
+    n = x.numel()
+    if n == 0:
         return
-    lo, hi = torch.aminmax(x)
     thr = _overflow_threshold(bits - 9)
+    if n == 1:  # (a step counter, a loss: one read instead of a reduction and two reads)
+        lo = hi = x.item()
+    else:
+        lo, hi = (v.item() for v in torch.aminmax(x))
     # NaN fails both comparisons, so it is caught here too. (Python comparisons: fewer torch calls.)
-    if not (-thr < lo.item() and hi.item() < thr):
+    if not (-thr < lo and hi < thr):
         bad = x[~((x > -thr) & (x < thr))].reshape(-1)[:1].item()
         raise GridOverflowError(
             f"value {bad!r} is NaN, infinite or beyond the largest grid value {grid_max(bits)!r} "

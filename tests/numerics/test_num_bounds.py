@@ -218,3 +218,137 @@ def test_transcendental_bounds_cover_float32_against_float64() -> None:
         (e,) = BOUNDS[func](args, kwargs, [y32])
         assert ((y32.double() - y64).abs() <= e.double()).all(), (func, kwargs)
 
+
+
+# -- the fast paths compute the very bits of the torch expressions (vtrain.fused kernels, Python floats) ----
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int64) if t.dtype == torch.float64 else t.contiguous().view(torch.int32)
+
+
+def _softmax_inputs() -> list[tuple[torch.Tensor, int]]:
+    gen = torch.Generator().manual_seed(12)
+    cases = []
+    for shape, dim in (((32, 10), 1), ((32, 10), -1), ((3, 1), 1), ((4, 5, 33), 2), ((2, 700), 1), ((6, 9), 0)):
+        for scale in (1.0, 1e-3, 40.0, 2.0**-1060, 1e300):
+            cases.append((_grid(shape, gen, torch.float64, 32, scale=scale) if 2.0**-120 <= scale <= 1e30
+                          else torch.randn(shape, generator=gen, dtype=torch.float64) * scale, dim))  # (off the grid)
+    x = _grid((8, 8), gen, torch.float64, 32)
+    cases.append((x.masked_fill(torch.ones(8, 8, dtype=torch.bool).triu(1), float("-inf")), 1))  # causal masking
+    special = x.clone()
+    special[0, :3] = torch.tensor([0.0, -0.0, 0.0])
+    special[1] = -0.0
+    special[2, 4] = float("-inf")
+    special[3] = float("-inf")  # a fully masked row: NaN from the torch expression, so the kernel declines
+    special[4, 1] = float("inf")
+    special[5, 2] = float("nan")
+    cases.append((special, 1))
+    return cases
+
+
+def test_log_softmax_kernels_give_the_torch_expressions_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vtrain import fused
+
+    taken = []
+    for name in ("log_softmax_bound", "log_softmax_backward_bound"):
+        real = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
+    gen = torch.Generator().manual_seed(13)
+    n_cases = 0
+    for x, dim in _softmax_inputs():
+        y = torch.log_softmax(x, dim)
+        grad = _grid(x.shape, gen, torch.float64, 32)
+        fwd = (aten._log_softmax.default, (x, dim, False), [y])
+        bwd = (aten._log_softmax_backward_data.default, (grad, y, dim, torch.float64),
+               [torch._log_softmax_backward_data(grad, y, dim, torch.float64)])
+        for func, args, outs in (fwd, bwd):
+            monkeypatch.setattr(fused, "ENABLED", True)
+            (fast,) = BOUNDS[func](args, {}, outs)
+            monkeypatch.setattr(fused, "ENABLED", False)
+            (want,) = BOUNDS[func](args, {}, outs)
+            assert fast.dtype == want.dtype and fast.shape == want.shape, func
+            assert torch.equal(_bits(fast), _bits(want)), (func, x.shape, dim)
+            n_cases += 1
+    # every case with the softmax dim last went through a kernel (declined ones included)
+    last = sum(dim % x.dim() == x.dim() - 1 for x, dim in _softmax_inputs())
+    assert taken.count("log_softmax_bound") == taken.count("log_softmax_backward_bound") == last
+    assert n_cases == 2 * len(_softmax_inputs())
+
+
+def test_nll_loss_scalar_bound_gives_the_tensor_expressions_bits() -> None:
+    from vtrain.bounds import _nll_loss_scalars, _nll_loss_tensors
+
+    gen = torch.Generator().manual_seed(14)
+    values = [0.0, -0.0, 1.0, 2.0**-1074, 2.0**-1000, 1e-300, 0.1, 3.0, 1e300, 1.7e308, float("inf"), float("nan")]
+    values += (torch.randn(12, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-5, 5, (12,), generator=gen)
+               ).tolist()
+    rows = torch.tensor(values, dtype=torch.float64)[torch.randint(len(values), (400, 4), generator=gen)]
+    rows[:40, 3] = rows[:40, 1] * (1 + 2.0**-52)  # total close to abstotal: margins near zero, both signs
+    rows[40:80, 3] = -rows[40:80, 1]  # negative weights cancelling
+    for n in (1, 32, 4096, 2**52):
+        for reduction in (1, 2):
+            for absloss, abstotal, loss, total in rows.tolist():
+                t = [torch.tensor(v, dtype=torch.float64) for v in (absloss, abstotal, loss, total)]
+                got = _nll_loss_scalars(n, reduction, absloss, abstotal, loss, total)
+                want = _nll_loss_tensors(n, reduction, *t)
+                for a, b in zip(got, want):
+                    assert a.dtype == b.dtype and a.shape == b.shape == ()
+                    same = torch.equal(_bits(a), _bits(b)) or (a.isnan() and b.isnan())  # (no NaN payload promises)
+                    assert same, (n, reduction, absloss, abstotal, loss, total, a, b)
+
+
+def test_nll_loss_bound_takes_the_scalar_path_for_float64_reductions() -> None:
+    gen = torch.Generator().manual_seed(15)
+    x = torch.log_softmax(_grid((32, 10), gen, torch.float64, 32, scale=3.0), 1)
+    target = torch.randint(10, (32,), generator=gen)
+    target[:3] = -100
+    weight = _grid((10,), gen, torch.float64, 32)  # negative weights too
+    for w in (None, weight, weight.abs()):
+        for reduction in (1, 2):
+            args = (x, target, w, reduction, -100)
+            outs = list(aten.nll_loss_forward.default(*args))
+            got = BOUNDS[aten.nll_loss_forward.default](args, {}, outs)
+            absloss, abstotal = aten.nll_loss_forward.default(-x.abs(), target, None if w is None else w.abs(),
+                                                               reduction, -100)
+            from vtrain.bounds import _nll_loss_tensors
+
+            want = _nll_loss_tensors(32, reduction, absloss, abstotal, *outs)
+            for a, b in zip(got, want):
+                assert torch.equal(_bits(a), _bits(b))
+
+
+def test_sums_pools_and_matmuls_keep_the_previous_formulas_bits() -> None:
+    # the previous formulas, written out: gamma times the op on absolute values, then _finish's two steps
+    from vtrain.bounds import _finish
+
+    gen = torch.Generator().manual_seed(16)
+    for dtype, bits in ((torch.float64, 32), (torch.float32, 19)):
+        u = unit_roundoff(dtype)
+        x = _grid((6, 7, 5), gen, dtype, bits, scale=100.0)
+        for dim, keepdim in (([1], False), ([0, 2], True), ([], False)):
+            v = aten.sum.dim_IntList(x, dim, keepdim)
+            n = x.numel() if not dim else math.prod(x.shape[d] for d in dim)
+            want = _finish(gamma(n, u) * x.abs().sum(dim or [0, 1, 2], keepdim=keepdim).reshape(v.shape), n, u, dtype)
+            (got,) = BOUNDS[aten.sum.dim_IntList]((x, dim, keepdim), {}, [v])
+            assert torch.equal(_bits(got), _bits(want))
+        x32 = _grid((9, 4), gen, torch.float32, bits)  # a float32 input summed into float64
+        v = aten.sum.dim_IntList(x32, [0], False, dtype=torch.float64)
+        want = _finish(gamma(9, 2.0**-53) * x32.double().abs().sum([0]), 9, 2.0**-53, torch.float64)
+        (got,) = BOUNDS[aten.sum.dim_IntList]((x32, [0], False), {"dtype": torch.float64}, [v])
+        assert torch.equal(_bits(got), _bits(want))
+        img = _grid((2, 3, 6, 6), gen, dtype, bits)
+        pooled = aten.avg_pool2d.default(img, [2, 2])
+        want = _finish(gamma(5, u) * aten.avg_pool2d.default(img.abs(), [2, 2]), 5, u, dtype)
+        (got,) = BOUNDS[aten.avg_pool2d.default]((img, [2, 2]), {}, [pooled])
+        assert torch.equal(_bits(got), _bits(want))
+        a, b, bias = _grid((5, 33), gen, dtype, bits), _grid((33, 4), gen, dtype, bits), _grid((4,), gen, dtype, bits)
+        for func, args, kwargs, k in ((aten.mm.default, (a, b), {}, 33),
+                                      (aten.addmm.default, (bias, a, b), {"beta": 0.5, "alpha": -2.0}, 36)):
+            absargs = [t.abs() for t in args]
+            abskw = {key: abs(val) for key, val in kwargs.items()}
+            g, c = gamma(k, u), 1 + 2 * gamma(k, u) + 2.0**-20
+            absval = func(*absargs, **abskw)  # float64: one factor for gamma and _finish's inflation
+            want = absval * (g * c) + k * 2.0**-1074 if dtype == torch.float64 else _finish(g * absval, k, u, dtype)
+            (got,) = BOUNDS[func](args, kwargs, [func(*args, **kwargs)])
+            assert torch.equal(_bits(got), _bits(want)), func

@@ -98,3 +98,34 @@ def test_outside_rounded_execution_it_is_torchs_optimizer() -> None:
     RoundedAdam([a], lr=0.1).step()
     torch.optim.Adam([b], lr=0.1, foreach=False).step()
     assert torch.equal(a, b)
+
+
+def test_only_the_step_counters_go_through_the_dispatch_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    # numpy views of the tensors (a detach each) and reading the step back are exact: not dispatched
+    seen = []
+    real = RoundedExecution.__torch_dispatch__
+    monkeypatch.setattr(RoundedExecution, "__torch_dispatch__",
+                        lambda self, func, *a, **k: seen.append(str(func)) or real(self, func, *a, **k))
+    for name in ("adam", "sgd-momentum"):
+        cls, kwargs = CONFIGS[name]
+        params = [torch.nn.Parameter(torch.ones(5, dtype=torch.float64)) for _ in range(3)]
+        opt = cls(params, foreach=False, fused=False, **kwargs)
+        for t in (1, 2):
+            for p in params:
+                p.grad = torch.full((5,), 0.5, dtype=torch.float64)
+            seen.clear()
+            with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain", step=t):
+                opt.step()
+            ops = [f for f in seen if not f.startswith("profiler.")]
+            assert "aten.detach.default" not in ops and "aten._local_scalar_dense.default" not in ops, ops
+            if t == 2:  # (the first step creates the state through the mode: torch's code)
+                assert ops == (["aten.add_.Tensor"] * 3 if name == "adam" else []), ops
+
+
+def test_a_state_leaving_the_grid_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+    p.grad = torch.full((4,), 1e30, dtype=torch.float64)  # (1 - beta2) g^2 ~ 1e57: beyond the FP32 grid
+    opt = RoundedAdam([p], lr=0.001)
+    with pytest.raises(NonFiniteError, match="adam update of parameter 0.*its state left the grid"), \
+            RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
+        opt.step()
