@@ -160,8 +160,8 @@ class RoundedAdam(torch.optim.Adam):
             lr, (beta1, beta2), wd, eps = group["lr"], group["betas"], group["weight_decay"], group["eps"]
             decoupled = group["decoupled_weight_decay"]
             for i, (p, g, avg, sq, step_t) in enumerate(zip(params, grads, avgs, sqs, steps)):
-                step_t += 1  # through the dispatch mode, as torch does it
-                with no_dispatch():  # (reading it back is exact: no need to dispatch)
+                with no_dispatch():  # the step counter's += 1 as the mode computes it, without its dispatch
+                    rx.call(torch.ops.aten.add_.Tensor, step_t, 1)
                     step = step_t.item()
                 # the Python scalars exactly as torch's _single_tensor_adam computes them
                 bc1, bc2 = 1 - beta1**step, 1 - beta2**step

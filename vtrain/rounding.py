@@ -252,15 +252,17 @@ class RoundedExecution(TorchDispatchMode):
                 t.copy_(r)
         return t
 
-    def _call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run one primitive of a decomposition through this mode (rounded, and resolved if need be)."""
+    def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one aten op as this mode would if it were dispatched to it (rounded, and resolved if need be):
+        the primitives of a decomposition, and ops of code that computes the rest itself (vtrain.fused_optim;
+        call it with dispatch modes off, or the op would come through this mode a second time)."""
         return self.__torch_dispatch__(func, (), args, kwargs)
 
     def _device_op(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict) -> Any:
         if self.resolution == "exact":  # the decomposition defines the op, resolved or not (plain)
             decomposed = DECOMPOSITIONS.get(func)
             if decomposed is not None:
-                return decomposed(self._call, *args, **kwargs)
+                return decomposed(self.call, *args, **kwargs)
         out = self.device.execute(spec.functional or func, args, kwargs)
         if self.exact:
             return self._canonical(func, spec, args, kwargs, out)
@@ -411,7 +413,10 @@ class RoundedExecution(TorchDispatchMode):
                 return None
             self._counts["rounded"] += v.numel()
             return out, torch.zeros(0, dtype=torch.long), None, bounds
-        e = e.reshape(1) if e.numel() == 1 else e.expand(v.shape).contiguous()
+        if e.numel() == 1:
+            e = e.reshape(1)
+        elif e.shape != v.shape or not e.is_contiguous():  # (most bounds come in the output's shape)
+            e = e.expand(v.shape).contiguous()
         out, cand, bad = self._kernel_near(v, e, factor)
         if bad >= 0:
             return None
