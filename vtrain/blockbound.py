@@ -57,6 +57,7 @@ MIN_PRODUCTS = 1 << 26  # outputs x K below this: the full bound's extra matmul 
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
 GATHER_COST = 128
 
+
 @dataclass(frozen=True)
 class Prefilter:
     """U >= E over the whole output, and (for sums without an addend) which positions' sums have a nonzero
@@ -88,7 +89,7 @@ def _scratch(n: int) -> torch.Tensor:
 
 
 def _matmul_upper(func: Any) -> Upper:
-    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> torch.Tensor | None:
+    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Prefilter | None:
         """U >= E at every element of the output (the output's dtype and shape) and the nonzero-term filter,
         or None where the full bound is cheap (a small op), a layout makes the filter cost more than it
         saves, or U would not be finite."""
@@ -130,9 +131,10 @@ def _matmul_upper(func: Any) -> Upper:
         c = g * (1 + 2 * g + 2.0**-20)
         g32 = gamma(k + 4, 2.0**-24)
         factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
-        floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + 8 * (kk + 1) * _tiny(v.dtype)
-        s = torch.bmm(amax.mul_(factor * abs(alpha)), bsum, out=_scratch(v.numel()).view(amax.shape[0], amax.shape[1], -1))
-        s = s.view(v.shape)
+        floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
+            + 8 * (kk + 1) * _tiny(v.dtype)
+        buffer = _scratch(v.numel()).view(amax.shape[0], amax.shape[1], -1)
+        s = torch.bmm(amax.mul_(factor * abs(alpha)), bsum, out=buffer).view(v.shape)
         if bias_abs is not None:
             s.add_(bias_abs.mul_(abs(beta) * factor).add_(floor))
         else:

@@ -628,7 +628,8 @@ def _lsb_bits(b: int, mant: int, emask: int, scale: np.ndarray) -> float:
 
 
 @njit(cache=True, nogil=True)
-def _min_lsb_lines(bits: np.ndarray, idx: np.ndarray, mant: int, emask: int, scale: np.ndarray, out: np.ndarray) -> None:
+def _min_lsb_lines(bits: np.ndarray, idx: np.ndarray, mant: int, emask: int, scale: np.ndarray,
+                   out: np.ndarray) -> None:
     """out[t] = min over k of the lsb of bits[idx[t], k]; NaN if any is NaN. The loops follow the memory
     order (a transposed operand's lines are read across)."""
     out[:] = np.inf

@@ -452,8 +452,8 @@ class RoundedExecution(TorchDispatchMode):
         if bounds is None:
             pre = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
             if pre is not None:
-                return self._settle(spec, args, kwargs, floats, i, self._candidates(v, r, pre.upper.reshape(-1) * factor),
-                                    pre)
+                cand = self._candidates(v, r, pre.upper.reshape(-1) * factor)
+                return self._settle(spec, args, kwargs, floats, i, cand, pre)
             bounds = spec.bound(args, kwargs, floats)
         if bounds[i] is None:
             return torch.zeros(0, dtype=torch.long, device=v.device), None, bounds

@@ -95,7 +95,8 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
 
 def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(3)
-    a, b = torch.randn(64, 256, generator=gen, dtype=torch.float64), torch.randn(64, 256, generator=gen, dtype=torch.float64).T
+    a = torch.randn(64, 256, generator=gen, dtype=torch.float64)
+    b = torch.randn(64, 256, generator=gen, dtype=torch.float64).T
     upper = blockbound.UPPERS[aten.mm.default]
     assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
     monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
@@ -136,8 +137,8 @@ def test_gathered_bound_is_rigorous_and_agrees_with_torch_gathering(dtype: torch
         g = Fraction(gamma(k, unit_roundoff(dtype)))
         for p in pos[:40].tolist():
             t, i, j = p // (m * n), (p % (m * n)) // n, p % n
-            s = sum((abs(Fraction(float(x)) * Fraction(float(y))) for x, y in zip(a[t, i].tolist(), b[t, :, j].tolist())),
-                    Fraction(0)) * abs(Fraction(alpha))
+            terms = zip(a[t, i].tolist(), b[t, :, j].tolist())
+            s = sum((abs(Fraction(x) * Fraction(y)) for x, y in terms), Fraction(0)) * abs(Fraction(alpha))
             if func is aten.addmm.default:
                 s += abs(Fraction(beta)) * abs(Fraction(float(args[0][j])))
             assert Fraction(float(got[pos.tolist().index(p)])) >= g * s, (name, p)

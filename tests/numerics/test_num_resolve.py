@@ -693,15 +693,15 @@ def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
     b = torch.full((2, 1), 1 + 2.0**-23, dtype=torch.float64)  # exact sum 1 + 2^-23 + 2^-30 + 2^-53: 54 bits
     out = a @ b
     pos = torch.zeros(1, dtype=torch.int64)
-    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], _e_at(BOUNDS[aten.mm.default]((a, b), {}, [out])[0], out, pos),
-                                       0, pos)
+    (e,) = BOUNDS[aten.mm.default]((a, b), {}, [out])
+    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], _e_at(e, out, pos), 0, pos)
     assert cert.tolist() == [False]
     assert F(float(out)) != sum(F(x) * F(y) for x, y in zip(a[0].tolist(), b[:, 0].tolist()))  # really inexact
     # one bit fewer (2^-29 instead of 2^-30: 53 bits) is exact and certified
     a[0, 1] = 2.0**-29
     out = a @ b
-    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], _e_at(BOUNDS[aten.mm.default]((a, b), {}, [out])[0], out, pos),
-                                       0, pos)
+    (e,) = BOUNDS[aten.mm.default]((a, b), {}, [out])
+    cert = CERTIFIERS[aten.mm.default]((a, b), {}, [out], _e_at(e, out, pos), 0, pos)
     assert cert.tolist() == [True]
 
 
