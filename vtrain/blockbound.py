@@ -117,8 +117,9 @@ def _matmul_upper(func: Any) -> Upper:
         bias_abs = None
         if bias is not None and beta != 0 and bias.numel():
             bias_abs = bias.abs().to(torch.float64)
-            largest = max(largest, bias_abs.max().item())
-            scale += abs(beta) * bias_abs.max().item()
+            bias_max = bias_abs.max().item()
+            largest = max(largest, bias_max)
+            scale += abs(beta) * bias_max
         # float64 holds U below 2^1000; float32 work's full bound overflows (to an infinite E, which U would
         # not cover) once its float32 sums pass 2^128
         if not (g < 1 and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):

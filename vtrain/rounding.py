@@ -398,7 +398,7 @@ class RoundedExecution(TorchDispatchMode):
         if not (v.numel() and fused.usable(v)):
             return None
         if bounds is None:
-            pre = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
+            pre = _prefilter(spec, args, kwargs, floats)
             if pre is not None:  # the pre-filter of vtrain.blockbound
                 out, cand, bad = self._kernel_near(v, pre.upper, factor)
                 if bad >= 0:
@@ -450,7 +450,7 @@ class RoundedExecution(TorchDispatchMode):
         whatever the bound, and relu-sparse operands make it loose by 10^3 on weight gradients.)"""
         v = floats[i]
         if bounds is None:
-            pre = spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
+            pre = _prefilter(spec, args, kwargs, floats)
             if pre is not None:
                 cand = self._candidates(v, r, pre.upper.reshape(-1) * factor)
                 return self._settle(spec, args, kwargs, floats, i, cand, pre)
@@ -585,6 +585,11 @@ def active_rounding() -> RoundedExecution | None:
     """The RoundedExecution the current code runs under (the innermost dispatch mode), if any."""
     mode = _get_current_dispatch_mode()
     return mode if isinstance(mode, RoundedExecution) else None
+
+
+def _prefilter(spec: OpSpec, args: tuple, kwargs: dict, floats: list) -> Prefilter | None:
+    """The op's block-maximum pre-filter (vtrain.blockbound), where it has one and it applies."""
+    return spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
 
 
 def _at(t: torch.Tensor, idx: np.ndarray) -> np.ndarray:
