@@ -17,14 +17,16 @@ So for large matmuls the engine filters twice:
 Where it pays (measured with the lead's A/B scripts and benchmarks/bench_rounding.py on MLPs of width
 1024 and 2048, whose three matmuls per layer are a linear layer's x @ W^T, g @ W and g^T @ x): U is loose
 by the ratio of a block's maximum to its mean (2-5x on dense layers), so the candidates grow by that much,
-still ~0.2 % of the outputs. E is then gathered in one compiled loop, ~1.5 ns a term where b's columns are
-contiguous (x @ W^T); where they are strided each group of LINE adjacent columns is read once. A weight
+still ~0.2 % of the outputs. E is then gathered in one compiled loop. Where b's columns are contiguous
+(x @ W^T) each position's dot runs on its own, ~1.5 ns a term. Where they are strided (g @ W, g^T @ x) a
+column per position would cost a cache miss per term, so all positions advance together, one row of b at
+a time (`_abs_dots_by_rows`): on the 2048-wide MLP's g @ W, 26 against 65 ms for 4,000 positions. A weight
 gradient's U alone would be useless: where products vanish pairwise (a relu unit's activations and
 another's gradients nonzero on disjoint samples) a block mixes them, and U exceeds E by orders of
 magnitude at a few percent of the elements. But those sums have no nonzero term at all, so bitsets of
 each row's and column's nonzeros (`Prefilter.nonzero`) drop them before E is gathered, leaving about as
-many candidates as E itself. The input gradient, g @ W, is left to the full bound: its gathers read W's
-strided columns for thousands of candidates, which paid at width 1024 (5 against 10 ms) and lost at 2048.
+many candidates as E itself. On the input gradient g @ W the pre-filter replaced a 97 ms full bound by
+U and the gathers, 36 ms (2048-wide MLP, batch 512, in the engine).
 Everything depends on the operands' layout and the candidate count only, a pure function of the op's
 inputs, so a run and its resumption decide alike.
 
@@ -51,8 +53,10 @@ from vtrain.bounds import PositionBound, _finish, _mm_operands, _tiny, gamma, un
 aten = torch.ops.aten
 
 BLOCK = 32
-LINE = 8  # float64 columns of b per cache line, gathered together by `_abs_dots`
-MIN_PRODUCTS = 1 << 26  # outputs x K below this: the full bound's extra matmul is cheap enough
+# Outputs x K below this: the full bound's extra matmul is cheap enough. (At 2^26, the 2048-wide MLP's first
+# weight gradient, 2048 x 64 outputs of K = 512, took U, the nonzero filter and then the full bound anyway, its
+# candidates too many to gather: 17 ms a step against 5 for the full bound alone.)
+MIN_PRODUCTS = 1 << 27
 # Gathering E at one candidate (K products, gathered row and column) costs about this many times the share
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
 GATHER_COST = 128
@@ -98,11 +102,14 @@ def _matmul_upper(func: Any) -> Upper:
             return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
-        # A linear layer's forward (x @ W^T: both operands run along K) and its weight gradient (g^T @ x:
-        # neither does, no addend), not its input gradient (g @ W): see above.
+        # A linear layer's forward (x @ W^T: both operands run along K), its weight gradient (g^T @ x:
+        # neither does, no addend) and its input gradient (g @ W: only a does, no addend).
         forward = a.stride(2) == 1 and b.stride(1) == 1
         weight_grad = bias is None and a.stride(2) != 1
-        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu or not (forward or weight_grad):
+        input_grad = bias is None and a.stride(2) == 1 and b.stride(1) != 1
+        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu:
+            return None
+        if not (forward or weight_grad or input_grad):
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
         g = gamma(kk, u)
@@ -140,8 +147,10 @@ def _matmul_upper(func: Any) -> Upper:
             s.add_(bias_abs.mul_(abs(beta) * factor).add_(floor))
         else:
             s.add_(floor)
-        # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack)
-        return Prefilter(s.to(v.dtype), _nonzero_terms(a, b) if bias is None else None)
+        # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack.) No nonzero-term filter
+        # for an input gradient: its W is dense, so the filter would drop nothing, and its bitsets would read
+        # W down its strided columns.
+        return Prefilter(s.to(v.dtype), _nonzero_terms(a, b) if bias is None and not input_grad else None)
 
     return upper
 
@@ -188,25 +197,58 @@ def _block_sum(b: np.ndarray, out: np.ndarray) -> bool:
 
 @njit(cache=True, nogil=True)
 def _abs_dots(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
-              order: np.ndarray, out: np.ndarray) -> None:
-    # Positions in column order. Each group of LINE adjacent columns of b is read once into a buffer: a
-    # row-major b's column is strided, and one pass down it brings in the cache lines of its neighbours.
-    # Float64 products of the operands' values (exact for float32 operands), summed in increasing k.
-    cols_buf = np.empty((a.shape[2], LINE))
-    last_n, last_group = -1, -1
-    for t in order:
+              out: np.ndarray) -> None:
+    # For b's columns contiguous along k (x @ W^T): each position's dot on its own, in four interleaved
+    # partial sums (a chain of dependent additions would wait on each one; E bounds any order, see
+    # bounds._finish). Float64 products of the operands' values, exact for float32 operands.
+    for t in range(rows.size):
         n, i, j = batch[t], rows[t], cols[t]
-        if n != last_n or j // LINE != last_group:
-            last_n, last_group = n, j // LINE
-            first = last_group * LINE
+        s0 = s1 = s2 = s3 = 0.0
+        kk = a.shape[2] - a.shape[2] % 4
+        for k in range(0, kk, 4):
+            s0 += abs(np.float64(a[n, i, k])) * abs(np.float64(b[n, k, j]))
+            s1 += abs(np.float64(a[n, i, k + 1])) * abs(np.float64(b[n, k + 1, j]))
+            s2 += abs(np.float64(a[n, i, k + 2])) * abs(np.float64(b[n, k + 2, j]))
+            s3 += abs(np.float64(a[n, i, k + 3])) * abs(np.float64(b[n, k + 3, j]))
+        for k in range(kk, a.shape[2]):
+            s0 += abs(np.float64(a[n, i, k])) * abs(np.float64(b[n, k, j]))
+        out[t] = (s0 + s1) + (s2 + s3)
+
+
+@njit(cache=True, nogil=True)
+def _abs_dots_by_rows(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+                      out: np.ndarray) -> None:
+    # For a b laid out row-major (its columns strided along k: g @ W, g^T @ x): reading a column per
+    # position costs a cache miss per term, so every position's sum advances together, one row of b at a
+    # time, each row read once. The rows of a that the positions need are first copied, transposed, so
+    # that a step in k reads them from one short line.
+    out[:] = 0.0
+    for n in range(a.shape[0]):
+        sel = np.flatnonzero(batch == n)
+        if sel.size == 0:
+            continue
+        wanted = np.unique(rows[sel])
+        slot = np.empty(a.shape[1], dtype=np.int64)
+        for r in range(wanted.size):
+            slot[wanted[r]] = r
+        at = np.empty((a.shape[2], wanted.size))
+        if a.strides[2] <= a.strides[1]:
+            for r in range(wanted.size):
+                for k in range(a.shape[2]):
+                    at[k, r] = abs(np.float64(a[n, wanted[r], k]))
+        else:
             for k in range(a.shape[2]):
-                for c in range(min(LINE, b.shape[2] - first)):
-                    cols_buf[k, c] = abs(np.float64(b[n, k, first + c]))
-        c = j - last_group * LINE
-        s = 0.0
+                for r in range(wanted.size):
+                    at[k, r] = abs(np.float64(a[n, wanted[r], k]))
+        sel = sel[np.argsort(cols[sel])]  # each row of b read in increasing column
+        where, col = slot[rows[sel]], cols[sel]
+        acc = np.zeros(sel.size)
         for k in range(a.shape[2]):
-            s += abs(np.float64(a[n, i, k])) * cols_buf[k, c]
-        out[t] = s
+            arow, brow = at[k], b[n, k]
+            for t in range(sel.size):
+                acc[t] += arow[where[t]] * abs(np.float64(brow[col[t]]))
+        for t in range(sel.size):
+            out[sel[t]] = acc[t]
 
 
 @njit(cache=True, nogil=True)
@@ -276,7 +318,10 @@ def _matmul_at(func: Any) -> PositionBound:
         p = pos.numpy().astype(np.int64, copy=False)
         batch, rem = p // (m * n), p % (m * n)
         cols, absval = rem % n, np.empty(p.size)
-        _abs_dots(_numpy(a), _numpy(b), batch, rem // n, cols, np.argsort(batch * n + cols), absval)
+        if b.stride(1) > b.stride(2):
+            _abs_dots_by_rows(_numpy(a), _numpy(b), batch, rem // n, cols, absval)
+        else:
+            _abs_dots(_numpy(a), _numpy(b), batch, rem // n, cols, absval)
         e = torch.from_numpy(absval)
         if alpha != 1:
             e.mul_(abs(alpha))

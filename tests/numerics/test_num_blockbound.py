@@ -40,11 +40,13 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
     def op(shape: tuple[int, ...]) -> torch.Tensor:
         return _operand(shape, gen, dtype, bits, kind)
 
-    # the layouts the pre-filter takes: a linear layer's forward x @ W^T and weight gradient g^T @ x
+    # the layouts the pre-filter takes: a linear layer's forward x @ W^T, weight gradient g^T @ x and input
+    # gradient g @ W
     a, b, bias = op((24, 200)), op((20, 200)).T, op((20,))
     return [
         ("mm", aten.mm.default, (a, b), {}),
         ("mm-weight-grad", aten.mm.default, (op((200, 24)).T, op((200, 20))), {}),
+        ("mm-input-grad", aten.mm.default, (a, op((200, 20))), {}),
         ("mm-k-not-blocks", aten.mm.default, (op((24, 150)), op((20, 150)).T), {}),
         ("addmm", aten.addmm.default, (bias, a, b), {}),
         ("addmm-scaled", aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 3.0}),
@@ -84,8 +86,8 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
             assert (u >= e).all(), (name, kind, float((e - u).max()))
         if kind == "normal":  # and not uselessly loose: within BLOCK of E
             assert (u <= gathered * blockbound.BLOCK).all(), name
-        # the nonzero-term filter, against its definition (sums with an addend have none)
-        assert (pre.nonzero is None) == (func is aten.addmm.default), name
+        # the nonzero-term filter, against its definition (sums with an addend have none, nor g @ W)
+        assert (pre.nonzero is None) == (func is aten.addmm.default or name == "mm-input-grad"), name
         if pre.nonzero is not None:
             a3, b3 = (args[0], args[1]) if func is aten.bmm.default else (args[0][None], args[1][None])
             want = ((a3 != 0).double() @ (b3 != 0).double() > 0).reshape(-1)
@@ -101,12 +103,13 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
     monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
     assert upper((a, b), {}, [a @ b]) is not None
-    # x @ W^T and g^T @ x take it; g @ W (only the right operand strided along K) does not
-    assert upper((a, b.contiguous()), {}, [a @ b]) is None
+    # x @ W^T, g^T @ x and g @ W take it, not a left operand strided along K with an addend
+    assert upper((a, b.contiguous()), {}, [a @ b]) is not None
     wa, wb = a.T.contiguous().T, b.contiguous()
     assert upper((wa, wb), {}, [wa @ wb]) is not None
     bias = torch.zeros(64, dtype=torch.float64)
-    assert blockbound.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None  # strided left, an addend
+    assert blockbound.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None
+    assert blockbound.UPPERS[aten.addmm.default]((bias, a, b.contiguous()), {}, [a @ b]) is None
     short = a[:, :blockbound.BLOCK * 4 - 1]
     assert upper((short, b[:short.shape[1]]), {}, [short @ b[:short.shape[1]]]) is None  # K < 4 blocks
     for bad in (float("inf"), float("nan"), 2.0**500):
@@ -169,7 +172,7 @@ def _layer(dtype: torch.dtype, bits: int) -> tuple[tuple, torch.Tensor]:
 LOG_GRIDS = [(torch.float64, 14), (torch.float32, 14)]
 
 
-@pytest.mark.parametrize("layout", ["forward", "weight-grad"])
+@pytest.mark.parametrize("layout", ["forward", "weight-grad", "input-grad"])
 @pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
 def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype: torch.dtype, bits: int, layout: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,6 +180,9 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     if layout == "weight-grad":  # g^T @ x with relu-sparse x: sums with no nonzero term
         grad = _operand((160, 160), torch.Generator().manual_seed(31), dtype, bits, "relu")
         func, fn, args = aten.mm.default, torch.mm, (grad.T, x)
+    elif layout == "input-grad":  # g @ W, W row-major: its columns strided along K
+        grad = _operand((160, 160), torch.Generator().manual_seed(37), dtype, bits, "relu")
+        func, fn, args = aten.mm.default, torch.mm, (grad, args[2].T.contiguous())
     else:
         func, fn = aten.addmm.default, torch.addmm
     assert blockbound.UPPERS[func](args, {}, [func(*args)]) is not None  # the case takes the pre-filter

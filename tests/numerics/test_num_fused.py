@@ -59,7 +59,11 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
 
 @pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
 def test_round_near_gives_the_torch_candidates(bits: int, dtype: np.dtype) -> None:
-    x = _values(bits, dtype)
+    # and values just above powers of two, rounding down onto them: there the spacing below r is half the
+    # spacing above, so a value a quarter spacing or more above r is within a quarter of the lower boundary
+    powers = 2.0 ** np.arange(-130.0, 120.0, 7.0)
+    above = np.concatenate([powers * (1 + f * 2.0 ** -(bits - 9)) for f in (0.2, 0.26, 0.4, 0.49)]).astype(dtype)
+    x = np.concatenate([_values(bits, dtype), above, -above])
     gen = np.random.default_rng(7)
     # bands from nothing to a few spacings, so every branch of the test is taken
     e = (np.abs(x) * 2.0 ** -(bits - 9) * gen.choice([0.0, 1e-9, 0.1, 0.3, 0.49, 0.5, 0.51, 2.0], x.size)).astype(dtype)

@@ -1,0 +1,229 @@
+"""vtrain.exactdot (compiled exact dot products) against exactmath.rounded_dots and a Fraction reference.
+
+Every comparison is exact, on the bit patterns (so +0 and -0 differ). Adversarial rows: grid midpoints
+with a residual above, below and at zero; near ties; cancellation to zero; subnormal results; 2^100 and
+2^-100 terms in one row; non-grid float64 factors (TwoProduct's low part nonzero); bits 32, 19, 10;
+float32 and float64 operands; strided and transposed views; positions the kernel flags (huge, tiny,
+non-finite) completed by the reference with its values or its errors. The kernel alone (`kernel`) is also
+checked to flag nothing on the ordinary rows, so the fallback cannot hide a kernel bug. Finally the
+resolvers of vtrain.resolve give the same bits with the kernel on and off.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from vtrain import exactdot, exactmath, resolve
+from vtrain.grid import GridOverflowError
+
+aten = torch.ops.aten
+BITS = [32, 19, 10]
+
+
+def bits_of(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64).view(np.int64)
+
+
+def fraction_ref(a: np.ndarray, b: np.ndarray, bits: int, extra: np.ndarray | None = None) -> np.ndarray:
+    out = []
+    for i in range(a.shape[0]):
+        s = sum((Fraction(float(u)) * Fraction(float(v)) for u, v in zip(a[i], b[i])), Fraction(0))
+        if extra is not None:
+            s += Fraction(float(extra[i]))
+        out.append(exactmath.round_fraction(s, bits))
+    return np.array(out)
+
+
+def check(a: np.ndarray, b: np.ndarray, bits: int, extra: np.ndarray | None = None, flagged: bool = False) -> None:
+    """New == exactmath == Fraction, bit for bit; the kernel alone flags nothing unless `flagged`."""
+    new = exactdot.rounded_dots(a, b, bits, extra)
+    assert np.array_equal(bits_of(new), bits_of(exactmath.rounded_dots(a, b, bits, extra)))
+    assert np.array_equal(bits_of(new), bits_of(fraction_ref(a, b, bits, extra)))
+    values, flags = exactdot.kernel(a, b, bits, extra)
+    if not flagged:
+        assert not flags.any()
+        assert np.array_equal(bits_of(values), bits_of(new))
+    else:
+        assert flags.all()
+
+
+def rows(*pairs: tuple[list[float], list[float]]) -> tuple[np.ndarray, np.ndarray]:
+    k = max(len(p[0]) for p in pairs)
+    a = np.zeros((len(pairs), k))
+    b = np.zeros((len(pairs), k))
+    for i, (u, v) in enumerate(pairs):
+        a[i, :len(u)], b[i, :len(v)] = u, v
+    return a, b
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_midpoints_decided_by_the_residual_sign(bits: int) -> None:
+    m = bits - 9
+    h = 2.0 ** -(m + 1)  # half a grid step at 1: 1 + h is a midpoint, 1 + 3h one whose even side is up
+    tiny = 2.0**-40
+    cases = []
+    for base in (1.0, 1.0 + 2 * h):  # ties to even going down (1) and up (1 + 4h)
+        for res in (tiny, -tiny, 0.0):  # S = midpoint + res * tiny: fsum gives the midpoint itself
+            cases.append(([1.0, base - 1.0 + h, tiny], [1.0, 1.0, res]))
+    a, b = rows(*cases)
+    for sign in (1.0, -1.0):
+        check(sign * a, b, bits)
+        new = exactdot.rounded_dots(sign * a, b, bits)
+        assert new[0] == sign * (1 + 2 * h) and new[1] == sign * 1.0 and new[2] == sign * 1.0
+        assert new[5] == sign * (1 + 4 * h)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_near_ties_cancellation_subnormals_and_range(bits: int) -> None:
+    m = bits - 9
+    h = 2.0 ** -(m + 1)
+    a, b = rows(
+        ([1.0, h, 2.0**-30], [1.0, 1.0, 2.0**-30]),  # just above a midpoint (fsum sees it)
+        ([1.0, h, -(2.0**-30)], [1.0, 1.0, 2.0**-30]),  # just below
+        ([3.0, 3.0, 0.5], [1.5, -1.5, 0.0]),  # cancels to exactly zero: +0
+        ([-3.0, 3.0], [1.5, 1.5]),
+        ([2.0**-70, 2.0**-75], [1.5 * 2.0**-70, 2.0**-75]),  # subnormal on the grid
+        ([2.0**-75], [2.0**-75 * 1.5]),  # a subnormal midpoint or below the smallest step
+        ([2.0**50, 2.0**-50, -(2.0**50)], [2.0**50, 2.0**-50, 2.0**50]),  # 2^100 cancels, 2^-100 stays
+        ([2.0**50, 2.0**-50, 1.0], [2.0**50, 2.0**-50, -1.0]),  # 2^100 + 2^-100 - 1
+        ([2.0**-100], [-(2.0**-100)]),  # a negative value rounding to zero: +0
+    )
+    check(a, b, bits)
+    assert bits_of(exactdot.rounded_dots(a, b, bits))[2] == 0  # +0, not -0
+    assert bits_of(exactdot.rounded_dots(a, b, bits))[8] == 0
+    assert exactdot.rounded_dots(a, b, bits)[6] == 2.0**-100
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_random_rows_with_ties_and_extra(bits: int, dtype: type) -> None:
+    gen = np.random.default_rng(bits)
+    for k in (1, 7, 64, 300):
+        a = (gen.standard_normal((40, k)) * 2.0 ** gen.integers(-60, 60, (40, k))).astype(dtype)
+        b = gen.integers(-16, 17, (40, k)).astype(dtype) / 16  # quantised: many exact ties at 10 bits
+        extra = exactdot.rounded_dots(a, b, bits)[::-1].copy()  # grid values of similar size
+        check(a, b, bits)
+        check(a, b, bits, extra)
+        check(b, b, bits, -extra)
+
+
+def test_non_grid_float64_factors() -> None:
+    gen = np.random.default_rng(7)
+    a = gen.standard_normal((30, 200)) * 2.0 ** gen.integers(-40, 40, (30, 200))
+    b = gen.standard_normal((30, 200))
+    assert not exactdot._short(a).any()  # Dekker's low parts are nonzero here
+    for bits in BITS:
+        check(a, b, bits)
+        # exact midpoints from non-grid factors: x * (1 + 2^-30) - x * 2^-30 = x, x a midpoint
+        m = bits - 9
+        x = 1 + 2.0 ** -(m + 1)
+        check(np.array([[x, x, 2.0**-60]]), np.array([[1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52]]), bits)
+
+
+def test_flagged_positions_fall_back_with_the_same_values() -> None:
+    a, b = rows(
+        ([2.0**600, -(2.0**600), 1.0], [2.0**500, 2.0**500, 1.0]),  # products overflow float64
+        ([2.0**-500, 3.0], [2.0**-500, 0.0]),  # a product under TwoProduct's range
+        ([2.0**996, -(2.0**996), 0.5], [2.0**-10, 2.0**-10, 1.0]),  # factors too big to split
+    )
+    check(a, b, 32, flagged=True)
+    assert list(exactdot.rounded_dots(a, b, 32)) == [1.0, 0.0, 0.5]
+    # a zero times a huge (finite) factor is an exact zero: not flagged, as in exactmath
+    check(np.array([[2.0**1000, 1.0]]), np.array([[0.0, 0.5]]), 32)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_inputs_raise_the_reference_error(bad: float) -> None:
+    a, b = rows(([1.0, 2.0], [1.0, 1.0]), ([bad, 1.0], [0.0, 1.0]))
+    for args in ((a, b, 32, None), (b, a, 32, None), (b, b, 32, np.array([0.0, bad]))):
+        with pytest.raises(exactmath.ExactDomainError) as ref:
+            exactmath.rounded_dots(*args)
+        with pytest.raises(exactmath.ExactDomainError) as new:
+            exactdot.rounded_dots(*args)
+        assert str(new.value) == str(ref.value)
+        assert exactdot.kernel(*args)[1][1]
+
+
+def test_overflow_raises_the_reference_error() -> None:
+    a, b = rows(([1.0], [1.0]), ([2.0**100], [2.0**100]))
+    with pytest.raises(GridOverflowError) as ref:
+        exactmath.rounded_dots(a, b, 19)
+    with pytest.raises(GridOverflowError) as new:
+        exactdot.rounded_dots(a, b, 19)
+    assert str(new.value) == str(ref.value)
+
+
+def test_fsum_finish_is_math_fsum() -> None:
+    gen = np.random.default_rng(3)
+    cases = [[1.0, 2.0**-53, 2.0**-100], [1.0, -(2.0**-53), -(2.0**-100)], [1.0, 2.0**-53, -(2.0**-100)],
+             [2.0**-1074, 1.0, 2.0**-53]]  # half-even fix-up cases (and one where it must not apply)
+    for _ in range(200):
+        vals = list(gen.standard_normal(8) * 2.0 ** gen.integers(-80, 80, 8))
+        cases.append(vals)
+    for vals in cases:
+        parts = np.empty(exactdot._PARTS)
+        n = 0
+        for v in vals:
+            n = exactdot._msum_add(parts, n, v)
+        assert exactdot._fsum_finish(parts, n) == math.fsum(vals)
+
+
+def layouts(dtype: torch.dtype) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(5)
+
+    def g(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(torch.float32).to(dtype)
+
+    x, w, gy = g(24, 40), g(30, 40), g(24, 30)
+    return [("x@W^T", x, w.t()), ("g^T@x", gy.t(), x), ("g@W", gy, w)]
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float64, 32), (torch.float32, 19), (torch.float64, 10)])
+def test_resolvers_match_the_reference_path(dtype: torch.dtype, bits: int) -> None:
+    gen = np.random.default_rng(11)
+
+    def both(fn, args: tuple, kwargs: dict, pos: np.ndarray) -> np.ndarray:
+        exactdot.ENABLED = False
+        try:
+            ref = fn(args, kwargs, 0, pos, bits)
+        finally:
+            exactdot.ENABLED = True
+        new = fn(args, kwargs, 0, pos, bits)
+        assert np.array_equal(bits_of(new), bits_of(ref)), fn
+        return new
+
+    for _, a, b in layouts(dtype):
+        n_out = a.shape[0] * b.shape[1]
+        pos = gen.choice(n_out, 50, replace=False)
+        both(resolve._mm, (a, b), {}, pos)
+        bias = b[0].clone()
+        both(resolve._addmm, (bias, a, b), {}, pos)
+        both(resolve._addmm, (bias, a, b), {"beta": 2}, pos)  # the Fraction path either way
+        both(resolve._bmm, (torch.stack([a, 2 * a]), torch.stack([b, b])), {}, gen.choice(2 * n_out, 60))
+        both(resolve._mv, (a, b[:, 0]), {}, np.arange(a.shape[0]))
+        both(resolve._dot, (a[0], b[:, 1]), {}, np.zeros(3, dtype=np.int64))
+    # _rounded_dots under a convolution (gathered patches), with a bias
+    x = layouts(dtype)[0][1].reshape(2, 3, 4, 40)
+    w = x[:1, :, :2, :3].repeat(4, 1, 1, 1).contiguous()
+    conv = resolve.RESOLVERS[aten.convolution.default]
+    both(conv, (x, w, w[:, 0, 0, 0].clone(), [1, 2], [1, 0], [1, 1], False, [0, 0], 1), {},
+         gen.choice(2 * 4 * 5 * 19, 80, replace=False))
+
+
+def test_resolver_errors_are_unchanged() -> None:
+    a = torch.ones(3, 4, dtype=torch.float64)
+    b = torch.ones(4, 5, dtype=torch.float64)
+    b[2, 1] = math.nan
+    for enabled in (False, True):
+        exactdot.ENABLED = enabled
+        try:
+            with pytest.raises(exactmath.ExactDomainError, match="NaN or infinity"):
+                resolve._mm((a, b), {}, 0, np.array([0, 1, 6]), 32)
+            assert list(resolve._mm((a, b), {}, 0, np.array([0, 2]), 32)) == [4.0, 4.0]
+        finally:
+            exactdot.ENABLED = True
