@@ -34,14 +34,14 @@ from vtrain.fused import round_scalar as _r
 from vtrain.rounding import NonFiniteError, RoundedExecution, active_rounding
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _flags(ok_p: bool, ok_s1: bool, ok_s2: bool) -> int:
     """What a kernel returns, checked as it writes (NaN fails `abs(x) <= limit` too): bit 0: the parameter
     left the grid, bit 1: the first state tensor, bit 2: the second."""
     return (0 if ok_p else 1) | (0 if ok_s1 else 2) | (0 if ok_s2 else 4)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
           beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool, limit: float,
           pow2: np.ndarray) -> int:
@@ -51,7 +51,7 @@ def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: f
     return _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, m, False, limit, pow2)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _adam_loop(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
                beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool,
                limit: float, pow2: np.ndarray) -> int:
@@ -81,7 +81,7 @@ def _adam_loop(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, dec
     return _flags(ok_p, ok_m1, ok_m2)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sgd(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
          neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
     if cast32:  # as in _adam
@@ -89,7 +89,7 @@ def _sgd(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, 
     return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, m, False, limit, pow2)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sgd_loop(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
               neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
     ok_p = ok_buf = True
@@ -131,6 +131,9 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, index: int
     m = rx.bits - 9
     with no_dispatch():  # numpy views without sending each tensor's detach through the rounding mode
         arrays = [fused.flat(t) for t in tensors]
+    # Python ints (a weight decay of 0, a momentum of 0) as floats: the same values, but a kernel compiled
+    # for an integer coefficient ran 2.6x slower (31 against 12 ns an element for Adam on 4M parameters).
+    scalars = tuple(float(s) if type(s) is int else s for s in scalars)
     bad = kernel(*arrays, *scalars, m, m == 23, rx._limit, POW2)
     rx.count_rounded(tensors[0].numel() * rounded, ops=rounded)
     if bad:

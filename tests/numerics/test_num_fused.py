@@ -4,6 +4,7 @@ candidates, the same logs and states."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,44 @@ def test_round_near_gives_the_torch_candidates(bits: int, dtype: np.dtype) -> No
         else:  # float32 work: the kernel's test runs in float64, at least as wide as torch's float32 one
             assert set(want.tolist()) <= set(cand[:count].tolist())
             assert count <= want.size * 1.01 + 4
+
+
+@pytest.mark.parametrize("bits", [19, 32])
+def test_sparse_candidates_are_all_found(bits: int) -> None:
+    # The kernels scan for candidates by blocks of values: lone candidates at block edges, a block with
+    # exactly one, long runs with none, and an off-grid value far into the array must all come out right.
+    gen = np.random.default_rng(bits)
+    x = round_unchecked(torch.from_numpy(gen.standard_normal(20_000)), bits).numpy()
+    lone = np.array([0, 511, 512, 1023, 1024, 5000, 12_345, 19_999])
+    spacing = np.abs(x[lone]) * 2.0 ** -(bits - 9)  # at least the spacing below x, at most twice that
+    x[lone] += 0.45 * spacing  # within a band of the boundary: candidates
+    e = np.full(x.size, 2.0**-70)
+    e[lone] = 0.1 * spacing
+    rx = RoundedExecution(bits=bits, device=get_device("cpu"), mode="plain")
+    v = torch.from_numpy(x)
+    want = rx._candidates(v, round_unchecked(v, bits), torch.from_numpy(e) * 2.0).numpy()
+    assert set(lone.tolist()) <= set(want.tolist())
+    out, cand = np.empty_like(x), np.empty(x.size, np.int64)
+    count, bad = fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), out, cand)
+    assert (bad, cand[:count].tolist()) == (-1, want.tolist())
+    x[17_000] = np.inf
+    assert fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), out, cand)[1] == 17_000
+    assert fused.round_into(x, out, bits - 9, grid_max(bits)) == 17_000
+
+
+@pytest.mark.parametrize("special", [None, float("nan"), float("inf"), -float("inf"), -1e300, 3.5e38, -1e-46])
+def test_abs32_gives_the_float32_magnitudes_and_their_largest(special: float | None) -> None:
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal(5000) * 1e3)
+    if special is not None:
+        x[4321] = special
+    mags, largest = fused.abs32(x)
+    want = x.to(torch.float32).abs()
+    assert torch.equal(mags.isnan(), want.isnan())
+    assert torch.equal(mags.nan_to_num().view(torch.int32), want.nan_to_num().view(torch.int32))  # -0.0 too
+    top = want.max().item()
+    assert largest == (math.inf if top != top else top)
+    t = x.reshape(50, 100).t()  # a transposed view: the kernel reads its contiguous transpose
+    assert torch.equal(fused.abs32(t)[0].nan_to_num(), want.reshape(50, 100).t().nan_to_num())
 
 
 def _run(spec_name: str, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
