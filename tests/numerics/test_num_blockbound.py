@@ -27,6 +27,12 @@ def _operand(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, b
         x = x.clamp_min(0)
         if x.dim() > 1:
             x[..., :3, :] = 0
+    elif kind == "neg-relu":  # as relu, non-positive: the nonzero filter must not read a sign
+        x = -x.clamp_min(0)
+        if x.dim() > 1:
+            x[..., :3, :] = 0
+    elif kind == "flat":  # one magnitude: block maxima equal every value, so U is as tight as E and any
+        x = torch.where(x < 0, -1.0, 1.0) * 0.375  # term a kernel dropped would show
     elif kind == "tiny":  # float32 products underflow
         x = x * 2.0**-70
     elif kind == "huge":
@@ -62,7 +68,7 @@ def everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
 
 
-@pytest.mark.parametrize("kind", ["normal", "relu", "tiny", "huge", "quant"])
+@pytest.mark.parametrize("kind", ["normal", "relu", "neg-relu", "flat", "tiny", "huge", "quant"])
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
 def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: torch.dtype, bits: int,
                                                       kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
