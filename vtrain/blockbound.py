@@ -113,17 +113,20 @@ def _matmul_upper(func: Any) -> Upper:
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
         g = gamma(kk, u)
-        amax = np.empty((a.shape[0], a.shape[1], -(-k // BLOCK)))
-        bsum = np.zeros((b.shape[0], amax.shape[2], b.shape[2]))
+        # One block more than K has: a column of ones in the block maxima and a row holding the addend and the
+        # floor in the block sums, so that the matmul adds them (a separate pass over U cost ~1 ns an element).
+        blocks = -(-k // BLOCK)
+        amax_ext = np.empty((a.shape[0], a.shape[1], blocks + 1))
+        bsum_ext = np.zeros((b.shape[0], blocks + 1, b.shape[2]))
+        amax, bsum = amax_ext[..., :blocks], bsum_ext[:, :blocks]
         if not (_block_max(_numpy(a), amax) & _block_sum(_numpy(b), bsum)):
             return None
-        amax, bsum = torch.from_numpy(amax), torch.from_numpy(bsum)
-        a_max, b_max = amax.max().item(), bsum.max().item()
+        a_max, b_max = amax.max(), bsum.max()
         largest = max(a_max, b_max)  # >= every |operand|
         scale = a_max * b_max * (k // BLOCK + 1) * abs(alpha)  # >= every sum of |terms|
         bias_abs = None
         if bias is not None and beta != 0 and bias.numel():
-            bias_abs = bias.abs().to(torch.float64)
+            bias_abs = bias.abs().to(torch.float64).expand(b.shape[2])
             bias_max = bias_abs.max().item()
             largest = max(largest, bias_max)
             scale += abs(beta) * bias_max
@@ -135,18 +138,17 @@ def _matmul_upper(func: Any) -> Upper:
         # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
         # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
         # that U's candidates are a superset of either's. The factor goes into the (small) block maxima,
-        # the addend and the floor into one broadcast add.
+        # the addend and the floor into the extra block.
         c = g * (1 + 2 * g + 2.0**-20)
         g32 = gamma(k + 4, 2.0**-24)
         factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
         floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
             + 8 * (kk + 1) * _tiny(v.dtype)
-        buffer = _scratch(v.numel()).view(amax.shape[0], amax.shape[1], -1)
-        s = torch.bmm(amax.mul_(factor * abs(alpha)), bsum, out=buffer).view(v.shape)
-        if bias_abs is not None:
-            s.add_(bias_abs.mul_(abs(beta) * factor).add_(floor))
-        else:
-            s.add_(floor)
+        amax *= factor * abs(alpha)
+        amax_ext[..., blocks] = 1.0
+        bsum_ext[:, blocks] = floor if bias_abs is None else (bias_abs * (abs(beta) * factor) + floor).numpy()
+        buffer = _scratch(v.numel()).view(amax_ext.shape[0], amax_ext.shape[1], -1)
+        s = torch.bmm(torch.from_numpy(amax_ext), torch.from_numpy(bsum_ext), out=buffer).view(v.shape)
         # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack.) No nonzero-term filter
         # for an input gradient: its W is dense, so the filter would drop nothing, and its bitsets would read
         # W down its strided columns.
