@@ -19,6 +19,7 @@ import struct
 
 import numpy as np
 import torch
+from numba import njit
 from torch import nn
 
 from vtrain.errors import VtrainError
@@ -84,18 +85,40 @@ def restore_state(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: d
 
 
 def encode_state(step: int, tensors: dict[str, torch.Tensor]) -> bytes:
-    parts = [_HEADER.pack(MAGIC, VERSION, step, len(tensors))]
+    # Written into one buffer by a compiled pass per tensor that narrows to FP32 and checks as it goes:
+    # torch's cast, finiteness and round-trip checks, tobytes and join took ~150 ms a step on a 4.3M-
+    # parameter Adam state (13M values), as long as the step itself.
+    head = [_HEADER.pack(MAGIC, VERSION, step, len(tensors))]
+    entries = []
     for name in sorted(tensors):
         t = tensors[name]
         if t.dtype not in _DTYPES:
             raise StateError(f"state entry {name} has dtype {t.dtype}; only float64/float32 are supported")
-        f32 = t.detach().to("cpu", torch.float32).contiguous()
-        if not torch.isfinite(f32).all() or (t.dtype == torch.float64 and not torch.equal(f32.double(), t.cpu())):
-            raise StateError(f"state entry {name} at step {step} is not finite or not on the FP32 grid")
         nb = name.encode()
-        parts.append(struct.pack(f">H{len(nb)}sBB{t.dim()}I", len(nb), nb, _DTYPES[t.dtype], t.dim(), *t.shape))
-        parts.append(f32.numpy().astype("<f4", copy=False).tobytes())
-    return b"".join(parts)
+        entries.append((name, t.detach().to("cpu").contiguous().reshape(-1),
+                        struct.pack(f">H{len(nb)}sBB{t.dim()}I", len(nb), nb, _DTYPES[t.dtype], t.dim(), *t.shape)))
+    out = np.empty(len(head[0]) + sum(len(h) + 4 * v.numel() for _, v, h in entries), dtype=np.uint8)
+    out[:len(head[0])] = np.frombuffer(head[0], dtype=np.uint8)
+    pos = len(head[0])
+    for name, values, header in entries:
+        out[pos:pos + len(header)] = np.frombuffer(header, dtype=np.uint8)
+        pos += len(header)
+        size = 4 * values.numel()
+        if not _narrow(values.numpy(), out[pos:pos + size].view("<f4")):
+            raise StateError(f"state entry {name} at step {step} is not finite or not on the FP32 grid")
+        pos += size
+    return out.tobytes()
+
+
+@njit(cache=True, nogil=True)
+def _narrow(src: np.ndarray, dst: np.ndarray) -> bool:
+    """dst = src as FP32; whether every value was finite and exactly an FP32 value (NaN fails both)."""
+    bad = 0
+    for i in range(src.size):
+        y = np.float32(src[i])
+        dst[i] = y
+        bad += not (np.float64(y) == src[i] and abs(y) <= np.float32(3.4028234663852886e38))
+    return bad == 0
 
 
 def state_hash(data: bytes) -> bytes:
