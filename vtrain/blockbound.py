@@ -6,8 +6,8 @@ matmul as large as the op itself (in float32 for float64 work, still half its ti
 elements in a thousand lie anywhere near a boundary, and the auditor needs E only at its log's entries.
 So for large matmuls the engine filters twice:
 
-1. U >= E everywhere, from block maxima: splitting the K terms into blocks of BLOCK,
-       sum_k |a_ik| |b_kj|  <=  sum_blocks (max_(k in block) |a_ik|) (sum_(k in block) |b_kj|),
+1. U >= E everywhere, from block norms: splitting the K terms into blocks of BLOCK, Cauchy-Schwarz per block
+       sum_k |a_ik| |b_kj|  <=  sum_blocks ||a_i,block||_2 ||b_block,j||_2,
    one matmul BLOCK times smaller. The elements farther than factor * U from every boundary are
    certainly farther than factor * E; the others are candidates.
 2. E at the candidates only (BOUNDS_AT here: K products per position in one compiled loop), or, where
@@ -16,11 +16,13 @@ So for large matmuls the engine filters twice:
 
 Where it pays (measured with the lead's A/B scripts and benchmarks/bench_rounding.py on MLPs of width
 1024 and 2048, whose three matmuls per layer are a linear layer's x @ W^T, g @ W and g^T @ x): U is loose
-by the ratio of a block's maximum to its mean (2-5x on dense layers), so the candidates grow by that much,
-still ~0.2 % of the outputs. E is then gathered in one compiled loop. Where b's columns are contiguous
-(x @ W^T) each position's dot runs on its own, ~1.5 ns a term. Where they are strided (g @ W, g^T @ x) a
-column per position would cost a cache miss per term, so all positions advance together, one row of b at
-a time (`_abs_dots_by_rows`): on the 2048-wide MLP's g @ W, 26 against 65 ms for 4,000 positions. A weight
+by about sqrt(mean x^2 mean y^2) / (mean |x| mean |y|), ~2x on relu-masked Gaussian operands whatever the
+block size (block maxima times block sums, the first version, were 4-6x: 2x the candidates), so the
+candidates grow by that much, still ~0.1 % of the outputs. E is then gathered in one compiled loop. Where
+b's columns are contiguous (x @ W^T) each position's dot runs on its own, ~1 ns a term. Where they are
+strided (g @ W, g^T @ x) a column per position would cost a cache miss per term, so all positions advance
+together, four rows of b at a time (`_abs_dots_by_rows`): on the 2048-wide MLP's g @ W, 16 against 65 ms
+for 7,000 positions. A weight
 gradient's U alone would be useless: where products vanish pairwise (a relu unit's activations and
 another's gradients nonzero on disjoint samples) a block mixes them, and U exceeds E by orders of
 magnitude at a few percent of the elements. But those sums have no nonzero term at all, so bitsets of
@@ -33,13 +35,16 @@ inputs, so a run and its resumption decide alike.
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
 most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k smallest subnormals. U is
-computed in float64 (at most K/BLOCK + BLOCK + 3 roundings of 2^-53 below the block sum) and carries,
-besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest subnormals of the work dtype.
+computed in float64 (at most K/BLOCK + 2 BLOCK + 6 roundings of 2^-53 below the exact sum of norm
+products; a line with a nonzero value below 2^-500, whose square could underflow, leaves the op to the
+full bound) and carries, besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest
+subnormals of the work dtype.
 tests/numerics/test_num_blockbound.py checks U against both bounds on adversarial operands.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -113,15 +118,16 @@ def _matmul_upper(func: Any) -> Upper:
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
         g = gamma(kk, u)
-        # One block more than K has: a column of ones in the block maxima and a row holding the addend and the
-        # floor in the block sums, so that the matmul adds them (a separate pass over U cost ~1 ns an element).
+        # Block norms of a's rows and b's columns, and one block more than K has: a column of ones for a and
+        # a row holding the addend and the floor for b, so that the matmul adds them (a separate pass over U
+        # cost ~1 ns an element).
         blocks = -(-k // BLOCK)
-        amax_ext = np.empty((a.shape[0], a.shape[1], blocks + 1))
-        bsum_ext = np.zeros((b.shape[0], blocks + 1, b.shape[2]))
-        amax, bsum = amax_ext[..., :blocks], bsum_ext[:, :blocks]
-        if not (_block_max(_numpy(a), amax) & _block_sum(_numpy(b), bsum)):
+        anorm_ext = np.empty((a.shape[0], a.shape[1], blocks + 1))
+        bnorm_ext = np.empty((b.shape[0], b.shape[2], blocks + 1))  # b's columns as lines
+        anorm, bnorm = anorm_ext[..., :blocks], bnorm_ext[..., :blocks]
+        if not (_block_norms(_numpy(a), anorm) and _block_norms(_numpy(b.transpose(1, 2)), bnorm)):
             return None
-        a_max, b_max = amax.max(), bsum.max()
+        a_max, b_max = anorm.max(), bnorm.max()
         largest = max(a_max, b_max)  # >= every |operand|
         scale = a_max * b_max * (k // BLOCK + 1) * abs(alpha)  # >= every sum of |terms|
         bias_abs = None
@@ -137,18 +143,19 @@ def _matmul_upper(func: Any) -> Upper:
         # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k tiny) and the full bound's
         # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
         # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
-        # that U's candidates are a superset of either's. The factor goes into the (small) block maxima,
+        # that U's candidates are a superset of either's. The factor goes into the (small) norms of a,
         # the addend and the floor into the extra block.
         c = g * (1 + 2 * g + 2.0**-20)
         g32 = gamma(k + 4, 2.0**-24)
         factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
         floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
             + 8 * (kk + 1) * _tiny(v.dtype)
-        amax *= factor * abs(alpha)
-        amax_ext[..., blocks] = 1.0
-        bsum_ext[:, blocks] = floor if bias_abs is None else (bias_abs * (abs(beta) * factor) + floor).numpy()
-        buffer = _scratch(v.numel()).view(amax_ext.shape[0], amax_ext.shape[1], -1)
-        s = torch.bmm(torch.from_numpy(amax_ext), torch.from_numpy(bsum_ext), out=buffer).view(v.shape)
+        anorm *= factor * abs(alpha)
+        anorm_ext[..., blocks] = 1.0
+        bnorm_ext[..., blocks] = floor if bias_abs is None else (bias_abs * (abs(beta) * factor) + floor).numpy()
+        buffer = _scratch(v.numel()).view(anorm_ext.shape[0], anorm_ext.shape[1], -1)
+        s = torch.bmm(torch.from_numpy(anorm_ext), torch.from_numpy(bnorm_ext).transpose(1, 2), out=buffer)
+        s = s.view(v.shape)
         # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack.) No nonzero-term filter
         # for an input gradient: its W is dense, so the filter would drop nothing, and its bitsets would read
         # W down its strided columns.
@@ -170,6 +177,23 @@ def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(m), False
 
 
+# Squares of magnitudes below this underflow float64's normal range (2^-1022), and a norm built from them
+# could fall short of the terms it bounds: lines holding such values leave the op to the full bound.
+_TINY_LINE = 2.0**-500
+
+
+def _block_norms(x: np.ndarray, out: np.ndarray) -> bool:
+    """out[n, i, kb] = the Euclidean norm of x[n, i, k] over the block kb of k, for x's lines i (computed in
+    float64, so at most BLOCK + 2 roundings of 2^-53 below the exact norm); whether every value was finite
+    and none below _TINY_LINE but zero."""
+    top, tiny = 0, 0
+    for n in range(x.shape[0]):
+        lines, transposed = _lines(x, n)
+        t, s = (_block_norms_t if transposed else _block_norms_rows)(lines, out[n])
+        top, tiny = max(top, t), tiny + s
+    return top < 0x7FF0000000000000 and tiny == 0
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _abs_bits(x: float) -> int:
     """|x| as float64 bits: non-negative floats order as their bit patterns (NaN's above infinity's), and
@@ -177,88 +201,43 @@ def _abs_bits(x: float) -> int:
     return np.float64(abs(np.float64(x))).view(np.int64)
 
 
-def _block_max(a: np.ndarray, out: np.ndarray) -> bool:
-    """out[n, i, kb] = max |a[n, i, k]| over the block kb of k; whether every value was finite."""
-    top = 0
-    for n in range(a.shape[0]):
-        lines, transposed = _lines(a, n)
-        top = max(top, (_block_max_t if transposed else _block_max_rows)(lines, out[n]))
-    return top < 0x7FF0000000000000
+@njit(cache=True, nogil=True, inline="always")
+def _is_tiny(x: float) -> int:
+    return (x != 0) & (abs(np.float64(x)) < _TINY_LINE)
 
 
 @njit(cache=True, nogil=True)
-def _block_max_rows(a: np.ndarray, out: np.ndarray) -> int:
-    top = 0
-    for i in range(a.shape[0]):
+def _block_norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+    top, tiny = 0, 0
+    for i in range(x.shape[0]):
         for kb in range(out.shape[1]):
-            m = 0
-            for k in range(kb * BLOCK, min(kb * BLOCK + BLOCK, a.shape[1])):
-                m = max(m, _abs_bits(a[i, k]))
-            out[i, kb] = np.int64(m).view(np.float64)
-            top = max(top, m)
-    return top
+            sq, m, t = 0.0, 0, 0
+            for k in range(kb * BLOCK, min(kb * BLOCK + BLOCK, x.shape[1])):
+                v = np.float64(x[i, k])
+                sq += v * v
+                m = max(m, _abs_bits(v))
+                t += _is_tiny(v)
+            out[i, kb] = math.sqrt(sq)
+            top, tiny = max(top, m), tiny + t
+    return top, tiny
 
 
 @njit(cache=True, nogil=True)
-def _block_max_t(at: np.ndarray, out: np.ndarray) -> int:
-    # at[k, i]: a line's values run down a column, so all lines advance together, one row of at at a time
-    top = 0
-    m = np.zeros(at.shape[1], np.int64)
+def _block_norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+    # xt[k, i]: a line's values run down a column, so all lines advance together, one row of xt at a time
+    top, tiny = 0, 0
+    sq = np.zeros(xt.shape[1])
     for kb in range(out.shape[1]):
-        m[:] = 0
-        for k in range(kb * BLOCK, min(kb * BLOCK + BLOCK, at.shape[0])):
-            for i in range(at.shape[1]):
-                m[i] = max(m[i], _abs_bits(at[k, i]))
-        for i in range(at.shape[1]):
-            out[i, kb] = np.int64(m[i]).view(np.float64)
-            top = max(top, m[i])
-    return top
-
-
-def _block_sum(b: np.ndarray, out: np.ndarray) -> bool:
-    """out[n, kb, j] = sum |b[n, k, j]| over the block kb of k (out zeroed by the caller); whether every sum
-    is finite. Any order of a block's additions is covered by the slack of U (see the module docstring)."""
-    for n in range(b.shape[0]):
-        cols, transposed = _lines(b.transpose(0, 2, 1), n)  # a line per column j of b
-        (_block_sum_kn if transposed else _block_sum_nk)(cols, out[n])
-    return _all_finite(out.reshape(-1))
-
-
-@njit(cache=True, nogil=True)
-def _block_sum_kn(b: np.ndarray, out: np.ndarray) -> None:
-    # b[k, j] row-major: every column's sum advances together, one row at a time
-    for k in range(b.shape[0]):
-        for j in range(b.shape[1]):
-            out[k // BLOCK, j] += abs(np.float64(b[k, j]))
-
-
-@njit(cache=True, nogil=True)
-def _block_sum_nk(bt: np.ndarray, out: np.ndarray) -> None:
-    # bt[j, k]: each column contiguous; four interleaved partial sums per block (one chain of dependent
-    # additions would wait on each)
-    for j in range(bt.shape[0]):
-        for kb in range(out.shape[0]):
-            s0 = s1 = s2 = s3 = 0.0
-            start, stop = kb * BLOCK, min(kb * BLOCK + BLOCK, bt.shape[1])
-            k = start
-            while k + 4 <= stop:
-                s0 += abs(np.float64(bt[j, k]))
-                s1 += abs(np.float64(bt[j, k + 1]))
-                s2 += abs(np.float64(bt[j, k + 2]))
-                s3 += abs(np.float64(bt[j, k + 3]))
-                k += 4
-            while k < stop:
-                s0 += abs(np.float64(bt[j, k]))
-                k += 1
-            out[kb, j] = (s0 + s1) + (s2 + s3)
-
-
-@njit(cache=True, nogil=True)
-def _all_finite(x: np.ndarray) -> bool:
-    bad = 0
-    for v in x:
-        bad += not v - v == 0
-    return bad == 0
+        sq[:] = 0.0
+        for k in range(kb * BLOCK, min(kb * BLOCK + BLOCK, xt.shape[0])):
+            for i in range(xt.shape[1]):
+                v = np.float64(xt[k, i])
+                sq[i] += v * v
+                top = max(top, _abs_bits(v))
+                tiny += _is_tiny(v)
+        for i in range(xt.shape[1]):
+            out[i, kb] = math.sqrt(sq[i])
+    return top, tiny
 
 
 @njit(cache=True, nogil=True)

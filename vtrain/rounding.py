@@ -588,7 +588,7 @@ def active_rounding() -> RoundedExecution | None:
 
 
 def _prefilter(spec: OpSpec, args: tuple, kwargs: dict, floats: list) -> Prefilter | None:
-    """The op's block-maximum pre-filter (vtrain.blockbound), where it has one and it applies."""
+    """The op's block-norm pre-filter (vtrain.blockbound), where it has one and it applies."""
     return spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
 
 

@@ -31,8 +31,8 @@ def _operand(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, b
         x = -x.clamp_min(0)
         if x.dim() > 1:
             x[..., :3, :] = 0
-    elif kind == "flat":  # one magnitude: block maxima equal every value, so U is as tight as E and any
-        x = torch.where(x < 0, -1.0, 1.0) * 0.375  # term a kernel dropped would show
+    elif kind == "flat":  # one magnitude: the products of block norms equal the block sums, so U is as
+        x = torch.where(x < 0, -1.0, 1.0) * 0.375  # tight as E and any term a kernel dropped would show
     elif kind == "tiny":  # float32 products underflow
         x = x * 2.0**-70
     elif kind == "huge":
@@ -118,7 +118,7 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     assert blockbound.UPPERS[aten.addmm.default]((bias, a, b.contiguous()), {}, [a @ b]) is None
     short = a[:, :blockbound.BLOCK * 4 - 1]
     assert upper((short, b[:short.shape[1]]), {}, [short @ b[:short.shape[1]]]) is None  # K < 4 blocks
-    for bad in (float("inf"), float("nan"), 2.0**500):
+    for bad in (float("inf"), float("nan"), 2.0**500, 2.0**-600):  # (a square of 2^-600 underflows)
         b2 = b.clone(memory_format=torch.preserve_format)
         b2[5, 7] = bad
         assert upper((a, b2), {}, [a @ b2]) is None, bad
