@@ -88,18 +88,18 @@ def encode_state(step: int, tensors: dict[str, torch.Tensor]) -> bytes:
     # Written into one buffer by a compiled pass per tensor that narrows to FP32 and checks as it goes:
     # torch's cast, finiteness and round-trip checks, tobytes and join took ~150 ms a step on a 4.3M-
     # parameter Adam state (13M values), as long as the step itself.
-    head = [_HEADER.pack(MAGIC, VERSION, step, len(tensors))]
+    head = _HEADER.pack(MAGIC, VERSION, step, len(tensors))
     entries = []
     for name in sorted(tensors):
         t = tensors[name]
         if t.dtype not in _DTYPES:
             raise StateError(f"state entry {name} has dtype {t.dtype}; only float64/float32 are supported")
         nb = name.encode()
-        entries.append((name, t.detach().to("cpu").contiguous().reshape(-1),
+        entries.append((name, t.detach().to("cpu").resolve_neg().contiguous().reshape(-1),
                         struct.pack(f">H{len(nb)}sBB{t.dim()}I", len(nb), nb, _DTYPES[t.dtype], t.dim(), *t.shape)))
-    out = np.empty(len(head[0]) + sum(len(h) + 4 * v.numel() for _, v, h in entries), dtype=np.uint8)
-    out[:len(head[0])] = np.frombuffer(head[0], dtype=np.uint8)
-    pos = len(head[0])
+    out = np.empty(len(head) + sum(len(h) + 4 * v.numel() for _, v, h in entries), dtype=np.uint8)
+    out[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+    pos = len(head)
     for name, values, header in entries:
         out[pos:pos + len(header)] = np.frombuffer(header, dtype=np.uint8)
         pos += len(header)
