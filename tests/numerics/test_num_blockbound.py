@@ -54,6 +54,8 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
         ("mm-weight-grad", aten.mm.default, (op((200, 24)).T, op((200, 20))), {}),
         ("mm-input-grad", aten.mm.default, (a, op((200, 20))), {}),
         ("mm-k-not-blocks", aten.mm.default, (op((24, 150)), op((20, 150)).T), {}),
+        # views of wider tensors: neither orientation contiguous, the kernels read contiguous copies
+        ("mm-sliced", aten.mm.default, (op((24, 300))[:, :200], op((20, 300))[:, 50:250].T), {}),
         ("addmm", aten.addmm.default, (bias, a, b), {}),
         ("addmm-scaled", aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 3.0}),
         ("addmm-bias-only", aten.addmm.default, (bias, a, b), {"beta": 2.0, "alpha": 0.0}),
