@@ -22,10 +22,10 @@ candidates grow by that much, still ~0.1 % of the outputs. E is then gathered in
 b's columns are contiguous (x @ W^T) each position's dot runs on its own, ~1 ns a term. Where they are
 strided (g @ W, g^T @ x) a column per position would cost a cache miss per term, so all positions advance
 together, one row of b at a time (`_abs_dots_by_rows`): on the 2048-wide MLP's g @ W, 26 against 65 ms for
-4,000 positions; four rows a pass then made it 16 against 22 ms for 7,160. A weight
-gradient's U alone would be useless: where products vanish pairwise (a relu unit's activations and
-another's gradients nonzero on disjoint samples) a block mixes them, and U exceeds E by orders of
-magnitude at a few percent of the elements. But those sums have no nonzero term at all, so bitsets of
+4,000 positions; four rows a pass then made it 16 against 22 ms for 7,160. A weight gradient's U alone
+would be useless: where products vanish pairwise (a relu unit's activations and another's gradients
+nonzero on disjoint samples) a block mixes them, and U exceeds E by orders of magnitude at a few percent
+of the elements. But those sums have no nonzero term at all, so bitsets of
 each row's and column's nonzeros (`Prefilter.nonzero`) drop them before E is gathered, leaving about as
 many candidates as E itself. On the input gradient g @ W the pre-filter replaced a 97 ms full bound by
 U and the gathers, 36 ms (2048-wide MLP, batch 512, in the engine).

@@ -37,7 +37,7 @@ import numpy as np
 from numba import njit
 
 from vtrain import exactmath
-from vtrain.grid import check_bits
+from vtrain.grid import check_bits, grid_max
 
 ENABLED = True  # tests turn it off to compare against the reference path
 
@@ -360,7 +360,7 @@ def _run(ag: np.ndarray, ashort: np.ndarray, ia: np.ndarray, bg: np.ndarray, bsh
          ib: np.ndarray, ex: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     out = np.zeros(ia.size)
     flag = np.zeros(ia.size, dtype=np.bool_)
-    _dots(ag, ashort, bg, bshort, ia, ib, ex, m, (2.0 - 2.0**-m) * 2.0**127, out, flag)
+    _dots(ag, ashort, bg, bshort, ia, ib, ex, m, grid_max(m + 9), out, flag)
     return out, flag
 
 

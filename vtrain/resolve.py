@@ -131,13 +131,15 @@ def _rounded_dots(a: torch.Tensor, b: torch.Tensor, bits: int, extra: torch.Tens
     return dots(a2, b2, bits, extra=None if extra is None else _np(extra))
 
 
-def _view(t: torch.Tensor) -> np.ndarray | None:
-    """A numpy view (shared memory, t's strides) of a CPU float32/float64 tensor for vtrain.exactdot, or None
-    when the kernel cannot read it in place (other devices and dtypes, lazy negation): the torch path then."""
-    if not (exactdot.ENABLED and t.device.type == "cpu" and t.dtype in (torch.float64, torch.float32)) \
-            or t.is_neg() or t.is_conj():
-        return None
-    return t.detach().numpy()
+def _views(*ts: torch.Tensor) -> tuple[np.ndarray, ...] | None:
+    """Numpy views (shared memory, the tensors' strides) of CPU float32/float64 tensors for vtrain.exactdot,
+    or None when the kernel cannot read one of them in place (other devices and dtypes, lazy negation): the
+    torch path then."""
+    for t in ts:
+        if not (exactdot.ENABLED and t.device.type == "cpu" and t.dtype in (torch.float64, torch.float32)) \
+                or t.is_neg() or t.is_conj():
+            return None
+    return tuple(t.detach().numpy() for t in ts)
 
 
 def _dots_at(a: np.ndarray, b: np.ndarray, shape: tuple[int, int, int], ps: np.ndarray, bits: int,
@@ -159,8 +161,9 @@ def _rounded_sums(x: torch.Tensor, bits: int, divisor: Any = None) -> np.ndarray
 
 def _mm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
     a, b = args[0], args[1]
-    av, bv = _view(a), _view(b)
-    if av is not None and bv is not None:
+    views = _views(a, b)
+    if views is not None:
+        av, bv = views
         shape = (1, a.shape[0], b.shape[1])
         return _chunked(pos, a.shape[1], lambda ps: _dots_at(av[None], bv[None], shape, ps, bits))
 
@@ -173,8 +176,9 @@ def _mm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.nda
 
 def _bmm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
     a, b = args[0], args[1]
-    av, bv = _view(a), _view(b)
-    if av is not None and bv is not None:
+    views = _views(a, b)
+    if views is not None:
+        av, bv = views
         shape = (a.shape[0], a.shape[1], b.shape[2])
         return _chunked(pos, a.shape[2], lambda ps: _dots_at(av, bv, shape, ps, bits))
 
@@ -186,8 +190,9 @@ def _bmm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.nd
 
 
 def _dot(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
-    av, bv = _view(args[0]), _view(args[1])
-    if av is not None and bv is not None:  # (1, 1, K) @ (1, K, 1)
+    views = _views(args[0], args[1])
+    if views is not None:  # (1, 1, K) @ (1, K, 1)
+        av, bv = views
         first = np.zeros(1, np.int64)
         return np.full(len(pos), _dots_at(av[None, None], bv[None, :, None], (1, 1, 1), first, bits)[0])
     return np.full(len(pos), _rounded_dots(args[0][None], args[1][None], bits)[0])
@@ -195,8 +200,9 @@ def _dot(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.nd
 
 def _mv(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
     a, x = args[0], args[1]
-    av, xv = _view(a), _view(x)
-    if av is not None and xv is not None:  # (1, R, K) @ (1, K, 1)
+    views = _views(a, x)
+    if views is not None:  # (1, R, K) @ (1, K, 1)
+        av, xv = views
         shape = (1, a.shape[0], 1)
         return _chunked(pos, a.shape[1], lambda ps: _dots_at(av[None], xv[None, :, None], shape, ps, bits))
 
@@ -211,8 +217,9 @@ def _addmm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.
     kw = _bind(aten.addmm.default, args, kwargs)
     bias, a, b, beta, alpha = kw["self"], kw["mat1"], kw["mat2"], kw["beta"], kw["alpha"]
     shape = (a.shape[0], b.shape[1])
-    av, bv = _view(a), _view(b)
-    if av is not None and bv is not None and alpha == 1 and beta == 1:  # the bias is an exact addend
+    views = _views(a, b) if alpha == 1 and beta == 1 else None  # then the bias is an exact addend
+    if views is not None:
+        av, bv = views
         return _chunked(pos, a.shape[1], lambda ps: _dots_at(av[None], bv[None], (1, *shape), ps, bits,
                                                              extra=_at(bias.expand(shape), ps)))
 
