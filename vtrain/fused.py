@@ -64,8 +64,11 @@ def _layout(a: np.ndarray) -> tuple[np.ndarray, int, int, int]:
 def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
     """out = v rounded onto the grid with m mantissa bits (out may be v). Returns the first position whose
     value is NaN, infinite or rounds beyond `limit` (the largest grid value), or -1."""
+    cast32 = m == 23 and v.dtype == np.float64
+    if out.ctypes.data == v.ctypes.data:
+        return _round_in_place(v, m, cast32, limit, POW2)
     vi, mant, emask, bias = _layout(v)
-    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, POW2)
+    return _round_into(v, vi, mant, emask, bias, out, m, cast32, limit, POW2)
 
 
 def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
@@ -80,6 +83,13 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
     vi, mant, emask, bias = _layout(v)
     oi = _layout(out)[0]
     return _round_near(v, vi, mant, emask, bias, e, factor, m, False, limit, out, oi, cand, POW2)
+
+
+def round_near_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray, factor: float,
+                     limit: float, out: np.ndarray, cand: np.ndarray) -> tuple[int, int]:
+    """`round_near` for float64 work at bits = 32 with the band e = rows[n, i] * cols[n, j] + add[n, j] over
+    v of shape (B, M, N), flat (float64 rows (B, M), cols and add (B, N)), computed as it goes."""
+    return _round_near32_outer(v, rows, cols, add, factor, limit, out, cand)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -121,6 +131,22 @@ def _round_into(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int,
         nbad += not abs(r) <= limit
         out[i] = r
     return _first_bad(out, limit) if nbad else -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_in_place(v: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    # `_round_into` with out = v. Written to v through a second array (or read through an integer view of
+    # v), LLVM cannot rule out a loop-carried overlap and runs the loop scalar: 2.5x slower on 4M values.
+    # One array and the exponent from the value's own bits (float64's layout: a float32 value widens
+    # exactly, with the same exponent) let it vectorise.
+    nbad = 0
+    for i in range(v.size):
+        x = v[i]
+        r = _grid_round(x, 0 if cast32 else _exponent(np.float64(x).view(np.int64), 52, 0x7FF, 1023), m, cast32,
+                        pow2)
+        nbad += not abs(r) <= limit
+        v[i] = r
+    return _first_bad(v, limit) if nbad else -1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -168,38 +194,82 @@ NEAR_BLOCK = 512
 def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out: np.ndarray,
                   cand: np.ndarray) -> tuple[int, int]:
     # `_round_near` for float64 work at bits = 32, the trainer's common case, where every output of a large
-    # step passes. The same operations on the same values, arranged so that LLVM vectorises the pass: r's
-    # bits from a register, half the spacing built from them as a float64 without branches, the test's
-    # results per block of NEAR_BLOCK values in a buffer that only blocks with a candidate scan (candidates
-    # are ~0.1 % of the values), off-grid values counted and found afterwards (as `_round_into`). 1.7-2.5
-    # against 4.2-5.5 ns a value on 4M values with and without a per-element band.
-    count = nflag = nbad = 0
+    # step passes. The same operations on the same values, arranged so that LLVM vectorises the pass (see
+    # `_near_block32`), by blocks of NEAR_BLOCK values. 1.7-2.5 against 4.2-5.5 ns a value on 4M values
+    # with and without a per-element band.
+    count = nbad = 0
     flags = np.empty(NEAR_BLOCK, np.bool_)
     fill = np.full(NEAR_BLOCK, e[0])  # one band for all: read like a per-element one, with no branch
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
-        vb, ob = v[start:stop], out[start:stop]
         eb = fill if e.size == 1 else e[start:stop]
-        for j in range(stop - start):
-            x = vb[j]
-            r = np.float64(np.float32(x))
-            ob[j] = r
-            rb = r.view(np.int64)
-            exp = ((rb >> 52) & 0x7FF) - 1023
-            # half the spacing below r (as `_round_near`): one binade lower at a power of two above the
-            # uniform range, i.e. max(exp - 1, _EMIN) there, and max(exp, _EMIN) otherwise
-            below = max(exp - ((rb & 0xFFFFFFFFFFFFF) == 0), _EMIN)
-            half = np.int64((below - 24 + 1023) << 52).view(np.float64)  # 2^(below - 24), below - 24 >= -150
-            near = (abs(x - r) + eb[j] * factor >= half) & (below <= _EMAX)  # off the grid: flagged below
-            flags[j] = near
-            nflag += near
-            nbad += not abs(r) <= limit
+        nflag, bad = _near_block32(v[start:stop], eb, factor, limit, out[start:stop], flags)
+        nbad += bad
         if nflag:
-            nflag = 0
-            for j in range(stop - start):
-                cand[count] = start + j
-                count += flags[j]
+            count = _gather_flags(flags, stop - start, start, cand, count)
     return count, _first_bad(out, limit) if nbad else -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray, factor: float,
+                        limit: float, out: np.ndarray, cand: np.ndarray) -> tuple[int, int]:
+    # `_round_near32` for v of shape (B, M, N) (flat) and the band e[n, i, j] = rows[n, i] * cols[n, j] +
+    # add[n, j] (float64, two roundings), built a block at a time in a buffer that stays in cache: a matmul's
+    # pre-filter (vtrain.prefilter) with no U in memory.
+    m, n_cols = rows.shape[1], cols.shape[1]
+    count = nbad = 0
+    flags = np.empty(NEAR_BLOCK, np.bool_)
+    eb = np.empty(NEAR_BLOCK)
+    for n in range(rows.shape[0]):
+        cn, an = cols[n], add[n]
+        for i in range(m):
+            ri = rows[n, i]
+            row = (n * m + i) * n_cols
+            for start in range(0, n_cols, NEAR_BLOCK):
+                stop = min(start + NEAR_BLOCK, n_cols)
+                for j in range(stop - start):
+                    eb[j] = ri * cn[start + j] + an[start + j]
+                nflag, bad = _near_block32(v[row + start:row + stop], eb, factor, limit, out[row + start:row + stop],
+                                           flags)
+                nbad += bad
+                if nflag:
+                    count = _gather_flags(flags, stop - start, row + start, cand, count)
+    return count, _first_bad(out, limit) if nbad else -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _near_block32(vb: np.ndarray, eb: np.ndarray, factor: float, limit: float, ob: np.ndarray,
+                  flags: np.ndarray) -> tuple[int, int]:
+    """ob = vb rounded (bits = 32), flags = the candidate test against the band eb * factor; (the number of
+    candidates, the number of off-grid values). Branch-free, so that LLVM vectorises it: r's bits from a
+    register, half the spacing built from them as a float64, off-grid values counted (their first position
+    is found afterwards, as in `_round_into`)."""
+    nflag = nbad = 0
+    for j in range(vb.size):
+        x = vb[j]
+        r = np.float64(np.float32(x))
+        ob[j] = r
+        rb = r.view(np.int64)
+        exp = ((rb >> 52) & 0x7FF) - 1023
+        # half the spacing below r (as `_round_near`): one binade lower at a power of two above the
+        # uniform range, i.e. max(exp - 1, _EMIN) there, and max(exp, _EMIN) otherwise
+        below = max(exp - ((rb & 0xFFFFFFFFFFFFF) == 0), _EMIN)
+        half = np.int64((below - 24 + 1023) << 52).view(np.float64)  # 2^(below - 24), below - 24 >= -150
+        near = (abs(x - r) + eb[j] * factor >= half) & (below <= _EMAX)  # off the grid: flagged below
+        flags[j] = near
+        nflag += near
+        nbad += not abs(r) <= limit
+    return nflag, nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _gather_flags(flags: np.ndarray, size: int, offset: int, cand: np.ndarray, count: int) -> int:
+    """Append offset + j for the flagged j < size to cand[:count]; the new count. (Only blocks with a
+    candidate scan their flags: candidates are ~0.1 % of the values.)"""
+    for j in range(size):
+        cand[count] = offset + j
+        count += flags[j]
+    return count
 
 
 def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from vtrain.blockbound import BOUNDS_AT, UPPERS, Upper
+from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
 from vtrain.bounds import BOUNDS, Bound, PositionBound
 from vtrain.errors import VtrainError
 
@@ -65,7 +65,7 @@ class OpSpec:
     functional: Any = None  # class 3 in-place ops: the out-of-place overload actually computed
     bound: Bound | None = None  # class 3: the error bound of vtrain.bounds
     bound_at: PositionBound | None = None  # class 3 matmuls: `bound` at given flat positions only
-    bound_upper: Upper | None = None  # class 3 matmuls: a cheap upper bound of `bound` (vtrain.blockbound)
+    bound_upper: Upper | None = None  # class 3 matmuls: a cheap upper bound of `bound` (vtrain.prefilter)
     decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
 
 

@@ -49,7 +49,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from vtrain.blockbound import Prefilter, gather_pays
+from vtrain import spare
+from vtrain.prefilter import Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
@@ -224,7 +225,7 @@ class RoundedExecution(TorchDispatchMode):
             return t
         self._counts["rounded"] += t.numel()
         if t.numel() and self._fused.usable(t):
-            out = torch.empty_like(t)
+            out = spare.take(t)
             if self._fused.round_into(self._fused.flat(t), self._fused.flat(out), self.bits - 9, self._limit) < 0:
                 return out
             # out of range: the torch path below raises the error that names the value
@@ -308,6 +309,7 @@ class RoundedExecution(TorchDispatchMode):
                         bound_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i, full=bounds)
                     r = self._apply_entries(entry, spec.name, v, r, bound_at)
             outs[i] = r
+        _release(floats, outs, args)
         if spec.inplace:
             args[0].copy_(outs[0])
             return args[0]
@@ -376,6 +378,7 @@ class RoundedExecution(TorchDispatchMode):
                     r.view(-1)[pos] = torch.from_numpy(values).to(device=r.device, dtype=r.dtype)
                 self._exact_seconds += time.perf_counter() - start
             outs[i] = r.add_(0.0) if r.numel() else r  # -0 + 0 = +0: one zero for every summation order
+        _release(floats, outs, args)
         if spec.inplace:
             args[0].copy_(outs[0])
             return args[0]
@@ -399,8 +402,8 @@ class RoundedExecution(TorchDispatchMode):
             return None
         if bounds is None:
             pre = _prefilter(spec, args, kwargs, floats)
-            if pre is not None:  # the pre-filter of vtrain.blockbound
-                out, cand, bad = self._kernel_near(v, pre.upper, factor)
+            if pre is not None:  # the matmul pre-filter (vtrain.prefilter)
+                out, cand, bad = self._kernel_near(v, pre, factor)
                 if bad >= 0:
                     return None
                 self._counts["rounded"] += v.numel()
@@ -408,7 +411,7 @@ class RoundedExecution(TorchDispatchMode):
             bounds = spec.bound(args, kwargs, floats)
         e, m = bounds[i], self.bits - 9
         if e is None:
-            out = torch.empty_like(v)
+            out = spare.take(v)
             if fused.round_into(fused.flat(v), fused.flat(out), m, self._limit) >= 0:
                 return None
             self._counts["rounded"] += v.numel()
@@ -425,10 +428,17 @@ class RoundedExecution(TorchDispatchMode):
         e_cand = torch.from_numpy(fused.flat(e)[cand]) if e.numel() > 1 else e.expand(cand.size)
         return out, torch.from_numpy(cand), e_cand, bounds
 
-    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor, factor: float) -> tuple[torch.Tensor, np.ndarray, int]:
+    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor | Prefilter,
+                     factor: float) -> tuple[torch.Tensor, np.ndarray, int]:
         """(v rounded, the candidate positions for a band of factor * e, the first bad position or -1)."""
-        fused, out = self._fused, torch.empty_like(v)
+        fused, out = self._fused, spare.take(v)
         cand = np.empty(v.numel(), dtype=np.int64)
+        if isinstance(e, Prefilter):
+            if v.dtype is torch.float64 and self.bits == 32:  # the kernel builds U as it goes
+                count, bad = fused.round_near_outer(fused.flat(v), e.rows, e.cols, e.add, factor, self._limit,
+                                                    fused.flat(out), cand)
+                return out, cand[:count].copy(), bad
+            e = e.upper()
         count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, self.bits - 9, self._limit,
                                       fused.flat(out), cand)
         return out, cand[:count].copy(), bad
@@ -445,14 +455,13 @@ class RoundedExecution(TorchDispatchMode):
         """(candidate positions for a band of factor * E, E at them (None: no bound), the op's bounds).
 
         E is computed everywhere, once per op call, except for large matmuls: there the pre-filter of
-        vtrain.blockbound finds the candidates and E is taken at them only (`_settle`). (A Cauchy-Schwarz
-        pre-filter was measured slower, twice: the exact ties of quantised and few-term sums are candidates
-        whatever the bound, and relu-sparse operands make it loose by 10^3 on weight gradients.)"""
+        vtrain.prefilter finds the candidates and E is taken at them only (`_settle`). (Small matmuls keep
+        the full bound: the exact ties of quantised and few-term sums are candidates whatever the bound.)"""
         v = floats[i]
         if bounds is None:
             pre = _prefilter(spec, args, kwargs, floats)
             if pre is not None:
-                cand = self._candidates(v, r, pre.upper.reshape(-1) * factor)
+                cand = self._candidates(v, r, pre.upper().reshape(-1) * factor)
                 return self._settle(spec, args, kwargs, floats, i, cand, pre)
             bounds = spec.bound(args, kwargs, floats)
         if bounds[i] is None:
@@ -464,7 +473,7 @@ class RoundedExecution(TorchDispatchMode):
     def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, cand: torch.Tensor,
                 pre: Prefilter) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """(the pre-filter's candidates, E at them, the full bounds or None). Candidates whose sum has no
-        nonzero term are dropped (E could not make them candidates, see blockbound.Prefilter); E at the
+        nonzero term are dropped (E could not make them candidates, see prefilter.Prefilter); E at the
         others is gathered where that pays, else taken from the full bound. Either way the decisions that
         follow (which candidates lie within the band) use E itself; U only chose where to look."""
         if pre.nonzero is not None and cand.numel():
@@ -588,7 +597,7 @@ def active_rounding() -> RoundedExecution | None:
 
 
 def _prefilter(spec: OpSpec, args: tuple, kwargs: dict, floats: list) -> Prefilter | None:
-    """The op's block-norm pre-filter (vtrain.blockbound), where it has one and it applies."""
+    """The op's line-norm pre-filter (vtrain.prefilter), where it has one and it applies."""
     return spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
 
 
@@ -598,6 +607,13 @@ def _at(t: torch.Tensor, idx: np.ndarray) -> np.ndarray:
     if t.is_cpu and t.is_contiguous():
         return t.view(-1).numpy()[idx]
     return t.reshape(-1)[torch.from_numpy(idx).to(t.device)].cpu().numpy()
+
+
+def _release(floats: list, outs: list, args: tuple) -> None:
+    """Hand the device's unrounded outputs, now replaced by their roundings, to vtrain.spare."""
+    for v, r in zip(floats, outs):
+        if v is not None and r is not v and not any(v is a for a in args):
+            spare.give(v)
 
 
 def _outputs(out: Any) -> tuple[list, list]:

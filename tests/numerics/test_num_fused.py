@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from test_num_grid import _adversarial_fp64
-from vtrain import fused
+from vtrain import fused, spare
 from vtrain.devices import get_device
 from vtrain.grid import grid_max, round_unchecked
 from vtrain.rounding import RoundedExecution
@@ -44,6 +44,8 @@ def test_round_into_equals_the_torch_rounding_bit_for_bit(bits: int, dtype: np.d
     assert fused.round_into(x, out, bits - 9, grid_max(bits)) == -1
     want = round_unchecked(torch.from_numpy(x), bits).numpy()
     assert np.array_equal(out.view(np.uint8), want.view(np.uint8))  # -0.0 stays -0.0 too
+    assert fused.round_into(x, x, bits - 9, grid_max(bits)) == -1  # in place: its own kernel
+    assert np.array_equal(x.view(np.uint8), want.view(np.uint8))
 
 
 @pytest.mark.parametrize("bits", [19, 32])
@@ -53,6 +55,7 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
     for bad in (float("nan"), float("inf"), -float("inf"), beyond, -beyond, 2.0**130):
         x = np.array([1.0, top, -top, bad, 3.0, bad])
         assert fused.round_into(x, np.empty_like(x), bits - 9, top) == 3, bad
+        assert fused.round_into(y := x.copy(), y, bits - 9, top) == 3, bad  # in place
         e = np.zeros(1)
         count, first = fused.round_near(x, e, 1.0, bits - 9, top, np.empty_like(x), np.empty(6, np.int64))
         assert first == 3, bad
@@ -107,6 +110,35 @@ def test_sparse_candidates_are_all_found(bits: int) -> None:
     assert fused.round_into(x, out, bits - 9, grid_max(bits)) == 17_000
 
 
+@pytest.mark.parametrize("shape", [(1, 7, 1300), (3, 5, 512), (2, 40, 3)])
+def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, int]) -> None:
+    # The pre-filter's band built inside the kernel, rows[n, i] * cols[n, j] + add[n, j], against the same
+    # band in memory (Prefilter.upper's expression): the same bits, candidates and first off-grid value,
+    # across rows, batches and blocks of NEAR_BLOCK that end inside a row.
+    gen = np.random.default_rng(sum(shape))
+    v = _values(32, np.float64)
+    v = np.resize(v, math.prod(shape))
+    gen.shuffle(v)
+    scale = np.abs(v).reshape(shape).mean(axis=2).clip(1e-30) * 2.0**-24  # bands of about a spacing
+    rows = scale * gen.choice([0.0, 0.01, 0.3, 1.0], scale.shape)
+    cols = gen.choice([0.0, 0.1, 0.5, 1.0, 2.0], (shape[0], shape[2]))
+    add = gen.choice([0.0, 2.0**-1070, 1e-20], (shape[0], shape[2]))
+    e = (torch.from_numpy(rows)[:, :, None] * torch.from_numpy(cols)[:, None, :] + torch.from_numpy(add)[:, None, :])
+    top = grid_max(32)
+    for bad in (None, 17, v.size - 1):
+        x = v.copy()
+        if bad is not None:
+            x[bad] = np.inf
+        want_out, want_cand = np.empty_like(x), np.empty(x.size, np.int64)
+        want = fused.round_near(x, e.numpy().reshape(-1), 2.0, 23, top, want_out, want_cand)
+        out, cand = np.empty_like(x), np.empty(x.size, np.int64)
+        got = fused.round_near_outer(x, rows, cols, add, 2.0, top, out, cand)
+        assert got == want and got[1] == (-1 if bad is None else bad)
+        assert np.array_equal(out.view(np.int64), want_out.view(np.int64))
+        assert np.array_equal(cand[:got[0]], want_cand[:want[0]])
+        assert 0 < got[0] < x.size  # the bands leave both candidates and others
+
+
 @pytest.mark.parametrize("special", [None, float("nan"), float("inf"), -float("inf"), -1e300, 3.5e38, -1e-46])
 def test_abs32_gives_the_float32_magnitudes_and_their_largest(special: float | None) -> None:
     x = torch.from_numpy(np.random.default_rng(3).standard_normal(5000) * 1e3)
@@ -124,6 +156,7 @@ def test_abs32_gives_the_float32_magnitudes_and_their_largest(special: float | N
 
 def _run(spec_name: str, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr(fused, "ENABLED", fused_on)
+    monkeypatch.setattr(spare, "MIN_BYTES", 0)  # every device output's buffer is reused (vtrain.spare)
     spec = load_spec(EXAMPLES / spec_name)
     spec = dataclasses.replace(spec, steps=steps, warmup_steps=min(spec.warmup_steps, steps - 1))
     s = TrainingSession(spec, "cpu")

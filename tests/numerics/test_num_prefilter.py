@@ -1,4 +1,4 @@
-"""The trainer's matmul pre-filter (vtrain.blockbound): U bounds E everywhere, E gathered at positions is a
+"""The trainer's matmul pre-filter (vtrain.prefilter): U bounds E everywhere, E gathered at positions is a
 rigorous bound, and the engine logs and resolves exactly what the definition says whichever path it takes."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from vtrain import blockbound
+from vtrain import prefilter
 from vtrain.bounds import BOUNDS, gamma, unit_roundoff
 from vtrain.bounds import BOUNDS_AT as TORCH_BOUNDS_AT
 from vtrain.devices import get_device
@@ -53,7 +53,8 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
         ("mm", aten.mm.default, (a, b), {}),
         ("mm-weight-grad", aten.mm.default, (op((200, 24)).T, op((200, 20))), {}),
         ("mm-input-grad", aten.mm.default, (a, op((200, 20))), {}),
-        ("mm-k-not-blocks", aten.mm.default, (op((24, 150)), op((20, 150)).T), {}),
+        ("mm-k-odd", aten.mm.default, (op((24, 151)), op((20, 151)).T), {}),
+        ("mm-k-3", aten.mm.default, (op((24, 3)), op((20, 3)).T), {}),
         # views of wider tensors: neither orientation contiguous, the kernels read contiguous copies
         ("mm-sliced", aten.mm.default, (op((24, 300))[:, :200], op((20, 300))[:, 50:250].T), {}),
         ("addmm", aten.addmm.default, (bias, a, b), {}),
@@ -66,7 +67,7 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
 @pytest.fixture
 def everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small test operands take the pre-filter (and float64 work's float32 full bound)."""
-    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
+    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
     monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
 
 
@@ -77,9 +78,9 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
     gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}/{bits}".encode()))
     for name, func, args, kwargs in _cases(gen, dtype, bits, kind):
         v = func(*args, **kwargs)
-        pre = blockbound.UPPERS[func](args, kwargs, [v])
+        pre = prefilter.UPPERS[func](args, kwargs, [v])
         pos = torch.arange(v.numel())
-        gathered = blockbound.BOUNDS_AT[func](args, kwargs, [v], pos)
+        gathered = prefilter.BOUNDS_AT[func](args, kwargs, [v], pos)
         (full,) = BOUNDS[func](args, kwargs, [v])  # float64 work: its float32 path (see the fixture)
         monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 40)
         (full64,) = BOUNDS[func](args, kwargs, [v])
@@ -87,13 +88,13 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
         if pre is None:  # only near float32 overflow (sums of 2^120 products), where the full bound may be
             assert kind == "huge" and dtype == torch.float32, name  # infinite, which no finite U covers
             continue
-        upper = pre.upper
+        upper = pre.upper()
         assert upper.dtype == v.dtype and upper.shape == v.shape, name
         u = upper.reshape(-1)
         for e in (gathered, full.reshape(-1), full64.reshape(-1)):
             assert (u >= e).all(), (name, kind, float((e - u).max()))
-        if kind == "normal":  # and not uselessly loose: within BLOCK of E
-            assert (u <= gathered * blockbound.BLOCK).all(), name
+        if kind == "normal":  # and not uselessly loose (Cauchy-Schwarz on Gaussian lines: ~1.6x typically)
+            assert torch.median(u / gathered) <= 2.5, name
         # the nonzero-term filter, against its definition (sums with an addend have none, nor g @ W)
         assert (pre.nonzero is None) == (func is aten.addmm.default or name == "mm-input-grad"), name
         if pre.nonzero is not None:
@@ -107,19 +108,17 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(64, 256, generator=gen, dtype=torch.float64)
     b = torch.randn(64, 256, generator=gen, dtype=torch.float64).T
-    upper = blockbound.UPPERS[aten.mm.default]
+    upper = prefilter.UPPERS[aten.mm.default]
     assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
-    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
+    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
     assert upper((a, b), {}, [a @ b]) is not None
     # x @ W^T, g^T @ x and g @ W take it, not a left operand strided along K with an addend
     assert upper((a, b.contiguous()), {}, [a @ b]) is not None
     wa, wb = a.T.contiguous().T, b.contiguous()
     assert upper((wa, wb), {}, [wa @ wb]) is not None
     bias = torch.zeros(64, dtype=torch.float64)
-    assert blockbound.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None
-    assert blockbound.UPPERS[aten.addmm.default]((bias, a, b.contiguous()), {}, [a @ b]) is None
-    short = a[:, :blockbound.BLOCK * 4 - 1]
-    assert upper((short, b[:short.shape[1]]), {}, [short @ b[:short.shape[1]]]) is None  # K < 4 blocks
+    assert prefilter.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None
+    assert prefilter.UPPERS[aten.addmm.default]((bias, a, b.contiguous()), {}, [a @ b]) is None
     for bad in (float("inf"), float("nan"), 2.0**500, 2.0**-600):  # (a square of 2^-600 underflows)
         b2 = b.clone(memory_format=torch.preserve_format)
         b2[5, 7] = bad
@@ -133,7 +132,7 @@ def test_gathered_bound_is_rigorous_and_agrees_with_torch_gathering(dtype: torch
         v = func(*args, **kwargs)
         # every position, some twice, in a shuffled order
         pos = torch.cat([torch.randperm(v.numel(), generator=gen), torch.randint(v.numel(), (50,), generator=gen)])
-        got = blockbound.BOUNDS_AT[func](args, kwargs, [v], pos)
+        got = prefilter.BOUNDS_AT[func](args, kwargs, [v], pos)
         ref = TORCH_BOUNDS_AT[func](args, kwargs, [v], pos)
         assert got.dtype == v.dtype and got.shape == pos.shape
         k = args[-1].shape[-2] + (3 if func is aten.addmm.default else 0)
@@ -193,13 +192,13 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
         func, fn, args = aten.mm.default, torch.mm, (grad, args[2].T.contiguous())
     else:
         func, fn = aten.addmm.default, torch.addmm
-    assert blockbound.UPPERS[func](args, {}, [func(*args)]) is not None  # the case takes the pre-filter
-    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 1 << 60)
+    assert prefilter.UPPERS[func](args, {}, [func(*args)]) is not None  # the case takes the pre-filter
+    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 1 << 60)
     plain_out, plain = _record(fn, args, bits)  # no pre-filter: E everywhere
-    monkeypatch.setattr(blockbound, "MIN_PRODUCTS", 0)
-    monkeypatch.setattr(blockbound, "GATHER_COST", 1 << 60)
+    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
+    monkeypatch.setattr(prefilter, "GATHER_COST", 1 << 60)
     fallback_out, fallback = _record(fn, args, bits)  # U's candidates, E from the full bound
-    monkeypatch.setattr(blockbound, "GATHER_COST", 1)
+    monkeypatch.setattr(prefilter, "GATHER_COST", 1)
     gathered_out, gathered = _record(fn, args, bits)  # U's candidates, E gathered at them
     assert torch.equal(plain_out, fallback_out) and torch.equal(plain_out, gathered_out)
     (site,) = plain.log.sites
@@ -209,7 +208,7 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     # the gathered path: what the engine's own test logs with the gathered E at every position
     v = func(*args)
     everything = torch.arange(v.numel())
-    e = blockbound.BOUNDS_AT[func](args, {}, [v], everything)
+    e = prefilter.BOUNDS_AT[func](args, {}, [v], everything)
     want = gathered._find_entries(0, site.op, tuple(v.shape), v, gathered_out, everything, e * (2 * BAND_SLACK))
     (got,) = gathered.log.sites
     for field in ("dir_pos", "dir_up", "val_pos", "val"):
@@ -229,8 +228,8 @@ def test_exact_resolution_is_the_same_with_and_without_the_prefilter(everywhere:
     grad = _operand((160, 160), torch.Generator().manual_seed(29), dtype, bits, "relu")
     outs = {}
     for name, products, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
-        monkeypatch.setattr(blockbound, "MIN_PRODUCTS", products)
-        monkeypatch.setattr(blockbound, "GATHER_COST", cost)
+        monkeypatch.setattr(prefilter, "MIN_PRODUCTS", products)
+        monkeypatch.setattr(prefilter, "GATHER_COST", cost)
         fwd, rx = _record(torch.addmm, args, bits, "exact")
         wgrad, rx2 = _record(torch.mm, (grad.T, x), bits, "exact")
         outs[name] = (fwd, wgrad)

@@ -6,25 +6,28 @@ matmul as large as the op itself (in float32 for float64 work, still half its ti
 elements in a thousand lie anywhere near a boundary, and the auditor needs E only at its log's entries.
 So for large matmuls the engine filters twice:
 
-1. U >= E everywhere, from block norms: splitting the K terms into blocks of BLOCK, Cauchy-Schwarz per block
-       sum_k |a_ik| |b_kj|  <=  sum_blocks ||a_i,block||_2 ||b_block,j||_2,
-   one matmul BLOCK times smaller. The elements farther than factor * U from every boundary are
-   certainly farther than factor * E; the others are candidates.
+1. U >= E everywhere, from the operands' line norms (Cauchy-Schwarz):
+       sum_k |a_ik| |b_kj|  <=  ||a_i||_2 ||b_j||_2,
+   an outer product that the rounding kernel builds as it goes (`Prefilter`, fused.round_near_outer): no
+   matmul and no U in memory. The elements farther than factor * U from every boundary are certainly
+   farther than factor * E; the others are candidates.
 2. E at the candidates only (BOUNDS_AT here: K products per position in one compiled loop), or, where
    there are too many of them (`gather_pays`), from the full bound. Either way the engine then decides
    with E itself, exactly as it would with E computed everywhere.
 
 Where it pays (measured with the lead's A/B scripts and benchmarks/bench_rounding.py on MLPs of width
 1024 and 2048, whose three matmuls per layer are a linear layer's x @ W^T, g @ W and g^T @ x): U is loose
-by about sqrt(mean x^2 mean y^2) / (mean |x| mean |y|), ~2x on relu-masked Gaussian operands whatever the
-block size (block maxima times block sums, the first version, were 4-6x: 2x the candidates), so the
-candidates grow by that much, still ~0.1 % of the outputs. E is then gathered in one compiled loop. Where
+by about sqrt(mean x^2 mean y^2) / (mean |x| mean |y|), 1.6-2x on relu-masked Gaussian operands, so the
+candidates grow by that much, still ~0.1 % of the outputs. (Session 5's U, Cauchy-Schwarz per block of 32
+terms summed by a matmul, was as loose within 2 %, at 1,449 against 1,477 candidates on the 2048-wide
+forward, 3,108 against 3,144 on g @ W, and cost that matmul, a U in memory and its reading: 38 against 14
+ms a step.) E is then gathered in one compiled loop. Where
 b's columns are contiguous (x @ W^T) each position's dot runs on its own, ~1 ns a term. Where they are
 strided (g @ W, g^T @ x) a column per position would cost a cache miss per term, so all positions advance
 together, one row of b at a time (`_abs_dots_by_rows`): on the 2048-wide MLP's g @ W, 26 against 65 ms for
 4,000 positions; four rows a pass then made it 16 against 22 ms for 7,160. A weight gradient's U alone
 would be useless: where products vanish pairwise (a relu unit's activations and another's gradients
-nonzero on disjoint samples) a block mixes them, and U exceeds E by orders of magnitude at a few percent
+nonzero on disjoint samples) the norms mix them, and U exceeds E by orders of magnitude at a few percent
 of the elements. But those sums have no nonzero term at all, so bitsets of
 each row's and column's nonzeros (`Prefilter.nonzero`) drop them before E is gathered, leaving about as
 many candidates as E itself. On the input gradient g @ W the pre-filter replaced a 97 ms full bound by
@@ -35,11 +38,10 @@ inputs, so a run and its resumption decide alike.
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
 most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k smallest subnormals. U is
-computed in float64 (at most K/BLOCK + 2 BLOCK + 6 roundings of 2^-53 below the exact sum of norm
-products; a line with a nonzero value below 2^-500, whose square could underflow, leaves the op to the
+computed in float64 (at most K + 8 roundings of 2^-53 below the exact product of norms; a line with a nonzero value below 2^-500, whose square could underflow, leaves the op to the
 full bound) and carries, besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest
 subnormals of the work dtype.
-tests/numerics/test_num_blockbound.py checks U against both bounds on adversarial operands.
+tests/numerics/test_num_prefilter.py checks U against both bounds on adversarial operands.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ from vtrain.bounds import PositionBound, _finish, _mm_operands, _tiny, gamma, un
 
 aten = torch.ops.aten
 
-BLOCK = 32
 # Outputs x K below this: the full bound's extra matmul is cheap enough. (At 2^26, the 2048-wide MLP's first
 # weight gradient, 2048 x 64 outputs of K = 512, took U, the nonzero filter and then the full bound anyway, its
 # candidates too many to gather: 17 ms a step against 5 for the full bound alone.)
@@ -69,12 +70,24 @@ GATHER_COST = 128
 
 @dataclass(frozen=True)
 class Prefilter:
-    """U >= E over the whole output, and (for sums without an addend) which positions' sums have a nonzero
-    term: the others are exact zeros on every device, E there is k smallest subnormals, and no grid
-    boundary is within any band of them (the nearest, half FP32's smallest subnormal, is 2^-150)."""
+    """U >= E over the whole output (B, M, N), kept as its factors: U[n, i, j] = rows[n, i] * cols[n, j] +
+    add[n, j], float64, computed with those two roundings wherever it is used. And (for sums without an
+    addend) which positions' sums have a nonzero term: the others are exact zeros on every device, E there
+    is k smallest subnormals, and no grid boundary is within any band of them (the nearest, half FP32's
+    smallest subnormal, is 2^-150)."""
 
-    upper: torch.Tensor
+    rows: np.ndarray
+    cols: np.ndarray
+    add: np.ndarray
+    shape: torch.Size
+    dtype: torch.dtype
     nonzero: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def upper(self) -> torch.Tensor:
+        """U in the output's shape and dtype, for the filters that do not build it as they go. (float32
+        work: rounding U to float32 takes at most 2^-24 of its 2^-8 slack.)"""
+        rows, cols, add = (torch.from_numpy(x) for x in (self.rows, self.cols, self.add))
+        return (rows[:, :, None] * cols[:, None, :] + add[:, None, :]).to(self.dtype).view(self.shape)
 
 
 Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "Prefilter | None"]
@@ -83,18 +96,6 @@ Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "Prefilter | No
 def gather_pays(candidates: int, outputs: int) -> bool:
     """Whether gathering E at `candidates` of an op's `outputs` elements is cheaper than the full bound."""
     return candidates * GATHER_COST <= outputs
-
-
-_SCRATCH: list[torch.Tensor] = [torch.empty(0, dtype=torch.float64)]
-
-
-def _scratch(n: int) -> torch.Tensor:
-    """n float64 values of a buffer that outlives the call: a fresh tensor of tens of MB costs more in first-
-    touch page faults (~0.6 ms a MB measured here) than computing U. U is read once, by the caller's filter,
-    before the next op (rounded execution runs one op at a time per process)."""
-    if _SCRATCH[0].numel() < n:
-        _SCRATCH[0] = torch.empty(n, dtype=torch.float64)
-    return _SCRATCH[0][:n]
 
 
 def _matmul_upper(func: Any) -> Upper:
@@ -112,24 +113,19 @@ def _matmul_upper(func: Any) -> Upper:
         forward = a.stride(2) == 1 and b.stride(1) == 1
         weight_grad = bias is None and a.stride(2) != 1
         input_grad = bias is None and a.stride(2) == 1 and b.stride(1) != 1
-        if k < 4 * BLOCK or v.numel() * k < MIN_PRODUCTS or not v.is_cpu:
+        if v.numel() * k < MIN_PRODUCTS or not v.is_cpu:
             return None
         if not (forward or weight_grad or input_grad):
             return None
         u, kk = unit_roundoff(v.dtype), k + terms
         g = gamma(kk, u)
-        # Block norms of a's rows and b's columns, and one block more than K has: a column of ones for a and
-        # a row holding the addend and the floor for b, so that the matmul adds them (a separate pass over U
-        # cost ~1 ns an element).
-        blocks = -(-k // BLOCK)
-        anorm_ext = np.empty((a.shape[0], a.shape[1], blocks + 1))
-        bnorm_ext = np.empty((b.shape[0], b.shape[2], blocks + 1))  # b's columns as lines
-        anorm, bnorm = anorm_ext[..., :blocks], bnorm_ext[..., :blocks]
-        if not (_block_norms(_numpy(a), anorm) and _block_norms(_numpy(b.transpose(1, 2)), bnorm)):
+        rows = np.empty((a.shape[0], a.shape[1]))  # the norms of a's rows
+        cols = np.empty((b.shape[0], b.shape[2]))  # and of b's columns
+        if not (_line_norms(_numpy(a), rows) and _line_norms(_numpy(b.transpose(1, 2)), cols)):
             return None
-        a_max, b_max = anorm.max(), bnorm.max()
+        a_max, b_max = rows.max(), cols.max()
         largest = max(a_max, b_max)  # >= every |operand|
-        scale = a_max * b_max * (k // BLOCK + 1) * abs(alpha)  # >= every sum of |terms|
+        scale = a_max * b_max * (1 + 2.0**-8) * abs(alpha)  # >= every sum of |terms|
         bias_abs = None
         if bias is not None and beta != 0 and bias.numel():
             bias_abs = bias.abs().to(torch.float64).expand(b.shape[2])
@@ -143,23 +139,21 @@ def _matmul_upper(func: Any) -> Upper:
         # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k tiny) and the full bound's
         # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
         # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
-        # that U's candidates are a superset of either's. The factor goes into the (small) norms of a,
-        # the addend and the floor into the extra block.
+        # that U's candidates are a superset of either's. The factor goes into the (short) row norms, the
+        # addend and the floor into `add`.
         c = g * (1 + 2 * g + 2.0**-20)
         g32 = gamma(k + 4, 2.0**-24)
         factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
         floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
             + 8 * (kk + 1) * _tiny(v.dtype)
-        anorm *= factor * abs(alpha)
-        anorm_ext[..., blocks] = 1.0
-        bnorm_ext[..., blocks] = floor if bias_abs is None else (bias_abs * (abs(beta) * factor) + floor).numpy()
-        buffer = _scratch(v.numel()).view(anorm_ext.shape[0], anorm_ext.shape[1], -1)
-        s = torch.bmm(torch.from_numpy(anorm_ext), torch.from_numpy(bnorm_ext).transpose(1, 2), out=buffer)
-        s = s.view(v.shape)
-        # (float32 work: rounding U to float32 takes at most 2^-24 of the 2^-8 slack.) No nonzero-term filter
-        # for an input gradient: its W is dense, so the filter would drop nothing, and its bitsets would read
-        # W down its strided columns.
-        return Prefilter(s.to(v.dtype), _nonzero_terms(a, b) if bias is None and not input_grad else None)
+        rows *= factor * abs(alpha)
+        add = np.full(cols.shape, floor)
+        if bias_abs is not None:
+            add += (bias_abs * (abs(beta) * factor)).numpy()
+        # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and
+        # its bitsets would read W down its strided columns.
+        return Prefilter(rows, cols, add, v.shape, v.dtype,
+                         _nonzero_terms(a, b) if bias is None and not input_grad else None)
 
     return upper
 
@@ -182,14 +176,13 @@ def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
 _TINY_LINE = 2.0**-500
 
 
-def _block_norms(x: np.ndarray, out: np.ndarray) -> bool:
-    """out[n, i, kb] = the Euclidean norm of x[n, i, k] over the block kb of k, for x's lines i (computed in
-    float64, so at most BLOCK + 2 roundings of 2^-53 below the exact norm); whether every value was finite
-    and none below _TINY_LINE but zero."""
+def _line_norms(x: np.ndarray, out: np.ndarray) -> bool:
+    """out[n, i] = the Euclidean norm of x[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
+    2^-53 below the exact norm); whether every value was finite and none below _TINY_LINE but zero."""
     top, tiny = 0, 0
     for n in range(x.shape[0]):
         lines, transposed = _lines(x, n)
-        t, s = (_block_norms_t if transposed else _block_norms_rows)(lines, out[n])
+        t, s = (_norms_t if transposed else _norms_rows)(lines, out[n])
         top, tiny = max(top, t), tiny + s
     return top < 0x7FF0000000000000 and tiny == 0
 
@@ -207,10 +200,10 @@ def _is_tiny(x: float) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _block_norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
     # Per line, the largest magnitude and the tiny values in one pass (integer reductions: vectorised), then
-    # each block's sum of squares in four interleaved partial sums (one chain of dependent additions would
-    # wait on each): 2.6x faster than one loop doing all three.
+    # the sum of squares in four interleaved partial sums (one chain of dependent additions would wait on
+    # each): 2.6x faster than one loop doing all three.
     top, tiny = 0, 0
     for i in range(x.shape[0]):
         line = x[i]
@@ -218,40 +211,37 @@ def _block_norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
             v = np.float64(line[k])
             top = max(top, _abs_bits(v))
             tiny += _is_tiny(v)
-        for kb in range(out.shape[1]):
-            s0 = s1 = s2 = s3 = 0.0
-            k, stop = kb * BLOCK, min(kb * BLOCK + BLOCK, line.size)
-            while k + 4 <= stop:
-                v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
-                v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
-                s0 += v0 * v0
-                s1 += v1 * v1
-                s2 += v2 * v2
-                s3 += v3 * v3
-                k += 4
-            while k < stop:
-                v = np.float64(line[k])
-                s0 += v * v
-                k += 1
-            out[i, kb] = math.sqrt((s0 + s1) + (s2 + s3))
+        s0 = s1 = s2 = s3 = 0.0
+        k = 0
+        while k + 4 <= line.size:
+            v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
+            v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
+            s0 += v0 * v0
+            s1 += v1 * v1
+            s2 += v2 * v2
+            s3 += v3 * v3
+            k += 4
+        while k < line.size:
+            v = np.float64(line[k])
+            s0 += v * v
+            k += 1
+        out[i] = math.sqrt((s0 + s1) + (s2 + s3))
     return top, tiny
 
 
 @njit(cache=True, nogil=True)
-def _block_norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+def _norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int]:
     # xt[k, i]: a line's values run down a column, so all lines advance together, one row of xt at a time
     top, tiny = 0, 0
     sq = np.zeros(xt.shape[1])
-    for kb in range(out.shape[1]):
-        sq[:] = 0.0
-        for k in range(kb * BLOCK, min(kb * BLOCK + BLOCK, xt.shape[0])):
-            for i in range(xt.shape[1]):
-                v = np.float64(xt[k, i])
-                sq[i] += v * v
-                top = max(top, _abs_bits(v))
-                tiny += _is_tiny(v)
+    for k in range(xt.shape[0]):
         for i in range(xt.shape[1]):
-            out[i, kb] = math.sqrt(sq[i])
+            v = np.float64(xt[k, i])
+            sq[i] += v * v
+            top = max(top, _abs_bits(v))
+            tiny += _is_tiny(v)
+    for i in range(xt.shape[1]):
+        out[i] = math.sqrt(sq[i])
     return top, tiny
 
 
