@@ -46,17 +46,17 @@ _SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's splitter
 # range) plus the addend, so a position fills at most ~100 partials even at K = 2^30; more would flag.
 _PARTS = 128
 _EMIN = -126  # the grid is uniform below 2^-126
-_BLOCK = 64  # K-block of the gather's transpose: 64 rows of the (K, lines) buffer stay in cache
+_BLOCK = 32  # K-block of the strided gather: 32 rows of memory stay in cache (16 and 32 measured best)
 
 
 @njit(cache=True, nogil=True)
-def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, tmp: np.ndarray,
-            short: np.ndarray) -> None:
+def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, short: np.ndarray) -> None:
     """out[j, :] = x[batch[j], line[j], :] as float64; short[j]: every value is a finite float32 value.
 
-    Where K is the strided axis (a column of a row-major matrix), K is walked outside so that each inner
-    pass reads the lines' elements along one row of memory, into tmp (K, lines) written sequentially too;
-    a blocked transpose then fills out. Measured 2.5x faster than writing out column-wise, 5x than torch."""
+    Where K is the strided axis (a column of a row-major matrix), K is walked in blocks of _BLOCK outside
+    the lines, so that a block's rows of memory stay in cache while every line takes its values from them:
+    4.8 against 2.0 ms for 600 columns of a 2048 x 2048 matrix (and 12.5 in the engine, with cold memory)
+    for the former way, a (K, lines) buffer filled along the rows and then transposed."""
     k = x.shape[2]
     if abs(x.strides[2]) <= abs(x.strides[1]):
         for j in range(batch.size):
@@ -64,13 +64,11 @@ def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray,
             for t in range(k):
                 out[j, t] = src[t]
     else:
-        for t in range(k):
-            for j in range(batch.size):
-                tmp[t, j] = x[batch[j], line[j], t]
         for t0 in range(0, k, _BLOCK):
             for j in range(batch.size):
+                src = x[batch[j], line[j]]
                 for t in range(t0, min(k, t0 + _BLOCK)):
-                    out[j, t] = tmp[t, j]
+                    out[j, t] = src[t]
     for j in range(batch.size):
         s = True
         for t in range(k):
@@ -308,10 +306,8 @@ def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarr
     if uniq.size and (uniq[0] < 0 or uniq[-1] >= x.shape[0] * x.shape[1]):
         raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
     out = np.empty((uniq.size, x.shape[2]))
-    strided = abs(x.strides[2]) > abs(x.strides[1])
-    tmp = np.empty((x.shape[2], uniq.size) if strided else (0, 0))
     short = np.empty(uniq.size, dtype=np.bool_)
-    _gather(x, uniq // x.shape[1], uniq % x.shape[1], out, tmp, short)
+    _gather(x, uniq // x.shape[1], uniq % x.shape[1], out, short)
     return out, short, inverse.reshape(-1)
 
 

@@ -341,6 +341,9 @@ CASES = [
          lambda a, k: [flat(ref_mm(a[0][None], a[1][:, None]))]),
     Case("mv", aten.mv.default, _mm_like([(5, 9), (9,)]), lambda a, k: [flat(ref_mm(a[0], a[1][:, None]))]),
     Case("addmm", aten.addmm.default, _mm_like([(4, 9), (9, 5)], bias_shape=(5,)), _ref_addmm),
+    # lines longer than the certificates' sample (resolve._SAMPLE): the grain needs the whole line
+    Case("mm-k40", aten.mm.default, _mm_like([(4, 40), (40, 5)]), lambda a, k: [flat(ref_mm(*a))]),
+    Case("addmm-k40", aten.addmm.default, _mm_like([(4, 40), (40, 5)], bias_shape=(5,)), _ref_addmm),
     Case("addmm-scaled", aten.addmm.default, _mm_like([(4, 9), (9, 5)], {"beta": 0.5, "alpha": 3.0}, (4, 5)),
          _ref_addmm),
     Case("conv2d-s2p1d2g2", aten.convolution.default, _conv_args, _ref_conv),
@@ -725,7 +728,8 @@ def test_lsb() -> None:
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_min_lsb_is_the_minimum_of_lsb_over_each_line(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(31)
-    x = torch.randn(40, 30, generator=gen, dtype=torch.float64) * 2.0 ** torch.randint(-60, 60, (40, 30), generator=gen)
+    # more lines than a chunk of the transposed path (64) and K not a multiple of its blocks (32)
+    x = torch.randn(150, 70, generator=gen, dtype=torch.float64) * 2.0 ** torch.randint(-60, 60, (150, 70), generator=gen)
     x[0] = 0.0  # a line of zeros: inf
     x[1, :5] = torch.tensor([2.0**-1074 * 12, 2.0**-1060, -4.0, 0.0, 1 + 2.0**-52], dtype=torch.float64)  # subnormals
     x[2, 3] = math.inf
@@ -734,7 +738,7 @@ def test_min_lsb_is_the_minimum_of_lsb_over_each_line(dtype: torch.dtype) -> Non
     x[:, 4] = 0.0
     x = x.to(dtype)
     for a in (x, x.T.contiguous().T):  # row-major and column-major storage
-        for dim, lines in ((0, 40), (1, 30)):
+        for dim, lines in ((0, 150), (1, 70)):
             idx = torch.randperm(lines, generator=gen)
             got = resolve.min_lsb(a, idx, dim)
             want = resolve.lsb(a[idx]).amin(1) if dim == 0 else resolve.lsb(a[:, idx]).amin(0)
