@@ -612,7 +612,8 @@ def _at(t: torch.Tensor, idx: np.ndarray) -> np.ndarray:
 def _release(floats: list, outs: list, args: tuple) -> None:
     """Hand the device's unrounded outputs, now replaced by their roundings, to vtrain.spare."""
     for v, r in zip(floats, outs):
-        if v is not None and r is not v and not any(v is a for a in args):
+        if v is not None and r is not v and v.numel() * v.element_size() >= spare.MIN_BYTES \
+                and not any(v is a for a in args):
             spare.give(v)
 
 
