@@ -72,24 +72,25 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
 
 
 def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
-               cand: np.ndarray) -> tuple[int, int]:
-    """out = v rounded (as round_into); cand[:count] = the positions where |v - r| + factor * e >= half the
-    grid spacing below r (e has v's size, or one element for all). Returns (count, first bad position or -1).
+               cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
+    """out = v rounded (as round_into) + plus; cand[:count] = the positions where |v - r| + factor * e >= half
+    the grid spacing below r (e has v's size, or one element for all). Returns (count, first bad position or
+    -1). plus = -0.0 changes nothing; +0.0 turns -0.0 into +0.0 (the exact resolution's one zero).
 
     The test is `RoundedExecution._candidates`: a superset of the values within factor * e of a rounding
     boundary, since the nearest boundary is at least half the spacing below r away from r."""
     if m == 23 and v.dtype == np.float64:
-        return _round_near32(v, e, factor, limit, out, cand)
+        return _round_near32(v, e, factor, limit, out, cand, plus)
     vi, mant, emask, bias = _layout(v)
     oi = _layout(out)[0]
-    return _round_near(v, vi, mant, emask, bias, e, factor, m, False, limit, out, oi, cand, POW2)
+    return _round_near(v, vi, mant, emask, bias, e, factor, m, False, limit, out, oi, cand, POW2, plus)
 
 
 def round_near_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray, factor: float,
-                     limit: float, out: np.ndarray, cand: np.ndarray) -> tuple[int, int]:
+                     limit: float, out: np.ndarray, cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
     """`round_near` for float64 work at bits = 32 with the band e = rows[n, i] * cols[n, j] + add[n, j] over
     v of shape (B, M, N), flat (float64 rows (B, M), cols and add (B, N)), computed as it goes."""
-    return _round_near32_outer(v, rows, cols, add, factor, limit, out, cand)
+    return _round_near32_outer(v, rows, cols, add, factor, limit, out, cand, plus)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -161,7 +162,7 @@ def _first_bad(out: np.ndarray, limit: float) -> int:
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int, e: np.ndarray, factor: float,
                 m: int, cast32: bool, limit: float, out: np.ndarray, oi: np.ndarray, cand: np.ndarray,
-                pow2: np.ndarray) -> tuple[int, int]:
+                pow2: np.ndarray, plus: float) -> tuple[int, int]:
     fraction = (1 << mant) - 1
     one = e.size == 1
     count = 0
@@ -171,7 +172,7 @@ def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int,
         r = _grid_round(x, 0 if cast32 else _exponent(vi[i], mant, emask, bias), m, cast32, pow2)
         if bad < 0 and not abs(r) <= limit:
             bad = i
-        out[i] = r
+        out[i] = r + plus
         # Half the spacing below r: 2^(E-m-1) in r's binade E, half that at a power of two above the
         # uniform range (vtrain.grid.spacing_below); read from r's bits as stored.
         rb = oi[i]
@@ -192,7 +193,7 @@ NEAR_BLOCK = 512
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out: np.ndarray,
-                  cand: np.ndarray) -> tuple[int, int]:
+                  cand: np.ndarray, plus: float) -> tuple[int, int]:
     # `_round_near` for float64 work at bits = 32, the trainer's common case, where every output of a large
     # step passes. The same operations on the same values, arranged so that LLVM vectorises the pass (see
     # `_near_block32`), by blocks of NEAR_BLOCK values. 1.7-2.5 against 4.2-5.5 ns a value on 4M values
@@ -203,7 +204,7 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
         eb = fill if e.size == 1 else e[start:stop]
-        nflag, bad = _near_block32(v[start:stop], eb, factor, limit, out[start:stop], flags)
+        nflag, bad = _near_block32(v[start:stop], eb, factor, limit, out[start:stop], flags, plus)
         nbad += bad
         if nflag:
             count = _gather_flags(flags, stop - start, start, cand, count)
@@ -212,7 +213,7 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray, factor: float,
-                        limit: float, out: np.ndarray, cand: np.ndarray) -> tuple[int, int]:
+                        limit: float, out: np.ndarray, cand: np.ndarray, plus: float) -> tuple[int, int]:
     # `_round_near32` for v of shape (B, M, N) (flat) and the band e[n, i, j] = rows[n, i] * cols[n, j] +
     # add[n, j] (float64, two roundings), built a block at a time in a buffer that stays in cache: a matmul's
     # pre-filter (vtrain.prefilter) with no U in memory.
@@ -230,7 +231,7 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
                 for j in range(stop - start):
                     eb[j] = ri * cn[start + j] + an[start + j]
                 nflag, bad = _near_block32(v[row + start:row + stop], eb, factor, limit, out[row + start:row + stop],
-                                           flags)
+                                           flags, plus)
                 nbad += bad
                 if nflag:
                     count = _gather_flags(flags, stop - start, row + start, cand, count)
@@ -239,7 +240,7 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _near_block32(vb: np.ndarray, eb: np.ndarray, factor: float, limit: float, ob: np.ndarray,
-                  flags: np.ndarray) -> tuple[int, int]:
+                  flags: np.ndarray, plus: float) -> tuple[int, int]:
     """ob = vb rounded (bits = 32), flags = the candidate test against the band eb * factor; (the number of
     candidates, the number of off-grid values). Branch-free, so that LLVM vectorises it: r's bits from a
     register, half the spacing built from them as a float64, off-grid values counted (their first position
@@ -248,7 +249,7 @@ def _near_block32(vb: np.ndarray, eb: np.ndarray, factor: float, limit: float, o
     for j in range(vb.size):
         x = vb[j]
         r = np.float64(np.float32(x))
-        ob[j] = r
+        ob[j] = r + plus
         rb = r.view(np.int64)
         exp = ((rb >> 52) & 0x7FF) - 1023
         # half the spacing below r (as `_round_near`): one binade lower at a power of two above the

@@ -129,6 +129,7 @@ class RoundedExecution(TorchDispatchMode):
         self._limit = grid_max(bits)
         self.replay_log = replay_log
         self.exact = resolution == "exact" and mode == "record"
+        self._plus = 0.0 if self.exact else -0.0  # what the fused kernels add to a rounding (see round_near)
         self.resolution = resolution
         self.measure_storage = measure_storage  # stats with log_bytes / dense_bytes / dense_zip_bytes
         self._sites: list[SiteLog] = []
@@ -374,10 +375,11 @@ class RoundedExecution(TorchDispatchMode):
                 if pos.numel():
                     self._counts["recomputed"] += pos.numel()
                     tally[3] += pos.numel()
-                    values = self._resolve(op, spec, args, kwargs, i, pos)
+                    values = self._resolve(op, spec, args, kwargs, i, pos) + 0.0
                     r.view(-1)[pos] = torch.from_numpy(values).to(device=r.device, dtype=r.dtype)
                 self._exact_seconds += time.perf_counter() - start
-            outs[i] = r.add_(0.0) if r.numel() else r  # -0 + 0 = +0: one zero for every summation order
+            # -0 + 0 = +0: one zero for every summation order (the fused kernels added it as they rounded)
+            outs[i] = r.add_(0.0) if r.numel() and fused is None else r
         _release(floats, outs, args)
         if spec.inplace:
             args[0].copy_(outs[0])
@@ -396,7 +398,8 @@ class RoundedExecution(TorchDispatchMode):
     def _fused_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
                     bounds: list | None) -> tuple | None:
         """`_round_near` by the fused kernels (counting the rounded values), or None where they cannot take
-        the output or a value is off the grid (NaN, infinite, beyond the largest grid value)."""
+        the output or a value is off the grid (NaN, infinite, beyond the largest grid value). The exact
+        resolution's rounding comes with +0 for -0."""
         v, fused = floats[i], self._fused
         if not (v.numel() and fused.usable(v)):
             return None
@@ -414,6 +417,8 @@ class RoundedExecution(TorchDispatchMode):
             out = spare.take(v)
             if fused.round_into(fused.flat(v), fused.flat(out), m, self._limit) >= 0:
                 return None
+            if self.exact:
+                out.add_(0.0)  # (the kernels below do it as they round)
             self._counts["rounded"] += v.numel()
             return out, torch.zeros(0, dtype=torch.long), None, bounds
         if e.numel() == 1:
@@ -436,11 +441,11 @@ class RoundedExecution(TorchDispatchMode):
         if isinstance(e, Prefilter):
             if v.dtype is torch.float64 and self.bits == 32:  # the kernel builds U as it goes
                 count, bad = fused.round_near_outer(fused.flat(v), e.rows, e.cols, e.add, factor, self._limit,
-                                                    fused.flat(out), cand)
+                                                    fused.flat(out), cand, self._plus)
                 return out, cand[:count].copy(), bad
             e = e.upper()
         count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, self.bits - 9, self._limit,
-                                      fused.flat(out), cand)
+                                      fused.flat(out), cand, self._plus)
         return out, cand[:count].copy(), bad
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:

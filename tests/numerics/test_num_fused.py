@@ -110,6 +110,22 @@ def test_sparse_candidates_are_all_found(bits: int) -> None:
     assert fused.round_into(x, out, bits - 9, grid_max(bits)) == 17_000
 
 
+@pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
+def test_round_near_makes_zeros_positive_when_asked(bits: int, dtype: np.dtype) -> None:
+    # plus = +0.0 (the exact resolution) turns every -0.0 of the rounding into +0.0 and nothing else; the
+    # default -0.0 leaves the rounding as it is
+    x = np.concatenate([_values(bits, dtype), np.array([-0.0, 0.0, -1e-60, 1e-60, -2.0**-151], dtype=dtype)])
+    e = np.full(1, 1e-9, dtype=dtype)
+    as_is, zeroed = np.empty_like(x), np.empty_like(x)
+    cand = np.empty(x.size, np.int64)
+    want = fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), as_is, cand)
+    assert fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), zeroed, cand, 0.0) == want
+    negative_zero = (as_is == 0) & np.signbit(as_is)
+    assert negative_zero.sum() >= 2  # -0.0 itself and a negative value below half the smallest subnormal
+    assert not np.signbit(zeroed[as_is == 0]).any()
+    assert np.array_equal(zeroed[~negative_zero].view(np.uint8), as_is[~negative_zero].view(np.uint8))
+
+
 @pytest.mark.parametrize("shape", [(1, 7, 1300), (3, 5, 512), (2, 40, 3)])
 def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, int]) -> None:
     # The pre-filter's band built inside the kernel, rows[n, i] * cols[n, j] + add[n, j], against the same
