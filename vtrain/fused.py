@@ -62,13 +62,16 @@ def _layout(a: np.ndarray) -> tuple[np.ndarray, int, int, int]:
 
 
 def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
-    """out = v rounded onto the grid with m mantissa bits (out may be v). Returns the first position whose
-    value is NaN, infinite or rounds beyond `limit` (the largest grid value), or -1."""
-    cast32 = m == 23 and v.dtype == np.float64
-    if out.ctypes.data == v.ctypes.data:
-        return _round_in_place(v, m, cast32, limit, POW2)
+    """out = v rounded onto the grid with m mantissa bits (out another array: `round_in_place` for v itself).
+    Returns the first position whose value is NaN, infinite or rounds beyond `limit` (the largest grid
+    value), or -1."""
     vi, mant, emask, bias = _layout(v)
-    return _round_into(v, vi, mant, emask, bias, out, m, cast32, limit, POW2)
+    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, POW2)
+
+
+def round_in_place(v: np.ndarray, m: int, limit: float) -> int:
+    """`round_into(v, v, m, limit)`, in a kernel of its own (see `_round_in_place`)."""
+    return _round_in_place(v, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
 
 def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,

@@ -818,7 +818,7 @@ def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor, c: torch.
     certified: the lines are read in full for those only (on float32-grid values of all magnitudes, as
     in an MLP, almost none; min_lsb cost 13 ms a step on the 2048-wide MLP). The result is the same."""
     k = a.shape[1]
-    q = _per_key(r, lambda u: lsb(a[u, :_SAMPLE]).amin(1)) * _per_key(c, lambda u: lsb(b[:_SAMPLE, u]).amin(0))
+    q = _per_key(r, lambda u: min_lsb(a[:, :_SAMPLE], u, 0)) * _per_key(c, lambda u: min_lsb(b[:_SAMPLE], u, 1))
     if addend is not None:
         q = torch.minimum(q, addend)
     maybe = _certify(q, e, k, out, pos)

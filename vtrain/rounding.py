@@ -244,7 +244,7 @@ class RoundedExecution(TorchDispatchMode):
     def _round_into(self, t: torch.Tensor, spec: OpSpec) -> torch.Tensor:
         """Round t in place (t returned)."""
         if t.is_floating_point() and not self._trivial(t) and t.numel() and self._fused.usable(t):
-            if self._fused.round_into(self._fused.flat(t), self._fused.flat(t), self.bits - 9, self._limit) < 0:
+            if self._fused.round_in_place(self._fused.flat(t), self.bits - 9, self._limit) < 0:
                 self._counts["rounded"] += t.numel()
                 return t
             # out of range: `_round` below raises the error that names the op

@@ -22,9 +22,12 @@ _use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def take(like: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor of like's shape and dtype (contiguous, CPU): a kept buffer if one fits."""
+    """An uninitialised tensor of like's shape and dtype, for a contiguous CPU `like`: a kept buffer if one
+    fits. (The small outputs of small models skip the pool at the cost of one comparison.)"""
+    if like.numel() * like.element_size() < MIN_BYTES:
+        return torch.empty_like(like)
     spare = _POOL.pop((like.dtype, like.numel()), None)
-    return spare.view(like.shape) if spare is not None else torch.empty_like(like, memory_format=torch.contiguous_format)
+    return spare.view(like.shape) if spare is not None else torch.empty_like(like)
 
 
 def give(t: torch.Tensor) -> None:

@@ -44,7 +44,7 @@ def test_round_into_equals_the_torch_rounding_bit_for_bit(bits: int, dtype: np.d
     assert fused.round_into(x, out, bits - 9, grid_max(bits)) == -1
     want = round_unchecked(torch.from_numpy(x), bits).numpy()
     assert np.array_equal(out.view(np.uint8), want.view(np.uint8))  # -0.0 stays -0.0 too
-    assert fused.round_into(x, x, bits - 9, grid_max(bits)) == -1  # in place: its own kernel
+    assert fused.round_in_place(x, bits - 9, grid_max(bits)) == -1  # its own kernel
     assert np.array_equal(x.view(np.uint8), want.view(np.uint8))
 
 
@@ -55,7 +55,7 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
     for bad in (float("nan"), float("inf"), -float("inf"), beyond, -beyond, 2.0**130):
         x = np.array([1.0, top, -top, bad, 3.0, bad])
         assert fused.round_into(x, np.empty_like(x), bits - 9, top) == 3, bad
-        assert fused.round_into(y := x.copy(), y, bits - 9, top) == 3, bad  # in place
+        assert fused.round_in_place(x.copy(), bits - 9, top) == 3, bad
         e = np.zeros(1)
         count, first = fused.round_near(x, e, 1.0, bits - 9, top, np.empty_like(x), np.empty(6, np.int64))
         assert first == 3, bad
