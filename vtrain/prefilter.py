@@ -38,9 +38,9 @@ inputs, so a run and its resumption decide alike.
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
 most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k smallest subnormals. U is
-computed in float64 (at most K + 8 roundings of 2^-53 below the exact product of norms; a line with a nonzero value below 2^-500, whose square could underflow, leaves the op to the
-full bound) and carries, besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest
-subnormals of the work dtype.
+computed in float64 (at most K + 8 roundings of 2^-53 below the exact product of norms; a line with a
+nonzero value below 2^-500, whose square could underflow, leaves the op to the full bound) and carries,
+besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest subnormals of the work dtype.
 tests/numerics/test_num_prefilter.py checks U against both bounds on adversarial operands.
 """
 
