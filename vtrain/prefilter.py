@@ -82,6 +82,9 @@ class Prefilter:
     shape: torch.Size
     dtype: torch.dtype
     nonzero: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # the bitsets `nonzero` reads: (B, M, words) of a's rows and (B, N, words) of b's columns, bit k of a
+    # line set where its k-th value is nonzero (for fused.round_near_outer, which drops those sums itself)
+    support: tuple[np.ndarray, np.ndarray] | None = None
 
     def upper(self) -> torch.Tensor:
         """U in the output's shape and dtype, for the filters that do not build it as they go. (float32
@@ -152,8 +155,10 @@ def _matmul_upper(func: Any) -> Upper:
             add += (bias_abs * (abs(beta) * factor)).numpy()
         # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and
         # its bitsets would read W down its strided columns.
-        return Prefilter(rows, cols, add, v.shape, v.dtype,
-                         _nonzero_terms(a, b) if bias is None and not input_grad else None)
+        if bias is None and not input_grad:
+            support, nonzero = _nonzero_terms(a, b)
+            return Prefilter(rows, cols, add, v.shape, v.dtype, nonzero, support)
+        return Prefilter(rows, cols, add, v.shape, v.dtype)
 
     return upper
 
@@ -357,22 +362,23 @@ def _overlap(sa: np.ndarray, sb: np.ndarray, batch: np.ndarray, rows: np.ndarray
         out[t] = hit
 
 
-def _nonzero_terms(a: torch.Tensor, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """For C = a @ b (batched): a function from flat positions of C to whether some product a_ik b_kj there
-    has both factors nonzero (bitsets of each row's and column's nonzeros, made on first use)."""
+def _nonzero_terms(a: torch.Tensor, b: torch.Tensor) -> tuple[tuple[np.ndarray, np.ndarray],
+                                                              Callable[[torch.Tensor], torch.Tensor]]:
+    """For C = a @ b (batched): (the bitsets of each row's of a and column's of b nonzeros, a function from
+    flat positions of C to whether some product a_ik b_kj there has both factors nonzero)."""
     m, n, words = a.shape[1], b.shape[2], -(-a.shape[2] // 64)
+    sa = np.zeros((a.shape[0], m, words), dtype=np.uint64)
+    sb = np.zeros((b.shape[0], n, words), dtype=np.uint64)
+    _support(_numpy(a), sa)
+    _support(_numpy(b.transpose(1, 2)), sb)
 
     def nonzero(pos: torch.Tensor) -> torch.Tensor:
-        sa = np.zeros((a.shape[0], m, words), dtype=np.uint64)
-        sb = np.zeros((b.shape[0], n, words), dtype=np.uint64)
-        _support(_numpy(a), sa)
-        _support(_numpy(b.transpose(1, 2)), sb)
         p = pos.numpy()
         out = np.empty(p.size, dtype=np.bool_)
         _overlap(sa, sb, p // (m * n), (p % (m * n)) // n, p % n, out)
         return torch.from_numpy(out)
 
-    return nonzero
+    return (sa, sb), nonzero
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:

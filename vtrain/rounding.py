@@ -410,7 +410,8 @@ class RoundedExecution(TorchDispatchMode):
                 if bad >= 0:
                     return None
                 self._counts["rounded"] += v.numel()
-                return (out, *self._settle(spec, args, kwargs, floats, i, torch.from_numpy(cand), pre))
+                return (out, *self._settle(spec, args, kwargs, floats, i, torch.from_numpy(cand), pre,
+                                           dropped=self._builds_u(v)))
             bounds = spec.bound(args, kwargs, floats)
         e, m = bounds[i], self.bits - 9
         if e is None:
@@ -439,14 +440,19 @@ class RoundedExecution(TorchDispatchMode):
         fused, out = self._fused, spare.take(v)
         cand = np.empty(v.numel(), dtype=np.int64)
         if isinstance(e, Prefilter):
-            if v.dtype is torch.float64 and self.bits == 32:  # the kernel builds U as it goes
+            if self._builds_u(v):  # the kernel builds U as it goes
+                # (and drops the sums with no nonzero term as it goes: `_settle` need not)
                 count, bad = fused.round_near_outer(fused.flat(v), e.rows, e.cols, e.add, factor, self._limit,
-                                                    fused.flat(out), cand, self._plus)
+                                                    fused.flat(out), cand, self._plus, e.support)
                 return out, cand[:count].copy(), bad
             e = e.upper()
         count, bad = fused.round_near(fused.flat(v), fused.flat(e), factor, self.bits - 9, self._limit,
                                       fused.flat(out), cand, self._plus)
         return out, cand[:count].copy(), bad
+
+    def _builds_u(self, v: torch.Tensor) -> bool:
+        """Whether `_kernel_near` takes v's pre-filter in fused.round_near_outer (float64 work at bits = 32)."""
+        return v.dtype is torch.float64 and self.bits == 32
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
         """Flat positions where |v - r| + band >= half the spacing below r: a superset of the values within
@@ -476,12 +482,13 @@ class RoundedExecution(TorchDispatchMode):
         return cand, e[cand], bounds
 
     def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, cand: torch.Tensor,
-                pre: Prefilter) -> tuple[torch.Tensor, torch.Tensor, list | None]:
+                pre: Prefilter, dropped: bool = False) -> tuple[torch.Tensor, torch.Tensor, list | None]:
         """(the pre-filter's candidates, E at them, the full bounds or None). Candidates whose sum has no
-        nonzero term are dropped (E could not make them candidates, see prefilter.Prefilter); E at the
-        others is gathered where that pays, else taken from the full bound. Either way the decisions that
-        follow (which candidates lie within the band) use E itself; U only chose where to look."""
-        if pre.nonzero is not None and cand.numel():
+        nonzero term are dropped (E could not make them candidates, see prefilter.Prefilter), unless the
+        kernel `dropped` them already; E at the others is gathered where that pays, else taken from the
+        full bound. Either way the decisions that follow (which candidates lie within the band) use E
+        itself; U only chose where to look."""
+        if pre.nonzero is not None and cand.numel() and not dropped:
             cand = cand[pre.nonzero(cand)]
         v = floats[i]
         if gather_pays(cand.numel(), v.numel()):

@@ -155,6 +155,37 @@ def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, i
         assert 0 < got[0] < x.size  # the bands leave both candidates and others
 
 
+def test_round_near_outer_drops_zero_sums_with_no_nonzero_term() -> None:
+    # Sparse operands (a relu layer's gradients and activations): many outputs are exact zeros because no
+    # product has both factors nonzero; those go. Zeros from products that cancel exactly, and tiny
+    # values, stay candidates.
+    from vtrain import prefilter
+
+    gen = torch.Generator().manual_seed(5)
+    a = torch.randn(2, 6, 70, generator=gen, dtype=torch.float64)
+    b = torch.randn(2, 70, 600, generator=gen, dtype=torch.float64)
+    a[a.abs() < 1.6] = 0  # ~11 % nonzero: many disjoint supports
+    b[b.abs() < 1.6] = 0
+    a[0, 0], b[0, :, 0] = 0, 0
+    a[0, 0, 3] = a[0, 0, 69] = 1.0  # row 0 against column 0: 1 * 2 + 1 * -2, an exact zero with terms
+    b[0, 3, 0], b[0, 69, 0] = 2.0, -2.0
+    v = torch.bmm(a, b)
+    assert v[0, 0, 0] == 0
+    support, nonzero = prefilter._nonzero_terms(a, b)
+    x = v.numpy().reshape(-1).copy()
+    x[1] = 1e-300  # not an exact zero: kept whatever the bitsets say
+    rows, cols, add = np.full((2, 6), 1e-10), np.full((2, 600), 1.0), np.zeros((2, 600))
+    top = grid_max(32)
+    cand_all, cand = np.empty(x.size, np.int64), np.empty(x.size, np.int64)
+    n_all, _ = fused.round_near_outer(x, rows, cols, add, 2.0, top, np.empty_like(x), cand_all)
+    n, bad = fused.round_near_outer(x, rows, cols, add, 2.0, top, np.empty_like(x), cand, support=support)
+    everything = cand_all[:n_all]
+    keep = (x[everything] != 0) | nonzero(torch.from_numpy(everything)).numpy()
+    assert bad == -1 and np.array_equal(cand[:n], everything[keep])
+    assert 0 in cand[:n] and 1 in cand[:n]
+    assert (x[everything] == 0).sum() > 1000 and n < n_all - 1000  # many dropped
+
+
 @pytest.mark.parametrize("special", [None, float("nan"), float("inf"), -float("inf"), -1e300, 3.5e38, -1e-46])
 def test_abs32_gives_the_float32_magnitudes_and_their_largest(special: float | None) -> None:
     x = torch.from_numpy(np.random.default_rng(3).standard_normal(5000) * 1e3)
