@@ -50,8 +50,9 @@ _BLOCK = 32  # K-block of the strided gather: 32 rows of memory stay in cache (1
 
 
 @njit(cache=True, nogil=True)
-def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, short: np.ndarray) -> None:
-    """out[j, :] = x[batch[j], line[j], :] as float64; short[j]: every value is a finite float32 value.
+def copy_lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray) -> None:
+    """out[j, :] = x[batch[j], line[j], :] in out's dtype, for x of any strides (vtrain.resolve copies
+    lines of bit patterns with it too).
 
     Where K is the strided axis (a column of a row-major matrix), K is walked in blocks of _BLOCK outside
     the lines, so that a block's rows of memory stay in cache while every line takes its values from them:
@@ -69,6 +70,14 @@ def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray,
                 src = x[batch[j], line[j]]
                 for t in range(t0, min(k, t0 + _BLOCK)):
                     out[j, t] = src[t]
+
+
+@njit(cache=True, nogil=True)
+def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, short: np.ndarray) -> None:
+    """out[j, :] = x[batch[j], line[j], :] as float64 (`copy_lines`); short[j]: every value is a finite
+    float32 value."""
+    k = x.shape[2]
+    copy_lines(x, batch, line, out)
     for j in range(batch.size):
         s = True
         for t in range(k):

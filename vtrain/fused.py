@@ -86,7 +86,7 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
         return _round_near32(v, e, factor, limit, out, cand, plus)
     vi, mant, emask, bias = _layout(v)
     oi = _layout(out)[0]
-    return _round_near(v, vi, mant, emask, bias, e, factor, m, False, limit, out, oi, cand, POW2, plus)
+    return _round_near(v, vi, mant, emask, bias, e, factor, m, limit, out, oi, cand, POW2, plus)
 
 
 _NO_SUPPORT = np.zeros((0, 0, 0), dtype=np.uint64)
@@ -172,15 +172,16 @@ def _first_bad(out: np.ndarray, limit: float) -> int:
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int, e: np.ndarray, factor: float,
-                m: int, cast32: bool, limit: float, out: np.ndarray, oi: np.ndarray, cand: np.ndarray,
-                pow2: np.ndarray, plus: float) -> tuple[int, int]:
+                m: int, limit: float, out: np.ndarray, oi: np.ndarray, cand: np.ndarray, pow2: np.ndarray,
+                plus: float) -> tuple[int, int]:
+    # (float64 work at bits = 32, the hardware cast, takes `_round_near32`)
     fraction = (1 << mant) - 1
     one = e.size == 1
     count = 0
     bad = -1
     for i in range(v.size):
         x = v[i]
-        r = _grid_round(x, 0 if cast32 else _exponent(vi[i], mant, emask, bias), m, cast32, pow2)
+        r = _grid_round(x, _exponent(vi[i], mant, emask, bias), m, False, pow2)
         if bad < 0 and not abs(r) <= limit:
             bad = i
         out[i] = r + plus
