@@ -642,16 +642,36 @@ def lsb(t: torch.Tensor) -> torch.Tensor:
 
 
 def min_lsb(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
-    """lsb(x[idx]).amin(1) (dim 0: rows idx) or lsb(x[:, idx]).amin(0) (dim 1: columns idx) of a 2-d CPU
-    tensor, in one compiled pass without temporaries (the certificates of large matmuls read thousands of
-    rows and columns). The same powers of two as `lsb`, so the same minima; NaN where a line holds a NaN."""
+    """lsb(x[idx]).amin(1) (dim 0: rows idx) or lsb(x[:, idx]).amin(0) (dim 1: columns idx) of a 2-d
+    tensor; on CPU in one compiled pass without temporaries (the certificates of large matmuls read thousands
+    of rows and columns). The same powers of two as `lsb`, so the same minima; NaN where a line holds a NaN."""
+    return torch.from_numpy(_min_lsb(x, idx.cpu().numpy(), dim))
+
+
+def _min_lsb(x: torch.Tensor, idx: np.ndarray, dim: int) -> np.ndarray:
+    """`min_lsb` with numpy indices and result."""
     if not x.is_cpu or x.dtype not in (torch.float64, torch.float32) or x.dim() != 2:
-        return lsb(x[idx]).amin(1) if dim == 0 else lsb(x[:, idx]).amin(0)
+        ix = torch.from_numpy(idx).to(x.device)
+        return (lsb(x[ix]).amin(1) if dim == 0 else lsb(x[:, ix]).amin(0)).cpu().numpy()
     a = x.detach().numpy()
     bits, mant, emask = (a.view(np.int64), 52, 0x7FF) if a.dtype == np.float64 else (a.view(np.int32), 23, 0xFF)
-    out = np.empty(idx.numel())
-    _min_lsb_lines(bits if dim == 0 else bits.T, idx.cpu().numpy(), mant, emask, _LSB_SCALE[mant], out)
-    return torch.from_numpy(out)
+    out = np.empty(idx.size)
+    _min_lsb_lines(bits if dim == 0 else bits.T, idx, mant, emask, _LSB_SCALE[mant], out)
+    return out
+
+
+def _slices_min_lsb(t: torch.Tensor, keys: np.ndarray, dim: int = 0) -> np.ndarray:
+    """Per key k, the smallest lsb over t.select(dim, k) (all its other dims): `min_lsb` over t's slices
+    laid out as lines, one compiled pass instead of ~10 torch calls on a gathered copy (the certificates
+    of a small model's op cost more than its arithmetic)."""
+    lines = t.detach().movedim(dim, 0)
+    return _min_lsb(lines.reshape(lines.shape[0], -1), keys, 0)
+
+
+def _lsb_np(t: torch.Tensor) -> np.ndarray:
+    """lsb of every element (flattened), as `_min_lsb` over one-element lines."""
+    flat = t.reshape(-1, 1)
+    return _min_lsb(flat, np.arange(flat.shape[0]), 0)
 
 
 # per exponent field e: 2^(max(e, 1) - bias - mant), the weight of the significand's last bit (float64, exact)
@@ -712,31 +732,52 @@ def _line_min_lsb(line: np.ndarray, mant: int, emask: int, scale: np.ndarray) ->
     return np.nan if low < 0 else np.int64(low).view(np.float64)
 
 
-def _coords(pos: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tensor, ...]:
-    """Row-major coordinates of flat positions (on their device)."""
-    out = []
-    for size in reversed(tuple(shape)):
-        out.append(pos % size)
-        pos = pos // size
-    return tuple(reversed(out))
+# The certifiers index with numpy: a certificate reads a few lines per call, and each torch call on
+# such small tensors costs more than the reading (they ran at ~200 us a call with torch indexing, and a
+# small model's trainer makes a few calls a step).
+
+def _coords(pos: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
+    """Row-major coordinates of flat positions."""
+    return np.unravel_index(pos, tuple(shape))
 
 
-def _per_key(key: torch.Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def _per_key(key: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """fn over the distinct keys only (one value per key), spread back to every position: the ambiguous
-    positions of an op share few rows, columns, images or channels."""
-    uniq, inverse = torch.unique(key, return_inverse=True)
-    return fn(uniq)[inverse]
+    positions of an op share few rows, columns, images or channels. (A few keys go to fn as they are: the
+    deduplication would cost more than the repeats.)"""
+    if key.size <= _FEW_KEYS:
+        return fn(key)
+    top = int(key.max()) + 1
+    if top > max(4 * key.size, 1 << 16):  # sparse keys: sort them
+        uniq, inverse = np.unique(key, return_inverse=True)
+        return fn(uniq)[inverse]
+    seen = np.zeros(top, bool)  # dense keys (images, channels, rows): a table, no sort
+    seen[key] = True
+    uniq = np.flatnonzero(seen)
+    table = np.empty(top)
+    table[uniq] = fn(uniq)
+    return table[key]
+
+
+_FEW_KEYS = 32
 
 
 def _all(pos: torch.Tensor) -> torch.Tensor:
     return torch.ones(len(pos), dtype=torch.bool, device=pos.device)
 
 
-def _certify(q: torch.Tensor, e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor,
+def _certify(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor,
              divisor: int = 1) -> torch.Tensor | None:
     """q: power-of-two grain of every term of each position's sum (or one grain for all); e: the op's bound
     E >= gamma_k * S (S = sum|terms|) of k terms at the positions, for a result divided by `divisor`
     (a power of two). True at the positions where S < 2^p q and q / divisor does not underflow."""
+    ok = _certified(q, e, k, out, divisor)
+    return None if ok is None else torch.from_numpy(ok).to(pos.device)
+
+
+def _certified(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch.Tensor,
+               divisor: int = 1) -> np.ndarray | None:
+    """`_certify` as a numpy array."""
     if e is None or k <= 0:
         return None
     if out.dtype == torch.float64:
@@ -747,9 +788,8 @@ def _certify(q: torch.Tensor, e: torch.Tensor | None, k: int, out: torch.Tensor,
         return None
     if k * u >= 0.5:
         return None
-    e = e.to(torch.float64)
-    s_upper = e * (divisor * _MARGIN * (1 - k * u) / (k * u))  # E / gamma_k, rounded up
-    return ((s_upper < q * 2.0**p) & (q >= tiny * divisor)).to(pos.device)
+    s_upper = _np(e) * (divisor * _MARGIN * (1 - k * u) / (k * u))  # E / gamma_k, rounded up
+    return (s_upper < np.multiply(q, 2.0**p)) & (np.asarray(q) >= tiny * divisor)
 
 
 def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
@@ -757,7 +797,7 @@ def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, 
     a, b = args[0], args[1]
     if a.shape[1] == 0:
         return None
-    r, c = _coords(pos, outs[0].shape)
+    r, c = _coords(pos.cpu().numpy(), outs[0].shape)
     return _certify_grains(a, b, r, c, None, e, outs[0], pos)
 
 
@@ -766,10 +806,11 @@ def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None,
     a, b = args[0], args[1]
     if a.shape[2] == 0 or a.shape[0] == 0:
         return None
-    n, r, c = _coords(pos, outs[0].shape)
+    n, r, c = _coords(pos.cpu().numpy(), outs[0].shape)
     rows, cols = a.shape[1], b.shape[2]
-    qa = _per_key(n * rows + r, lambda u: lsb(a[u // rows, u % rows]).amin(1))
-    qb = _per_key(n * cols + c, lambda u: lsb(b[u // cols, :, u % cols]).amin(1))
+    # lines a[n, r, :] and b[n, :, c], numbered n * rows + r and n * cols + c
+    qa = _per_key(n * rows + r, lambda u: _slices_min_lsb(a.reshape(-1, a.shape[2]), u))
+    qb = _per_key(n * cols + c, lambda u: _slices_min_lsb(b.transpose(1, 2).reshape(-1, b.shape[1]), u))
     return _certify(qa * qb, e, a.shape[2], outs[0], pos)
 
 
@@ -778,7 +819,7 @@ def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None,
     a, b = args[0], args[1]
     if a.numel() == 0:
         return None
-    return _certify(lsb(a).amin() * lsb(b).amin(), e, a.numel(), outs[0], pos)
+    return _certify(float(lsb(a).amin() * lsb(b).amin()), e, a.numel(), outs[0], pos)
 
 
 def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
@@ -786,7 +827,7 @@ def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, 
     a, x = args[0], args[1]
     if a.shape[1] == 0:
         return None
-    q = _per_key(pos, lambda u: lsb(a[u]).amin(1)) * lsb(x).amin()
+    q = _per_key(pos.cpu().numpy(), lambda u: _slices_min_lsb(a, u)) * float(lsb(x).amin())
     return _certify(q, e, a.shape[1], outs[0], pos)
 
 
@@ -797,38 +838,45 @@ def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | Non
     if kw["alpha"] != 1 or kw["beta"] != 1 or a.shape[1] == 0:  # scaled terms are not multiples of q
         return None
     shape = outs[0].shape
-    r, c = _coords(pos, shape)
-    return _certify_grains(a, b, r, c, lsb(bias.expand(shape)[r, c]), e, outs[0], pos)
+    r, c = _coords(pos.cpu().numpy(), shape)
+    return _certify_grains(a, b, r, c, _lsb_np(bias.expand(shape)[_t(r), _t(c)]), e, outs[0], pos)
 
 
 _SAMPLE = 16  # values per line whose lsb bound the line's grain from above
+_WHOLE = 256  # lines up to this long are read whole at once: a sample would save nothing
 
 
-def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: torch.Tensor, c: torch.Tensor, addend: torch.Tensor | None,
+def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, addend: np.ndarray | None,
                     e: torch.Tensor | None, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
     """`_certify` for a @ b (+ an addend of grain `addend`) at positions (r, c), with grain
-    min_lsb(a[r]) min_lsb(b[:, c]). A line's minimum lsb is at most that of its first _SAMPLE values, so
-    their grain bounds the true one from above and only the positions that bound certifies can be
-    certified: the lines are read in full for those only (on float32-grid values of all magnitudes, as
+    min_lsb(a[r]) min_lsb(b[:, c]). On long lines, a line's minimum lsb is at most that of its first _SAMPLE
+    values, so their grain bounds the true one from above and only the positions that bound certifies can
+    be certified: the lines are read in full for those only (on float32-grid values of all magnitudes, as
     in an MLP, almost none; min_lsb cost 13 ms a step on the 2048-wide MLP). The result is the same."""
     k = a.shape[1]
-    q = _per_key(r, lambda u: min_lsb(a[:, :_SAMPLE], u, 0)) * _per_key(c, lambda u: min_lsb(b[:_SAMPLE], u, 1))
-    if addend is not None:
-        q = torch.minimum(q, addend)
-    maybe = _certify(q, e, k, out, pos)
-    if maybe is None or k <= _SAMPLE:  # (short lines: the sample is the line)
-        return maybe
-    sel = maybe.nonzero().squeeze(1)
-    if sel.numel():
-        exact = _per_key(r[sel], lambda u: min_lsb(a, u, 0)) * _per_key(c[sel], lambda u: min_lsb(b, u, 1))
-        q[sel] = exact if addend is None else torch.minimum(exact, addend[sel])
+    if k <= _WHOLE:
+        return _certify(_grain(a, b, r, c, addend), e, k, out, pos)
+    q = _grain(a[:, :_SAMPLE], b[:_SAMPLE], r, c, addend)
+    maybe = _certified(q, e, k, out)
+    if maybe is None:
+        return None
+    sel = np.flatnonzero(maybe)
+    if sel.size:
+        q[sel] = _grain(a, b, r[sel], c[sel], None if addend is None else addend[sel])
     return _certify(q, e, k, out, pos)
 
 
-def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _grain(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
+    """min_lsb(a[r]) min_lsb(b[:, c]), and at most the addend's grain."""
+    q = _per_key(r, lambda u: _min_lsb(a, u, 0)) * _per_key(c, lambda u: _min_lsb(b, u, 1))
+    return q if addend is None else np.minimum(q, addend)
+
+
+def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """(image, channel) of flat positions in an (N, C, ...) tensor."""
     inner = math.prod(shape[2:])
-    return pos // (shape[1] * inner), (pos // inner) % shape[1]
+    p = pos.cpu().numpy()
+    return p // (shape[1] * inner), (p // inner) % shape[1]
 
 
 def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
@@ -842,9 +890,9 @@ def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor
         return None
     # out[n, co] sums x[n] * w[co] terms (plus bias[co]): grain qin[n] * qw[co]
     n, co = _image_channel(pos, outs[0].shape)
-    q = _per_key(n, lambda u: lsb(x[u]).amin((1, 2, 3))) * _per_key(co, lambda u: lsb(w[u]).amin((1, 2, 3)))
+    q = _per_key(n, lambda u: _slices_min_lsb(x, u)) * _per_key(co, lambda u: _slices_min_lsb(w, u))
     if kw["bias"] is not None:
-        q = torch.minimum(q, lsb(kw["bias"][co]))
+        q = np.minimum(q, _lsb_np(kw["bias"])[co])
     return _certify(q, e, w[0].numel(), outs[0], pos)
 
 
@@ -864,20 +912,19 @@ def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: tor
     per_pixel = (c_out // groups) * w[0, 0].numel()  # grad_input terms: (co in the group, kernel tap)
     per_weight = g.shape[0] * g[0, 0].numel()  # grad_weight and grad_bias terms: (n, output position)
 
-    def gcol(u: torch.Tensor) -> torch.Tensor:
-        return lsb(g[:, u]).amin((0, 2, 3))  # per output channel
+    def gcol(u: np.ndarray) -> np.ndarray:
+        return _slices_min_lsb(g, u, 1)  # per output channel
 
     if i == 0:  # grad_input[n, ci]: grad[n] * w[:, ci mod Cg]
         n, ci = _image_channel(pos, outs[0].shape)
-        q = _per_key(n, lambda u: lsb(g[u]).amin((1, 2, 3))) * \
-            _per_key(ci % c_g, lambda u: lsb(w[:, u]).amin((0, 2, 3)))
+        q = _per_key(n, lambda u: _slices_min_lsb(g, u)) * _per_key(ci % c_g, lambda u: _slices_min_lsb(w, u, 1))
         return _certify(q, e, per_pixel, outs[0], pos)
     if i == 1:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
         co, cl = _image_channel(pos, outs[1].shape)
         ci = (co // (c_out // groups)) * c_g + cl
-        q = _per_key(co, gcol) * _per_key(ci, lambda u: lsb(x[:, u]).amin((0, 2, 3)))
+        q = _per_key(co, gcol) * _per_key(ci, lambda u: _slices_min_lsb(x, u, 1))
         return _certify(q, e, per_weight, outs[1], pos)
-    return _certify(_per_key(pos, gcol), e, per_weight, outs[2], pos)
+    return _certify(_per_key(pos.cpu().numpy(), gcol), e, per_weight, outs[2], pos)
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:
@@ -890,19 +937,19 @@ def _cert_reduce(op: Any, mean: bool) -> Certifier:
         if x.numel() == 0 or (mean and n & (n - 1)):
             return None
         if not keep:  # one output: the whole tensor is its slice
-            q = lsb(x).amin()
-        else:  # the reduced slice of each position (distinct positions: distinct slices)
-            xp = x.permute(*keep, *red)
-            q = lsb(xp[_coords(pos.to(x.device), [x.shape[d] for d in keep])].reshape(len(pos), n)).amin(1)
+            q = float(lsb(x).amin())
+        else:  # position p reduces line p of x with the kept dims first, the reduced ones flattened
+            lines = x.permute(*keep, *red).reshape(-1, n)
+            q = _per_key(pos.cpu().numpy(), lambda u: _min_lsb(lines, u, 0))
         return _certify(q, e, n, outs[0], pos, n if mean else 1)
 
     return certify
 
 
-def _plane_grain(src: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+def _plane_grain(src: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> np.ndarray:
     """Per position of `out` (planes like src's), the smallest lsb over src's plane."""
     planes = _planes(src)
-    return _per_key(pos // (out.shape[-2] * out.shape[-1]), lambda u: lsb(planes[u]).amin((1, 2)))
+    return _per_key(pos.cpu().numpy() // (out.shape[-2] * out.shape[-1]), lambda u: _slices_min_lsb(planes, u))
 
 
 def _cert_avg_pool(op: Any) -> Certifier:
@@ -941,15 +988,16 @@ def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, e:
     kw = _bind(aten.embedding_dense_backward.default, args, kwargs)
     g, ind = kw["grad_output"], kw["indices"].reshape(-1)
     d = outs[0].shape[-1]
-    row, col = pos // d, pos % d
-    counts = torch.bincount(ind, minlength=int(kw["num_weights"])).to(pos.device)[row]
+    p = pos.cpu().numpy()
+    row, col = p // d, p % d
+    counts = torch.bincount(ind, minlength=int(kw["num_weights"])).cpu().numpy()[row]
     # a row gathered at most once is a copy (or zero; padding_idx's row is zero): exact, also when scaled
     single = (counts <= 1) | (row == kw["padding_idx"])
-    if kw["scale_grad_by_freq"] or g.numel() == 0:
-        return single
-    g2 = g.reshape(-1, g.shape[-1])
-    cert = _certify(_per_key(col, lambda u: lsb(g2[:, u]).amin(0)), e, ind.numel(), outs[0], pos)
-    return single if cert is None else single | cert
+    if not (kw["scale_grad_by_freq"] or g.numel() == 0):
+        g2 = g.reshape(-1, g.shape[-1])
+        cert = _certified(_per_key(col, lambda u: _slices_min_lsb(g2, u, 1)), e, ind.numel(), outs[0])
+        single = single if cert is None else single | cert
+    return torch.from_numpy(single).to(pos.device)
 
 
 def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,

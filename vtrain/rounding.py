@@ -57,7 +57,7 @@ from vtrain.errors import VtrainError
 from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, grid_max, round_to_grid,
                          round_unchecked, spacing_below, spacings_np)
 from vtrain.ops import OpClass, OpSpec, classify
-from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size
+from vtrain.roundlog import POLICIES, SiteLog, StepLog, dense_ternary_size, site_tag
 
 MODES = ("record", "replay", "plain")
 RESOLUTIONS = ("log", "exact")
@@ -86,11 +86,12 @@ class TraceMismatchError(VtrainError):
 class IllegitimateLogEntryError(VtrainError):
     """A log entry imposes a value that no honest device could have produced (outside the band)."""
 
-    def __init__(self, step: int, site: int, op: str, index: int):
+    def __init__(self, step: int, site: int, op: str, index: int,
+                 why: str = "the auditor's value is outside the band in which the trainer could have been: the "
+                            "trainer steered an unambiguous value"):
         self.step, self.site, self.op, self.index = step, site, op, index
         super().__init__(f"step {step}, op site {site} ({op}), element {index}: illegitimate rounding-log entry "
-                         "(the auditor's value is outside the band in which the trainer could have been: the "
-                         "trainer steered an unambiguous value)")
+                         f"({why})")
 
 
 def _describe(op: str, shape: tuple[int, ...]) -> str:
@@ -160,7 +161,7 @@ class RoundedExecution(TorchDispatchMode):
         self._derived = None  # storage numbers are computed (once) on the first stats access after this
         if exc_type is None and self.mode == "replay" and self._counts["sites"] != len(self.replay_log.sites):
             nxt = self.replay_log.sites[self._counts["sites"]]
-            raise TraceMismatchError(self.step, nxt.site, _describe(nxt.op, nxt.shape), "the end of the step")
+            raise TraceMismatchError(self.step, nxt.site, nxt.describe(), "the end of the step")
 
     @property
     def log(self) -> StepLog:
@@ -287,14 +288,16 @@ class RoundedExecution(TorchDispatchMode):
                 outs[i] = r
                 continue
             shape = tuple(v.shape)
+            certify = functools.partial(self._certified, func, spec, args, kwargs, floats, i) \
+                if self.policy == "bound" else None
             if self.mode == "record":
                 if self.policy == "bound":
                     ww = e_cand * (2 * BAND_SLACK)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
                     cand = self._candidates(v, r, band)
-                    ww = band[cand]
-                entry = self._find_entries(site, spec.name, shape, v, r, cand, ww)
+                    ww, e_cand = band[cand], None
+                entry = self._find_entries(site, spec.name, shape, v, r, cand, ww, e_cand, certify)
                 self._sites.append(entry)
                 self._offsets.append(offset)
                 self._counts["logged"] += entry.num_entries
@@ -308,7 +311,7 @@ class RoundedExecution(TorchDispatchMode):
                         if bounds is None and spec.bound_at is None:
                             bounds = spec.bound(args, kwargs, floats)
                         bound_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i, full=bounds)
-                    r = self._apply_entries(entry, spec.name, v, r, bound_at)
+                    r = self._apply_entries(entry, spec.name, v, r, bound_at, certify)
             outs[i] = r
         _release(floats, outs, args)
         if spec.inplace:
@@ -319,7 +322,6 @@ class RoundedExecution(TorchDispatchMode):
     # -- exact resolution ---------------------------------------------------------------------------
 
     def _canonical(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, out: Any) -> Any:
-        from vtrain.resolve import CERTIFIERS  # noqa: PLC0415 (resolve pulls in mpmath: only exact runs pay)
         op = spec.functional or func
         outs, floats = _outputs(out)
         bounds: list[torch.Tensor | None] | None = None
@@ -364,8 +366,7 @@ class RoundedExecution(TorchDispatchMode):
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
-                    certifier = CERTIFIERS.get(op)
-                    exact = certifier(args, kwargs, floats, e_pos, i, pos) if certifier else None
+                    exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos)
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]
@@ -385,6 +386,15 @@ class RoundedExecution(TorchDispatchMode):
             args[0].copy_(outs[0])
             return args[0]
         return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    def _certified(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int,
+                   pos: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
+        """Where output i at flat positions `pos` (E there: `e`) is provably its exact value whatever order
+        any device summed in (vtrain.resolve's certificates), or None: there every honest device holds the
+        same value, so its rounding is nobody's choice (no log entry, no exact recomputation)."""
+        from vtrain.resolve import CERTIFIERS  # noqa: PLC0415 (resolve pulls in mpmath: only ops near a boundary pay)
+        certifier = CERTIFIERS.get(spec.functional or func)
+        return certifier(args, kwargs, floats, e, i, pos) if certifier else None
 
     def _round_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
                     bounds: list | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list | None]:
@@ -527,8 +537,11 @@ class RoundedExecution(TorchDispatchMode):
         return full[i].expand(v.shape).reshape(-1)[pos]
 
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], v: torch.Tensor, r: torch.Tensor,
-                      cand: torch.Tensor, band: torch.Tensor | None) -> SiteLog:
-        """The log entries of one output: the candidates (see _candidates) within `band` (at them) of a boundary."""
+                      cand: torch.Tensor, band: torch.Tensor | None, e: torch.Tensor | None = None,
+                      certify: Any = None) -> SiteLog:
+        """The log entries of one output: the candidates (see _candidates) within `band` (at them) of a
+        boundary, less those `certify` (with E at them, `e`) proves exact: an exact tie of a quantised sum
+        is a tie on every device, and round-half-even settles it."""
         if cand.numel() == 0 or band is None:
             return SiteLog(site, op, shape)
         # The exact test on the candidates in numpy (a few values per op: numpy's per-call cost is a
@@ -540,6 +553,13 @@ class RoundedExecution(TorchDispatchMode):
         d_hi = up * 0.5 - diff  # distance to the boundary above r
         near_lo = d_lo <= d_hi
         logged = np.minimum(d_lo, d_hi) < ww
+        if certify is not None and logged.any():
+            sel = np.flatnonzero(logged)
+            exact = certify(cand[sel], e[sel])
+            if exact is not None:
+                exact = exact.cpu().numpy()
+                logged[sel[exact]] = False
+                self._counts["certified"] += int(exact.sum())
         if self.policy == "bound":
             as_value = logged & (ww >= np.minimum(down, up) * VALUE_FRACTION)
         else:
@@ -560,14 +580,18 @@ class RoundedExecution(TorchDispatchMode):
         if site >= len(sites):
             raise TraceMismatchError(self.step, site, "the end of the step", _describe(op, shape))
         entry = sites[site]
-        if entry.op != op or tuple(entry.shape) != shape:
-            raise TraceMismatchError(self.step, site, _describe(entry.op, entry.shape), _describe(op, shape))
+        if entry.tag != site_tag(op, shape):
+            raise TraceMismatchError(self.step, site, entry.describe(), _describe(op, shape))
         return entry
 
     def _apply_entries(self, entry: SiteLog, op: str, v: torch.Tensor, r: torch.Tensor,
-                       bound_at: Any) -> torch.Tensor:
+                       bound_at: Any, certify: Any = None) -> torch.Tensor:
         r = r.contiguous()
         vf, rf = v.reshape(-1), r.view(-1)
+        for where in (entry.dir_pos, entry.val_pos):
+            if where.size and where[-1] >= vf.numel():  # (sorted: the last is the largest)
+                raise IllegitimateLogEntryError(self.step, entry.site, op, int(where[-1]),
+                                                f"the op's output has {vf.numel()} elements")
         dev = r.device
         claims, positions = [], []
         if entry.dir_pos.size:
@@ -586,7 +610,11 @@ class RoundedExecution(TorchDispatchMode):
         claim = torch.cat(claims)
         vv = vf[pos]
         if self.policy == "bound":
-            w = bound_at(pos) * (2 * BAND_SLACK)
+            e = bound_at(pos)
+            w = e * (2 * BAND_SLACK)
+            exact = certify(pos, e) if certify is not None else None
+            if exact is not None:  # an exact value has no band: only its own rounding is legitimate there
+                w = w.masked_fill(exact, 0.0)
         else:
             w = spacing_below(rf[pos], self.bits) * (0.5 - self.tau) * BAND_SLACK
         ok = (round_unchecked(vv - w, self.bits) <= claim) & (claim <= round_unchecked(vv + w, self.bits))

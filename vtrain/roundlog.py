@@ -1,20 +1,28 @@
 """The per-step rounding log and its file format (DESIGN.md §1.3).
 
-A StepLog holds, for every device-dependent op site of one training step in trace order, a header
-(site index, op name, output shape) and the site's entries:
+A StepLog holds, for every device-dependent op site of one training step in trace order, the site's
+header (site index, op name, output shape) and entries:
 - direction entries: sorted flat positions and one bit each, "up" = the trainer's grid value is the
   upper neighbour (toward +inf) of the rounding boundary nearest to the auditor's value;
 - value entries (wide band, e.g. cancellation): sorted flat positions and the trainer's grid value itself,
   stored as FP32 (every grid value with bits <= 32 is FP32-representable).
 
-Byte format, version 1 (little endian):
-    magic b"VTRLOG\\x00\\x01" | u16 version | u8 policy (0 bound, 1 tau) | u8 bits |
-    u32 sites | u64 direction entries | u64 value entries | u64 body bytes | zstd(body, with checksum)
-    body = u32 op-table bytes | op names joined by "\\n" | u64 varint count | u64 varint bytes |
-           varints (per site: op index, ndim, dims, n_dir, n_val; then every site's direction positions
-           as deltas; then every site's value positions as deltas) | direction bits (np.packbits, all sites)
-           | values (float32)
-Positions are strictly increasing within a site; the first delta is the position itself.
+On disk a site's header is a 2-byte tag, a hash of its op name and shape: the auditor, who runs the same
+trace, compares it with its own op's tag and so detects a trace mismatch at the first differing op (a
+differing op escapes with probability 2^-16, and then the next one, or the step's leaf, catches it). Op
+names and shapes spelled out cost ~150 bytes a step, more than a step's entries at bits = 32, where the
+bound policy logs a handful of values. Only sites with entries are listed with their counts.
+
+Byte format, version 2 (little endian):
+    magic b"VTRL" | u8 version | u8 policy (0 bound, 1 tau) | u8 bits | u8 flags (1: body is zstd) |
+    u32 crc32 of what follows | varints: sites, listed sites, direction entries, value entries | body
+    body = u16 tag per site | varints (per listed site: site index minus the previous listed one's,
+           n_dir, n_val; then every listed site's direction positions as deltas; then every listed site's
+           value positions as deltas) | direction bits (np.packbits, all sites) | values (float32)
+The body is compressed only where that makes it smaller (a step's log with few entries is not).
+Positions are strictly increasing within a site; the first delta is the position itself. The file's
+keccak-256 (`content_hash`) is committed in the step's leaf; the crc only gives a clear error for a file
+damaged on its own.
 
 `dense_ternary_size` is the paper's encoding (one trit per rounded value, 5 trits a byte), the storage
 baseline the benchmarks compare against.
@@ -22,6 +30,8 @@ baseline the benchmarks compare against.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -32,10 +42,11 @@ import zstandard
 
 from vtrain.errors import VtrainError
 
-MAGIC = b"VTRLOG\x00\x01"
-VERSION = 1
+MAGIC = b"VTRL"
+VERSION = 2
 POLICIES = ("bound", "tau")
-_HEADER = struct.Struct("<8sHBBIQQQ")
+_HEADER = struct.Struct("<4sBBBBI")
+_ZSTD = 1  # flags bit: the body is zstd-compressed
 _MAX_VARINT_BYTES = 10
 
 
@@ -50,24 +61,42 @@ class CorruptLogError(VtrainError):
         )
 
 
+@functools.lru_cache(maxsize=4096)
+def site_tag(op: str, shape: tuple[int, ...]) -> int:
+    """The 2-byte tag of an op site: a hash of its op name and output shape."""
+    return int.from_bytes(hashlib.blake2b(f"{op} {list(shape)}".encode(), digest_size=2).digest(), "little")
+
+
 @dataclass
 class SiteLog:
-    """The log of one op site (one floating output of one device-dependent op call)."""
+    """The log of one op site (one floating output of one device-dependent op call).
+
+    A site read back from bytes knows its tag but not its op name and shape (None)."""
 
     site: int
-    op: str
-    shape: tuple[int, ...]
+    op: str | None
+    shape: tuple[int, ...] | None
     dir_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     dir_up: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     val_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    tag: int = -1
+
+    def __post_init__(self) -> None:
+        if self.op is not None:
+            self.tag = site_tag(self.op, tuple(self.shape))
 
     @property
     def num_entries(self) -> int:
         return int(self.dir_pos.size + self.val_pos.size)
 
+    def describe(self) -> str:
+        if self.op is None:
+            return f"an op with site tag {self.tag:#06x}"
+        return f"{self.op} {list(self.shape)}"
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SiteLog) and (self.site, self.op, self.shape) == (other.site, other.op, other.shape) \
+        return isinstance(other, SiteLog) and (self.site, self.tag) == (other.site, other.tag) \
             and all(np.array_equal(a, b) for a, b in zip(self._arrays(), other._arrays()))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
@@ -103,45 +132,50 @@ class StepLog:
     # -- encoding -----------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        ops = sorted({s.op for s in self.sites})
-        op_index = {name: i for i, name in enumerate(ops)}
-        heads: list[int] = []
-        for s in self.sites:
-            heads += [op_index[s.op], len(s.shape), *s.shape, int(s.dir_pos.size), int(s.val_pos.size)]
-        allints = np.concatenate([np.asarray(heads, np.uint64), _deltas([s.dir_pos for s in self.sites]),
-                                  _deltas([s.val_pos for s in self.sites])])
-        varints = _varint_encode(allints)
-        bits = np.packbits(np.concatenate([s.dir_up for s in self.sites] or [np.zeros(0, bool)]).astype(bool))
-        values = np.concatenate([s.val for s in self.sites] or [np.zeros(0, np.float32)]).astype("<f4")
-        table = "\n".join(ops).encode()
-        body = b"".join([struct.pack("<I", len(table)), table, struct.pack("<QQ", allints.size, len(varints)),
-                         varints, bits.tobytes(), values.tobytes()])
-        packed = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=True).compress(body)
-        n_dir = sum(int(s.dir_pos.size) for s in self.sites)
-        head = _HEADER.pack(MAGIC, VERSION, POLICIES.index(self.policy), self.bits, len(self.sites), n_dir,
-                            self.num_values(), len(packed))
-        return head + packed
+        listed = [s for s in self.sites if s.num_entries]
+        heads, prev = [], -1
+        for s in listed:
+            heads += [s.site - prev - 1, int(s.dir_pos.size), int(s.val_pos.size)]
+            prev = s.site
+        varints = _varint_encode(np.concatenate([np.asarray(heads, np.uint64),
+                                                 _deltas([s.dir_pos for s in listed]),
+                                                 _deltas([s.val_pos for s in listed])]))
+        bits = np.packbits(np.concatenate([s.dir_up for s in listed] or [np.zeros(0, bool)]).astype(bool))
+        values = np.concatenate([s.val for s in listed] or [np.zeros(0, np.float32)]).astype("<f4")
+        tags = np.fromiter((s.tag for s in self.sites), np.uint16, len(self.sites)).astype("<u2")
+        body = b"".join([tags.tobytes(), varints, bits.tobytes(), values.tobytes()])
+        flags = 0
+        if len(body) > 64:
+            packed = zstandard.ZstdCompressor(level=3, write_checksum=False, write_content_size=True).compress(body)
+            if len(packed) < len(body):
+                body, flags = packed, _ZSTD
+        n_dir = sum(int(s.dir_pos.size) for s in listed)
+        rest = _varint_encode(np.array([len(self.sites), len(listed), n_dir, self.num_values()], np.uint64)) + body
+        return _HEADER.pack(MAGIC, VERSION, POLICIES.index(self.policy), self.bits, flags, zlib.crc32(rest)) + rest
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "<memory>") -> StepLog:
         if len(data) < _HEADER.size:
             raise CorruptLogError(source, f"{len(data)} bytes, shorter than the {_HEADER.size}-byte header")
-        magic, version, policy, bits, n_sites, n_dir, n_val, body_len = _HEADER.unpack_from(data)
+        magic, version, policy, bits, flags, crc = _HEADER.unpack_from(data)
         if magic != MAGIC:
             raise CorruptLogError(source, "bad magic: not a vtrain rounding log")
         if version != VERSION:
             raise CorruptLogError(source, f"format version {version}, this vtrain reads version {VERSION}")
-        if policy >= len(POLICIES) or not 10 <= bits <= 32:
-            raise CorruptLogError(source, f"bad header fields (policy {policy}, bits {bits})")
-        if len(data) != _HEADER.size + body_len:
-            raise CorruptLogError(source, f"{len(data) - _HEADER.size} body bytes, header says {body_len}")
+        if policy >= len(POLICIES) or not 10 <= bits <= 32 or flags & ~_ZSTD:
+            raise CorruptLogError(source, f"bad header fields (policy {policy}, bits {bits}, flags {flags})")
+        rest = data[_HEADER.size:]
+        if zlib.crc32(rest) != crc:
+            raise CorruptLogError(source, "checksum mismatch")
         try:
-            body = zstandard.ZstdDecompressor().decompress(data[_HEADER.size:])
+            counts, off = _varint_prefix(rest, 4)
+            body = rest[off:]
+            if flags & _ZSTD:
+                body = zstandard.ZstdDecompressor().decompress(body)
+            sites = _decode_body(body, *(int(c) for c in counts))
         except zstandard.ZstdError as exc:
             raise CorruptLogError(source, f"compressed body does not decode: {exc}") from None
-        try:
-            sites = _decode_body(body, n_sites, n_dir, n_val)
-        except (struct.error, ValueError, IndexError, UnicodeDecodeError) as exc:
+        except (struct.error, ValueError, IndexError) as exc:
             raise CorruptLogError(source, str(exc)) from None
         return cls(sites, POLICIES[policy], bits)
 
@@ -150,45 +184,42 @@ class StepLog:
         return sha3.keccak_256(self.to_bytes()).digest()
 
 
-def _decode_body(body: bytes, n_sites: int, n_dir: int, n_val: int) -> list[SiteLog]:
-    (table_len,) = struct.unpack_from("<I", body, 0)
-    ops = body[4 : 4 + table_len].decode().split("\n") if table_len else []
-    off = 4 + table_len
-    n_ints, n_varint_bytes = struct.unpack_from("<QQ", body, off)
-    off += 16
-    ints = _varint_decode(body[off : off + n_varint_bytes], n_ints)
-    off += n_varint_bytes
-    i = 0
-    heads = []
-    for site in range(n_sites):
-        op_i, ndim = int(ints[i]), int(ints[i + 1])
-        shape = tuple(int(d) for d in ints[i + 2 : i + 2 + ndim])
-        if len(shape) != ndim or op_i >= len(ops):
-            raise ValueError(f"site {site}: header out of range")
-        nd, nv = int(ints[i + 2 + ndim]), int(ints[i + 3 + ndim])
-        i += 4 + ndim
-        heads.append((site, ops[op_i], shape, nd, nv))
-    if sum(h[3] for h in heads) != n_dir or sum(h[4] for h in heads) != n_val:
-        raise ValueError("entry counts do not match the header")
-    if ints.size != i + n_dir + n_val:
-        raise ValueError("varint count does not match the entry counts")
+def _varint_prefix(buf: bytes, count: int) -> tuple[np.ndarray, int]:
+    """The first `count` varints of buf and the offset after them."""
+    ends = np.flatnonzero(np.frombuffer(buf[:count * _MAX_VARINT_BYTES], np.uint8) < 0x80)
+    if ends.size < count:
+        raise ValueError("truncated counts")
+    end = int(ends[count - 1]) + 1
+    return _varint_decode(buf[:end], count), end
+
+
+def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: int) -> list[SiteLog]:
+    if n_listed > n_sites:
+        raise ValueError(f"{n_listed} sites with entries of {n_sites}")
+    tags = np.frombuffer(body, "<u2", n_sites).astype(np.int64)
+    off = 2 * n_sites
     n_bits = (n_dir + 7) // 8
+    n_varint_bytes = len(body) - off - n_bits - 4 * n_val
+    if n_varint_bytes < 0:
+        raise ValueError("body shorter than its entry counts")
+    ints = _varint_decode(body[off : off + n_varint_bytes], 3 * n_listed + n_dir + n_val)
+    off += n_varint_bytes
+    heads = ints[: 3 * n_listed].astype(np.int64).reshape(-1, 3)
+    if heads[:, 1].sum() != n_dir or heads[:, 2].sum() != n_val or ((heads[:, 1] + heads[:, 2]) == 0).any():
+        raise ValueError("entry counts do not match the header")
+    listed = np.cumsum(heads[:, 0] + 1) - 1
+    if listed.size and listed[-1] >= n_sites:
+        raise ValueError(f"a listed site index {int(listed[-1])} beyond the {n_sites} sites")
     bits = np.unpackbits(np.frombuffer(body, np.uint8, n_bits, off))[:n_dir].astype(bool)
-    off += n_bits
-    values = np.frombuffer(body, "<f4", n_val, off).astype(np.float32)
-    if off + 4 * n_val != len(body):
-        raise ValueError("body length does not match the entry counts")
+    values = np.frombuffer(body, "<f4", n_val, off + n_bits).astype(np.float32)
     if not np.isfinite(values).all():
         raise ValueError("a value entry is not finite")
-    sites = []
-    d_off, v_off, b_off = i, i + n_dir, 0
-    val_off = 0
-    for site, op, shape, nd, nv in heads:
-        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        dir_pos = _undelta(ints[d_off : d_off + nd], numel, site)
-        val_pos = _undelta(ints[v_off : v_off + nv], numel, site)
-        sites.append(SiteLog(site, op, shape, dir_pos, bits[b_off : b_off + nd].copy(), val_pos,
-                             values[val_off : val_off + nv].copy()))
+    sites = [SiteLog(i, None, None, tag=int(t)) for i, t in enumerate(tags)]
+    d_off, v_off, b_off, val_off = 3 * n_listed, 3 * n_listed + n_dir, 0, 0
+    for site, (_, nd, nv) in zip(listed.tolist(), heads.tolist()):
+        s = sites[site]
+        s.dir_pos, s.dir_up = _undelta(ints[d_off : d_off + nd], site), bits[b_off : b_off + nd].copy()
+        s.val_pos, s.val = _undelta(ints[v_off : v_off + nv], site), values[val_off : val_off + nv].copy()
         d_off, v_off, b_off, val_off = d_off + nd, v_off + nv, b_off + nd, val_off + nv
     return sites
 
@@ -209,13 +240,15 @@ def _deltas(positions: list[np.ndarray]) -> np.ndarray:
     return out.astype(np.uint64)
 
 
-def _undelta(d: np.ndarray, numel: int, site: int) -> np.ndarray:
+def _undelta(d: np.ndarray, site: int) -> np.ndarray:
+    """Positions from their deltas. (Whether they lie inside the site's output only the replaying auditor,
+    who has the output, can tell.)"""
     if d.size and (d[1:] == 0).any():
         raise ValueError(f"site {site}: positions not strictly increasing")
-    pos = np.cumsum(d.astype(np.int64))
-    if pos.size and (pos[-1] >= numel or pos[-1] < 0):
-        raise ValueError(f"site {site}: position {int(pos[-1])} outside a tensor of {numel} elements")
-    return pos
+    pos = np.cumsum(d.astype(np.uint64))
+    if pos.size and (pos[-1] >= np.uint64(1 << 63) or (pos[1:] <= pos[:-1]).any()):  # (a wrapped sum)
+        raise ValueError(f"site {site}: a position beyond any tensor")
+    return pos.astype(np.int64)
 
 
 def _varint_encode(a: np.ndarray) -> bytes:

@@ -9,6 +9,7 @@ it; the flipped one must fail the audit naming the step, the op site and the ele
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from enginekit import cli, example
 from vtrain.audit import audit, replay_step_detail
 from vtrain.leaves import LeafRecord, keccak256
-from vtrain.roundlog import StepLog
+from vtrain.roundlog import StepLog, site_tag
 from vtrain.run import Run, encode_leaves
 
 K = 4
@@ -28,9 +29,11 @@ def _tamper(src, dst, up: bool) -> tuple[int, int]:
     shutil.copytree(src, dst)
     run = Run.open(dst)
     log = StepLog.from_bytes(run.read_log_bytes(K))
-    site = next(s for s in log.sites if "mm" in s.op and int(np.prod(s.shape)) >= 256)
+    # (a log read back names its sites by tag only: a hidden x hidden weight gradient of the MLP)
+    shape = (SPEC.hidden, SPEC.hidden)
+    site = next(s for s in log.sites if s.tag == site_tag("aten.mm.default", shape))
     taken = set(site.dir_pos.tolist()) | set(site.val_pos.tolist())
-    index = next(i for i in range(int(np.prod(site.shape)) // 2, int(np.prod(site.shape))) if i not in taken)
+    index = next(i for i in range(math.prod(shape) // 2, math.prod(shape)) if i not in taken)
     order = np.argsort(np.append(site.dir_pos, index), kind="stable")
     log.sites[site.site] = dataclasses.replace(
         site, dir_pos=np.append(site.dir_pos, index)[order].astype(np.int64),

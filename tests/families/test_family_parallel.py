@@ -3,6 +3,7 @@ processes audited bit-exactly with another number of processes."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from fractions import Fraction
 
@@ -90,7 +91,6 @@ def _steer_shard(run_dir, step: int, shard: int) -> None:
     """Act as a dishonest trainer: add an entry forcing an unambiguous value in one shard's log of
     `step`, and commit to the doctored log (leaf and commitment rewritten to match)."""
     from vtrain.leaves import LeafRecord, keccak256
-    from vtrain.roundlog import SiteLog
     from vtrain.run import atomic_write, encode_leaves, write_commitment
     from vtrain.shardlog import ShardedLog
 
@@ -99,7 +99,7 @@ def _steer_shard(run_dir, step: int, shard: int) -> None:
     part = log.parts[shard]
     i = next(k for k, s in enumerate(part.sites) if s.num_entries == 0)
     s = part.sites[i]
-    part.sites[i] = SiteLog(s.site, s.op, s.shape, val_pos=np.array([0]), val=np.array([1024.0], np.float32))
+    part.sites[i] = dataclasses.replace(s, val_pos=np.array([0]), val=np.array([1024.0], np.float32))
     data = log.to_bytes()
     atomic_write(run.log_path(step), data)
     old = run.records[step]

@@ -135,6 +135,53 @@ def test_flipped_entry_outside_the_band_is_illegitimate(trainer_runs: dict) -> N
     assert rx.stats["logged"] == log.num_entries() + 1
 
 
+def _pool_ties() -> torch.Tensor:
+    """One 2x2 window per image whose mean is an exact float32 tie, 1 + 2^-24: in image 0 every term is a
+    multiple of 2^-22 (a sum exact in float64 in any order: certified), in image 1 two terms of +-2^-60
+    cancel (exact here too, but no grain-based certificate can say so)."""
+    x = torch.zeros(2, 1, 2, 2, dtype=torch.float64)
+    x[:, 0, 0, 0], x[:, 0, 0, 1] = 4.0, 2.0**-22
+    x[1, 0, 1, 0], x[1, 0, 1, 1] = 2.0**-60, -(2.0**-60)
+    return x
+
+
+def _pool_log(mode: str, log: StepLog | None = None) -> tuple[torch.Tensor, RoundedExecution]:
+    with RoundedExecution(bits=32, device=get_device("emu:splitk8-tree"), mode=mode, replay_log=log) as rx:
+        out = F.avg_pool2d(_pool_ties(), 2)
+    return out.reshape(-1), rx
+
+
+def test_certified_exact_ties_need_no_entry_and_admit_none() -> None:
+    out, rx = _pool_log("record")
+    (site,) = rx.log.sites
+    assert out.tolist() == [1.0, 1.0]  # round half to even, on every device
+    # only the uncertified tie is logged; the certified one is nobody's choice
+    assert site.dir_pos.tolist() == [1] and site.dir_up.tolist() == [False] and rx.stats["certified"] == 1
+    up = 1.0 + 2.0**-23
+    for pos in (0, 1):
+        forged = SiteLog(0, site.op, site.shape, np.array([pos]), np.array([True]))  # claim the upper neighbour
+        if pos == 0:  # an exact value has no band: steering it is illegitimate
+            with pytest.raises(IllegitimateLogEntryError) as err:
+                _pool_log("replay", StepLog([forged]))
+            assert (err.value.site, err.value.index) == (0, 0)
+        else:  # within the band of an uncertified value: the auditor follows the log
+            replayed, rx2 = _pool_log("replay", StepLog([forged]))
+            assert replayed.tolist() == [1.0, up] and rx2.stats["corrections"] == 1
+    # the certified value's own rounding is accepted, and changes nothing
+    agrees = SiteLog(0, site.op, site.shape, np.array([0]), np.array([False]))
+    replayed, rx3 = _pool_log("replay", StepLog([agrees]))
+    assert replayed.tolist() == [1.0, 1.0] and rx3.stats["corrections"] == 0
+
+
+def test_entry_outside_the_output_is_named() -> None:
+    out, rx = _pool_log("record")
+    (site,) = rx.log.sites
+    bad = StepLog.from_bytes(StepLog([SiteLog(0, site.op, site.shape, np.array([2]), np.array([True]))]).to_bytes())
+    with pytest.raises(IllegitimateLogEntryError, match="element 2.*has 2 elements") as err:
+        _pool_log("replay", bad)
+    assert err.value.site == 0 and err.value.op == "aten.avg_pool2d.default"
+
+
 def test_unsupported_op_is_named() -> None:
     x = torch.randn(4, dtype=torch.float64)
     with pytest.raises(UnsupportedOpError, match="aten.lgamma"):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+import zlib
+
 import numpy as np
 import pytest
 import sha3
 
-from vtrain.roundlog import CorruptLogError, SiteLog, StepLog, dense_ternary_size
+from vtrain.roundlog import CorruptLogError, SiteLog, StepLog, dense_ternary_size, site_tag
 
 
 def _log() -> StepLog:
@@ -29,6 +32,10 @@ def test_round_trip_is_exact_and_hash_is_keccak_of_bytes() -> None:
     data = log.to_bytes()
     back = StepLog.from_bytes(data, "x.vlog")
     assert back.sites == log.sites and back.policy == "bound" and back.bits == 19
+    # on disk a site keeps its tag, not its op name and shape
+    assert [s.tag for s in back.sites] == [site_tag(s.op, s.shape) for s in log.sites]
+    assert all(s.op is None and s.shape is None for s in back.sites)
+    assert back.sites[5].num_entries == 0 and back.sites[6].dir_pos.tolist() == [0, 2**40 - 1]
     assert back.to_bytes() == data
     assert log.content_hash() == sha3.keccak_256(data).digest() and len(log.content_hash()) == 32
     assert log.num_entries() == sum(s.num_entries for s in log.sites)
@@ -42,15 +49,45 @@ def test_corrupt_and_truncated_bytes_name_the_source() -> None:
     bad_inputs = {
         "truncated header": data[:10],
         "truncated body": data[:-5],
-        "bad magic": b"XXXXXXXX" + data[8:],
+        "bad magic": b"XXXX" + data[4:],
         "flipped body byte": data[:60] + bytes([data[60] ^ 0xFF]) + data[61:],
         "trailing bytes": data + b"\x00",
-        "wrong version": data[:8] + b"\x09\x00" + data[10:],
+        "wrong version": data[:4] + b"\x09" + data[5:],
+        "bad flags": data[:7] + b"\x80" + data[8:],
     }
     for what, blob in bad_inputs.items():
         with pytest.raises(CorruptLogError, match="runs/a/logs/000007.vlog") as err:
             StepLog.from_bytes(blob, "runs/a/logs/000007.vlog")
         assert "fetch it again" in str(err.value), what
+
+
+def _framed(policy: int, bits: int, rest: bytes) -> bytes:
+    """Bytes with a valid header and checksum around `rest` (counts and body), to reach the body's checks."""
+    return struct.pack("<4sBBBBI", b"VTRL", 2, policy, bits, 0, zlib.crc32(rest)) + rest
+
+
+def test_well_framed_but_inconsistent_bodies_are_named() -> None:
+    one_site = StepLog([SiteLog(0, "aten.mm.default", (10,), np.array([1, 4]), np.array([True, False]))])
+    rest = one_site.to_bytes()[12:]
+    bad_inputs = {
+        "more listed sites than sites": _framed(0, 32, bytes([1, 2, 2, 0]) + rest[4:]),
+        "counts past the body": _framed(0, 32, bytes([1, 1, 9, 0]) + rest[4:]),
+        "repeated position": _framed(0, 32, rest[:9] + bytes([1, 0]) + rest[11:]),
+        "truncated counts": _framed(0, 32, bytes([0x80])),
+    }
+    for what, blob in bad_inputs.items():
+        with pytest.raises(CorruptLogError, match="s.vlog"):
+            StepLog.from_bytes(blob, "s.vlog")
+
+
+def test_sites_without_entries_cost_their_tag_only_and_large_bodies_compress() -> None:
+    quiet = StepLog([SiteLog(i, "aten.mm.default", (32, 10)) for i in range(8)])
+    assert len(quiet.to_bytes()) == 12 + 4 + 2 * 8  # header, counts, one tag a site
+    busy = StepLog([SiteLog(0, "aten.mm.default", (10**6,), np.arange(0, 10**6, 97), np.arange(0, 10**6, 97) % 3 == 0)])
+    data = busy.to_bytes()
+    assert data[7] == 1 and len(data) < busy.sites[0].dir_pos.size  # zstd: under a byte an entry
+    assert StepLog.from_bytes(data).sites == busy.sites
+    assert StepLog.from_bytes(quiet.to_bytes()).sites == quiet.sites
 
 
 def test_dense_ternary_baseline() -> None:
