@@ -737,8 +737,12 @@ def _line_min_lsb(line: np.ndarray, mant: int, emask: int, scale: np.ndarray) ->
 # small model's trainer makes a few calls a step).
 
 def _coords(pos: np.ndarray, shape: Sequence[int]) -> tuple[np.ndarray, ...]:
-    """Row-major coordinates of flat positions."""
-    return np.unravel_index(pos, tuple(shape))
+    """Row-major coordinates of flat positions (divmod: a third of np.unravel_index's time)."""
+    out = []
+    for size in reversed(tuple(shape)[1:]):
+        pos, rest = np.divmod(pos, size)
+        out.append(rest)
+    return (pos, *reversed(out))
 
 
 def _per_key(key: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
@@ -839,7 +843,11 @@ def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | Non
         return None
     shape = outs[0].shape
     r, c = _coords(pos.cpu().numpy(), shape)
-    return _certify_grains(a, b, r, c, _lsb_np(bias.expand(shape)[_t(r), _t(c)]), e, outs[0], pos)
+    if bias.dim() == 1:  # (a linear layer's bias, one per column)
+        addend = _lsb_np(bias.expand(shape[1]))[c]
+    else:
+        addend = _lsb_np(bias.expand(shape)[_t(r), _t(c)])
+    return _certify_grains(a, b, r, c, addend, e, outs[0], pos)
 
 
 _SAMPLE = 16  # values per line whose lsb bound the line's grain from above

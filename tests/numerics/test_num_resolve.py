@@ -344,6 +344,7 @@ CASES = [
     # lines longer than the certificates' sample (resolve._SAMPLE): the grain needs the whole line
     Case("mm-k40", aten.mm.default, _mm_like([(4, 40), (40, 5)]), lambda a, k: [flat(ref_mm(*a))]),
     Case("addmm-k40", aten.addmm.default, _mm_like([(4, 40), (40, 5)], bias_shape=(5,)), _ref_addmm),
+    Case("addmm-bias2d", aten.addmm.default, _mm_like([(4, 9), (9, 5)], bias_shape=(4, 5)), _ref_addmm),
     Case("addmm-scaled", aten.addmm.default, _mm_like([(4, 9), (9, 5)], {"beta": 0.5, "alpha": 3.0}, (4, 5)),
          _ref_addmm),
     Case("conv2d-s2p1d2g2", aten.convolution.default, _conv_args, _ref_conv),
