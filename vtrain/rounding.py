@@ -13,17 +13,20 @@ rounding boundary (midpoint of two grid neighbours) nearest to v, and w a band h
 - policy "bound": w = 2E, E the a-priori error bound of vtrain.bounds (two honest devices are each within
   E of the exact value, so within 2E of each other). v is logged when dist(v, b) < w. If w >= 1/8 of the
   grid spacing the entry is a value entry (the trainer's grid value itself: with a band that wide the
-  auditor cannot be sure which boundary a direction refers to); otherwise a direction entry.
+  auditor cannot be sure which boundary a direction refers to); otherwise a direction entry. A value
+  that vtrain.resolve certifies as computed exactly (every partial sum exact in any order: the same value
+  on every device) is not logged, ties included: round-half-even settles it everywhere (stats
+  "certified" counts them).
 - policy "tau" (the paper's): v is logged when |v - r| > tau * spacing, i.e. within (0.5 - tau) spacings
   of b, the spacing taken with the true binary exponent; direction entries only.
 
 Replay: for a direction entry the auditor finds the boundary nearest to its own value v' and takes the
 grid neighbour on the logged side; for a value entry it takes the logged value. An entry is legitimate
 when the value it imposes is the rounding of some value within the band of the auditor's own v':
-round(v' - w') <= claimed <= round(v' + w'), with the auditor's own band w' (2E' for "bound",
-(0.5 - tau) spacings for "tau"). For an honest trainer that always holds, since its value was within 2E
-of the auditor's. Otherwise the trainer steered a value no honest device could have produced:
-IllegitimateLogEntryError. Entries that agree with the auditor's own rounding are never illegitimate;
+round(v' - w') <= claimed <= round(v' + w'), with the auditor's own band w' (2E' for "bound", 0 where
+the auditor certifies v' exact, (0.5 - tau) spacings for "tau"). For an honest trainer that always
+holds, since its value was within 2E of the auditor's (and equal to it where either certifies).
+Otherwise the trainer steered a value no honest device could have produced: IllegitimateLogEntryError. Entries that agree with the auditor's own rounding are never illegitimate;
 the ones that change it are counted as corrections.
 
 Bands carry a relative slack of 2^-10 (see vtrain.bounds for how E itself is inflated).
