@@ -134,9 +134,10 @@ class StepLog:
     def to_bytes(self) -> bytes:
         listed = [s for s in self.sites if s.num_entries]
         heads, prev = [], -1
-        for s in listed:
-            heads += [s.site - prev - 1, int(s.dir_pos.size), int(s.val_pos.size)]
-            prev = s.site
+        for i, s in enumerate(self.sites):  # (a site is its place in the list, as its tag's)
+            if s.num_entries:
+                heads += [i - prev - 1, int(s.dir_pos.size), int(s.val_pos.size)]
+                prev = i
         varints = _varint_encode(np.concatenate([np.asarray(heads, np.uint64),
                                                  _deltas([s.dir_pos for s in listed]),
                                                  _deltas([s.val_pos for s in listed])]))
