@@ -47,6 +47,7 @@ VERSION = 2
 POLICIES = ("bound", "tau")
 _HEADER = struct.Struct("<4sBBBBI")
 _ZSTD = 1  # flags bit: the body is zstd-compressed
+_MAGIC_V1 = b"VTRLOG\x00\x01"  # version 1 (op names and shapes spelled out), which shares "VTRL"
 _MAX_VARINT_BYTES = 10
 
 
@@ -159,6 +160,9 @@ class StepLog:
         if len(data) < _HEADER.size:
             raise CorruptLogError(source, f"{len(data)} bytes, shorter than the {_HEADER.size}-byte header")
         magic, version, policy, bits, flags, crc = _HEADER.unpack_from(data)
+        if data.startswith(_MAGIC_V1):
+            raise CorruptLogError(source, f"format version 1, this vtrain reads version {VERSION}: re-run the "
+                                          "training with this vtrain, or audit with the vtrain that wrote it")
         if magic != MAGIC:
             raise CorruptLogError(source, "bad magic: not a vtrain rounding log")
         if version != VERSION:

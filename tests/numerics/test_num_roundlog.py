@@ -54,6 +54,7 @@ def test_corrupt_and_truncated_bytes_name_the_source() -> None:
         "trailing bytes": data + b"\x00",
         "wrong version": data[:4] + b"\x09" + data[5:],
         "bad flags": data[:7] + b"\x80" + data[8:],
+        "version 1": b"VTRLOG\x00\x01" + b"\x01\x00" + data[10:],
     }
     for what, blob in bad_inputs.items():
         with pytest.raises(CorruptLogError, match="runs/a/logs/000007.vlog") as err:
