@@ -558,7 +558,8 @@ class RoundedExecution(TorchDispatchMode):
         logged = np.minimum(d_lo, d_hi) < ww
         if certify is not None and logged.any():
             sel = np.flatnonzero(logged)
-            exact = certify(cand[sel], e[sel])
+            at = torch.from_numpy(sel).to(cand.device)  # (torch indexing by a numpy array converts it slowly)
+            exact = certify(cand[at], e[at.to(e.device)])
             if exact is not None:
                 exact = exact.cpu().numpy()
                 logged[sel[exact]] = False
