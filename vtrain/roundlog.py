@@ -18,7 +18,8 @@ Byte format, version 2 (little endian):
     u32 crc32 of what follows | varints: sites, listed sites, direction entries, value entries | body
     body = u16 tag per site | varints (per listed site: site index minus the previous listed one's,
            n_dir, n_val; then every listed site's direction positions as deltas; then every listed site's
-           value positions as deltas) | direction bits (np.packbits, all sites) | values (float32)
+           value positions as deltas) | direction bits (np.packbits, all sites) | values (each grid value's
+           FP32 pattern shifted right by 32 - bits, in (bits + 7) // 8 byte planes)
 The body is compressed only where that makes it smaller (a step's log with few entries is not).
 Positions are strictly increasing within a site; the first delta is the position itself. The file's
 keccak-256 (`content_hash`) is committed in the step's leaf; the crc only gives a clear error for a file
@@ -143,9 +144,9 @@ class StepLog:
                                                  _deltas([s.dir_pos for s in listed]),
                                                  _deltas([s.val_pos for s in listed])]))
         bits = np.packbits(np.concatenate([s.dir_up for s in listed] or [np.zeros(0, bool)]).astype(bool))
-        values = np.concatenate([s.val for s in listed] or [np.zeros(0, np.float32)]).astype("<f4")
+        values = _pack_values(np.concatenate([s.val for s in listed] or [np.zeros(0, np.float32)]), self.bits)
         tags = np.fromiter((s.tag for s in self.sites), np.uint16, len(self.sites)).astype("<u2")
-        body = b"".join([tags.tobytes(), varints, bits.tobytes(), values.tobytes()])
+        body = b"".join([tags.tobytes(), varints, bits.tobytes(), values])
         flags = 0
         if len(body) > 64:
             packed = zstandard.ZstdCompressor(level=3, write_checksum=False, write_content_size=True).compress(body)
@@ -177,7 +178,7 @@ class StepLog:
             body = rest[off:]
             if flags & _ZSTD:
                 body = zstandard.ZstdDecompressor().decompress(body)
-            sites = _decode_body(body, *(int(c) for c in counts))
+            sites = _decode_body(body, *(int(c) for c in counts), bits)
         except zstandard.ZstdError as exc:
             raise CorruptLogError(source, f"compressed body does not decode: {exc}") from None
         except (struct.error, ValueError, IndexError) as exc:
@@ -198,13 +199,14 @@ def _varint_prefix(buf: bytes, count: int) -> tuple[np.ndarray, int]:
     return _varint_decode(buf[:end], count), end
 
 
-def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: int) -> list[SiteLog]:
+def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: int, grid_bits: int) -> list[SiteLog]:
     if n_listed > n_sites:
         raise ValueError(f"{n_listed} sites with entries of {n_sites}")
     tags = np.frombuffer(body, "<u2", n_sites).astype(np.int64)
     off = 2 * n_sites
     n_bits = (n_dir + 7) // 8
-    n_varint_bytes = len(body) - off - n_bits - 4 * n_val
+    value_bytes = _value_bytes(grid_bits)
+    n_varint_bytes = len(body) - off - n_bits - value_bytes * n_val
     if n_varint_bytes < 0:
         raise ValueError("body shorter than its entry counts")
     ints = _varint_decode(body[off : off + n_varint_bytes], 3 * n_listed + n_dir + n_val)
@@ -216,7 +218,7 @@ def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: in
     if listed.size and listed[-1] >= n_sites:
         raise ValueError(f"a listed site index {int(listed[-1])} beyond the {n_sites} sites")
     bits = np.unpackbits(np.frombuffer(body, np.uint8, n_bits, off))[:n_dir].astype(bool)
-    values = np.frombuffer(body, "<f4", n_val, off + n_bits).astype(np.float32)
+    values = _unpack_values(body[off + n_bits:], n_val, grid_bits)
     if not np.isfinite(values).all():
         raise ValueError("a value entry is not finite")
     sites = [SiteLog(i, None, None, tag=int(t)) for i, t in enumerate(tags)]
@@ -227,6 +229,30 @@ def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: in
         s.val_pos, s.val = _undelta(ints[v_off : v_off + nv], site), values[val_off : val_off + nv].copy()
         d_off, v_off, b_off, val_off = d_off + nd, v_off + nv, b_off + nd, val_off + nv
     return sites
+
+
+def _value_bytes(bits: int) -> int:
+    return (bits + 7) // 8
+
+
+def _pack_values(values: np.ndarray, bits: int) -> bytes:
+    """Grid values of `bits` bits in (bits + 7) // 8 bytes each: a grid value's FP32 pattern ends in 32 - bits
+    zero bits (normal and subnormal alike, vtrain.grid), so the pattern shifted right keeps it whole (3 bytes
+    a value at bits = 19, the scale models'). Stored as byte planes, which zstd compresses better (the high
+    plane, sign and exponent, varies little)."""
+    patterns = np.ascontiguousarray(values, dtype="<f4").view("<u4")
+    if (patterns & np.uint32((1 << (32 - bits)) - 1)).any():
+        raise ValueError(f"a value entry is not a value of the {bits}-bit grid")
+    planes = (patterns >> np.uint32(32 - bits)).view(np.uint8).reshape(-1, 4)[:, :_value_bytes(bits)]
+    return planes.T.tobytes()
+
+
+def _unpack_values(buf: bytes, count: int, bits: int) -> np.ndarray:
+    width = _value_bytes(bits)
+    planes = np.frombuffer(buf, np.uint8, width * count).reshape(width, count)
+    patterns = np.zeros((count, 4), np.uint8)
+    patterns[:, :width] = planes.T
+    return (patterns.view("<u4").reshape(-1) << np.uint32(32 - bits)).view("<f4").astype(np.float32)
 
 
 def _deltas(positions: list[np.ndarray]) -> np.ndarray:

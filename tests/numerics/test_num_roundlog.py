@@ -8,7 +8,9 @@ import zlib
 import numpy as np
 import pytest
 import sha3
+import torch
 
+from vtrain.grid import round_to_grid
 from vtrain.roundlog import CorruptLogError, SiteLog, StepLog, dense_ternary_size, site_tag
 
 
@@ -20,8 +22,9 @@ def _log() -> StepLog:
         pos = np.sort(gen.choice(n, size=min(n, 50), replace=False)).astype(np.int64)
         split = len(pos) // 3
         val_pos, dir_pos = np.sort(pos[:split]), np.sort(pos[split:])
+        values = round_to_grid(torch.from_numpy(gen.standard_normal(val_pos.size)), 19).numpy().astype(np.float32)
         sites.append(SiteLog(i, f"aten.op{i % 2}.default", shape, dir_pos, gen.random(dir_pos.size) < 0.5,
-                             val_pos, gen.standard_normal(val_pos.size).astype(np.float32)))
+                             val_pos, values))
     sites.append(SiteLog(len(sites), "aten.mm.default", (4, 4)))  # a site with no entries keeps its header
     sites.append(SiteLog(len(sites), "aten.mm.default", (2**40,), np.array([0, 2**40 - 1]), np.array([True, False])))
     return StepLog(sites, "bound", 19)
@@ -89,6 +92,23 @@ def test_sites_without_entries_cost_their_tag_only_and_large_bodies_compress() -
     assert data[7] == 1 and len(data) < busy.sites[0].dir_pos.size  # zstd: under a byte an entry
     assert StepLog.from_bytes(data).sites == busy.sites
     assert StepLog.from_bytes(quiet.to_bytes()).sites == quiet.sites
+
+
+@pytest.mark.parametrize("bits", [10, 19, 24, 25, 32])
+def test_value_entries_take_their_grid_bits_only(bits: int) -> None:
+    values = torch.tensor([1.0, -1.5, 2.5e38, -2.0**-130, 2.0**-126, -0.0, 1e-3, -7.25e5], dtype=torch.float64)
+    values = round_to_grid(values, bits).numpy().astype(np.float32)
+    log = StepLog([SiteLog(0, "aten.mm.default", (100,), val_pos=np.arange(values.size) * 3, val=values)], bits=bits)
+    data = log.to_bytes()
+    back = StepLog.from_bytes(data).sites[0]
+    assert back.val.view(np.int32).tolist() == values.view(np.int32).tolist()  # bit for bit, -0 and subnormals too
+    width = (bits + 7) // 8
+    assert len(data) == 12 + 4 + 2 + 3 + values.size + width * values.size  # header, counts, tag, head, gaps
+    off_grid = StepLog([SiteLog(0, "aten.mm.default", (4,), val_pos=np.array([1]),
+                                val=np.array([1 + 2.0**-23], np.float32))], bits=bits)
+    if bits < 32:
+        with pytest.raises(ValueError, match=f"not a value of the {bits}-bit grid"):
+            off_grid.to_bytes()
 
 
 def test_dense_ternary_baseline() -> None:
