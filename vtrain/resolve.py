@@ -673,8 +673,11 @@ def _slices_min_lsb(t: torch.Tensor, keys: np.ndarray, dim: int = 0) -> np.ndarr
     """Per key k, the smallest lsb over t.select(dim, k) (all its other dims): `min_lsb` over t's slices
     laid out as lines, one compiled pass instead of ~10 torch calls on a gathered copy (the certificates
     of a small model's op cost more than its arithmetic)."""
-    lines = t.detach().movedim(dim, 0)
-    return _min_lsb(lines.reshape(lines.shape[0], -1), keys, 0)
+    t = t.detach()
+    if dim:  # (slices across memory: gather the asked ones only, not a copy of the whole tensor)
+        t = t.index_select(dim, torch.from_numpy(keys).to(t.device)).movedim(dim, 0)
+        keys = np.arange(len(keys))
+    return _min_lsb(t.reshape(t.shape[0], -1), keys, 0)
 
 
 def _lsb_np(t: torch.Tensor) -> np.ndarray:
