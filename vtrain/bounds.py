@@ -24,7 +24,8 @@ the path for everything else; tests/numerics/test_num_bounds.py compares the bit
 
 Every E is inflated by (1 + 2*gamma_K + 2^-20) so that computing E itself in floating point (which can
 undershoot the exact sum of absolute values by gamma_K relative) still leaves an upper bound, and gets an
-absolute floor of K smallest subnormals of the work dtype for underflow. The trainer and the auditor
+absolute floor of K units of `_floor_unit` for underflow (float64's smallest normal, float32's smallest
+subnormal). The trainer and the auditor
 compute E from identical grid inputs; the slack also absorbs that their E may differ in the last bits.
 """
 
@@ -54,6 +55,15 @@ def _tiny(dtype: torch.dtype) -> float:
     return 2.0**-1074 if dtype == torch.float64 else 2.0**-149
 
 
+def _floor_unit(dtype: torch.dtype) -> float:
+    """E's absolute floor per term (for underflow): float64's smallest normal, 2^-1022, rather than its
+    smallest subnormal. Any multiple of the subnormal spacing bounds an underflow, and a subnormal E costs
+    a microcode assist in every multiplication that reads it (40x a normal one: relu networks' zero
+    sums, whose E is the floor alone, made up a third of a small weight gradient's filter pass). Float32
+    work keeps 2^-149: its smallest normal lies too near the small grid values' spacing."""
+    return 2.0**-1022 if dtype == torch.float64 else 2.0**-149
+
+
 def gamma(n: int, u: float) -> float:
     """gamma_n = n u / (1 - n u); infinite once n u >= 1 (no useful bound)."""
     nu = n * u
@@ -62,7 +72,7 @@ def gamma(n: int, u: float) -> float:
 
 def _finish_factors(n: int, u: float, dtype: torch.dtype) -> tuple[float, float]:
     """(inflation, floor) of `_finish`: E becomes E * inflation + floor."""
-    return 1 + 2 * gamma(n, u) + 2.0**-20, max(n, 1) * _tiny(dtype)
+    return 1 + 2 * gamma(n, u) + 2.0**-20, max(n, 1) * _floor_unit(dtype)
 
 
 def _finish(e: torch.Tensor, n: int, u: float, dtype: torch.dtype) -> torch.Tensor:
@@ -131,7 +141,7 @@ def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], dtype: t
         if dtype is not torch.float64:
             return [_finish(out.mul_(g), k, u, dtype)]
         c = 1 + 2 * g + 2.0**-20
-        return [fused.affine64(out, scale * g * c, floor * g * c + max(k, 1) * _tiny(dtype))]
+        return [fused.affine64(out, scale * g * c, floor * g * c + max(k, 1) * _floor_unit(dtype))]
     result = []
     for o, k in zip(out, ks):
         if o is None:
@@ -139,7 +149,7 @@ def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], dtype: t
             continue
         g = gamma(k, u)
         c = 1 + 2 * g + 2.0**-20
-        result.append(fused.affine64(o, scale * g * c, floor * g * c + max(k, 1) * _tiny(dtype))
+        result.append(fused.affine64(o, scale * g * c, floor * g * c + max(k, 1) * _floor_unit(dtype))
                       if dtype == torch.float64 else _finish(o.mul_(g), k, u, dtype))
     return result
 
@@ -184,7 +194,7 @@ def _matmul_at(func: Any) -> PositionBound:
         absval = torch.cat([(a[batch[s:s + step], i[s:s + step], :].abs() * b[batch[s:s + step], :, j[s:s + step]].abs())
                             .sum(-1) for s in range(0, pos.numel(), step)]) * abs(alpha)
         if bias is not None:
-            absval = absval + abs(beta) * bias.expand(v.shape).reshape(-1)[pos].abs()
+            absval = absval + abs(beta) * bias.expand(v.shape)[i, j].abs()  # (addmm: v is (m, n))
         return _finish(gamma(k, u) * absval, k, u, v.dtype)
 
     return bound_at
@@ -209,6 +219,10 @@ def _convolution_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor
 # -- reductions -------------------------------------------------------------------------------------
 
 
+# Inputs from this size on sum |x| in one compiled pass (vtrain.fused.abs_sum), smaller ones by torch's abs and sum
+_FUSED_SUM_ELEMENTS = 1 << 15
+
+
 def _reduced_count(x: torch.Tensor, dim: Any) -> int:
     if dim is None or len(dim) == 0:
         return x.numel()
@@ -223,8 +237,14 @@ def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list
     n = _reduced_count(x, dim)
     u = unit_roundoff(v.dtype)
     dims = list(range(x.dim())) if not dim else list(dim)
-    xa = x.abs() if x.dtype is v.dtype else x.to(v.dtype).abs_()
-    s = xa.sum(dims, keepdim=keepdim) if x.dim() else xa
+    s = None
+    if x.numel() >= _FUSED_SUM_ELEMENTS:
+        from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+        s = fused.abs_sum(x, dims)
+        s = None if s is None else s.to(v.dtype)  # (float32 work: a rounding of 2^-24, inside _finish's slack)
+    if s is None:
+        xa = x.abs() if x.dtype is v.dtype else x.to(v.dtype).abs_()
+        s = xa.sum(dims, keepdim=keepdim) if x.dim() else xa
     return [_finish(s.reshape(v.shape).mul_(gamma(n, u)), n, u, v.dtype)]  # (s: a fresh temporary)
 
 

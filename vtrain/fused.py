@@ -99,7 +99,7 @@ def round_near_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.
     v of shape (B, M, N), flat (float64 rows (B, M), cols and add (B, N)), computed as it goes. With
     `support` (bitsets of the nonzeros of a's rows and b's columns, vtrain.prefilter), a candidate whose
     value is an exact zero with no nonzero product (a_ik b_kj with both factors nonzero) is dropped: its E is
-    k smallest subnormals, within no band of a boundary."""
+    k floor units (k 2^-1022, vtrain.bounds._floor_unit), within no band of a boundary."""
     sa, sb = support if support is not None else (_NO_SUPPORT, _NO_SUPPORT)
     return _round_near32_outer(v, rows, cols, add, factor, limit, out, cand, plus, sa, sb)
 
@@ -262,6 +262,58 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
     return count, _first_bad(out, limit) if nbad else -1
 
 
+def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float,
+                  scale: float, floor: float, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
+                  e_cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
+    """`round_near` for float64 work at bits = 32 on v = a @ b (+ beta bias) of shape (M, N), flat, with the
+    band e = (alpha sum_k |a_ik| |b_kj| + beta |bias_ij|) * scale + floor computed as it goes, a row at a
+    time (bias (M, N), a broadcast view, or (0, 0) for none); also e_cand[:count] = e at the candidates.
+    The sums run in float64 in the kernel's own order: vtrain.bounds' slack covers any order."""
+    return _round_near32_mm(v, a, b, bias, alpha, beta, scale, floor, factor, limit, out, cand, e_cand, plus)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_near32_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float,
+                     scale: float, floor: float, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
+                     e_cand: np.ndarray, plus: float) -> tuple[int, int]:
+    m, k_dim = a.shape
+    n = b.shape[1]
+    babs = np.empty((k_dim, n))  # |b| row-major, read along its rows in any layout of b
+    if b.strides[0] < b.strides[1]:
+        for j in range(n):
+            for k in range(k_dim):
+                babs[k, j] = abs(b[k, j])
+    else:
+        for k in range(k_dim):
+            for j in range(n):
+                babs[k, j] = abs(b[k, j])
+    eb = np.empty(n)
+    flags = np.empty(n, np.bool_)
+    count = nbad = 0
+    for i in range(m):
+        eb[:] = 0.0
+        for k in range(k_dim):
+            s, row = abs(a[i, k]), babs[k]
+            for j in range(n):
+                eb[j] += s * row[j]
+        if bias.size:
+            bi = bias[i]
+            for j in range(n):
+                eb[j] = (eb[j] * alpha + beta * abs(bi[j])) * scale + floor
+        else:
+            for j in range(n):
+                eb[j] = eb[j] * alpha * scale + floor
+        start = i * n
+        nflag, bad = _near_block32(v[start:start + n], eb, factor, limit, out[start:start + n], flags, plus)
+        nbad += bad
+        if nflag:
+            new = _gather_flags(flags, n, start, cand, count)
+            for t in range(count, new):
+                e_cand[t] = eb[cand[t] - start]
+            count = new
+    return count, _first_bad(out, limit) if nbad else -1
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _share_a_bit(x: np.ndarray, y: np.ndarray) -> bool:
     for w in range(x.size):
@@ -316,6 +368,55 @@ def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
     out = torch.empty(src.shape, dtype=torch.float32)
     largest = _abs32(flat(src), flat(out))
     return (out if src is t else out.t()), largest
+
+
+def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
+    """The sum of |x| over `dims` (float64, the kept dims' elements in order) in one pass, with no |x| in
+    memory (torch's x.abs() writes a tensor as large as x: on a 512 x 2048 bias gradient, fresh pages cost
+    more than the sum), for a contiguous CPU tensor reduced over its leading or its trailing dims; None
+    otherwise. Accumulated in float64 in its own order: vtrain.bounds' slack covers any order."""
+    if not (usable(x) and x.dim() and x.numel()):
+        return None
+    red = sorted({d % x.dim() for d in dims})
+    inner = math.prod(x.shape[len(red):])
+    if red == list(range(x.dim() - len(red), x.dim())):  # trailing (also all dims): one sum per line
+        lines = flat(x).reshape(-1, math.prod(x.shape[x.dim() - len(red):]))
+        out = np.empty(lines.shape[0])
+        _abs_line_sums(lines, out)
+    elif red == list(range(len(red))):  # leading: one sum per column of the (reduced, kept) matrix
+        out = np.empty(inner)
+        _abs_column_sums(flat(x).reshape(-1, inner), out)
+    else:
+        return None
+    return torch.from_numpy(out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _abs_line_sums(lines: np.ndarray, out: np.ndarray) -> None:
+    # four interleaved partial sums: one chain of dependent additions would wait on each
+    for i in range(lines.shape[0]):
+        line = lines[i]
+        s0 = s1 = s2 = s3 = 0.0
+        k = 0
+        while k + 4 <= line.size:
+            s0 += abs(np.float64(line[k]))
+            s1 += abs(np.float64(line[k + 1]))
+            s2 += abs(np.float64(line[k + 2]))
+            s3 += abs(np.float64(line[k + 3]))
+            k += 4
+        while k < line.size:
+            s0 += abs(np.float64(line[k]))
+            k += 1
+        out[i] = (s0 + s1) + (s2 + s3)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _abs_column_sums(x: np.ndarray, out: np.ndarray) -> None:
+    out[:] = 0.0
+    for i in range(x.shape[0]):
+        row = x[i]
+        for j in range(row.size):
+            out[j] += abs(np.float64(row[j]))
 
 
 def affine64(s: torch.Tensor, a: float, b: float) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from vtrain.inline import INLINE, InlineBound
 from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
 from vtrain.bounds import BOUNDS, Bound, PositionBound
 from vtrain.errors import VtrainError
@@ -66,6 +67,7 @@ class OpSpec:
     bound: Bound | None = None  # class 3: the error bound of vtrain.bounds
     bound_at: PositionBound | None = None  # class 3 matmuls: `bound` at given flat positions only
     bound_upper: Upper | None = None  # class 3 matmuls: a cheap upper bound of `bound` (vtrain.prefilter)
+    bound_inline: InlineBound | None = None  # class 3 small matmuls: `bound` computed as they round (vtrain.inline)
     decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
 
 
@@ -201,7 +203,8 @@ def _build() -> dict[Any, OpSpec]:
     for op in _IEEE:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():
-        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op), bound_upper=UPPERS.get(op))
+        table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op), bound_upper=UPPERS.get(op),
+                           bound_inline=INLINE.get(op))
     for op, functional in _DEVICE_INPLACE.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional])
     for op, (fn, inplace) in _DECOMPOSED.items():

@@ -37,10 +37,10 @@ inputs, so a run and its resumption decide alike.
 
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
-most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k smallest subnormals. U is
+most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k floor units. U is
 computed in float64 (at most K + 8 roundings of 2^-53 below the exact product of norms; a line with a
 nonzero value below 2^-500, whose square could underflow, leaves the op to the full bound) and carries,
-besides those factors, a relative 2^-8 and an absolute 8 (k + 1) smallest subnormals of the work dtype.
+besides those factors, a relative 2^-8 and an absolute 8 (k + 1) floor units of the work dtype (bounds._floor_unit).
 tests/numerics/test_num_prefilter.py checks U against both bounds on adversarial operands.
 """
 
@@ -55,7 +55,7 @@ import torch
 from numba import njit
 
 from vtrain import bounds
-from vtrain.bounds import PositionBound, _finish, _mm_operands, _tiny, gamma, unit_roundoff
+from vtrain.bounds import PositionBound, _finish, _floor_unit, _mm_operands, gamma, unit_roundoff
 
 aten = torch.ops.aten
 
@@ -73,8 +73,8 @@ class Prefilter:
     """U >= E over the whole output (B, M, N), kept as its factors: U[n, i, j] = rows[n, i] * cols[n, j] +
     add[n, j], float64, computed with those two roundings wherever it is used. And (for sums without an
     addend) which positions' sums have a nonzero term: the others are exact zeros on every device, E there
-    is k smallest subnormals, and no grid boundary is within any band of them (the nearest, half FP32's
-    smallest subnormal, is 2^-150)."""
+    is k floor units (bounds._floor_unit: 2^-1022 each for the float64 work the kernels filter), and no grid
+    boundary is within any band of them (the nearest, half FP32's smallest subnormal, is 2^-150)."""
 
     rows: np.ndarray
     cols: np.ndarray
@@ -148,7 +148,7 @@ def _matmul_upper(func: Any) -> Upper:
         g32 = gamma(k + 4, 2.0**-24)
         factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
         floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
-            + 8 * (kk + 1) * _tiny(v.dtype)
+            + 8 * (kk + 1) * _floor_unit(v.dtype)
         rows *= factor * abs(alpha)
         add = np.full(cols.shape, floor)
         if bias_abs is not None:
@@ -399,16 +399,17 @@ def _matmul_at(func: Any) -> PositionBound:
         m, n = a.shape[1], b.shape[2]
         p = pos.numpy().astype(np.int64, copy=False)
         batch, rem = p // (m * n), p % (m * n)
-        cols, absval = rem % n, np.empty(p.size)
+        rows, cols, absval = rem // n, rem % n, np.empty(p.size)
         if b.stride(1) > b.stride(2):
-            _abs_dots_by_rows(_numpy(a), _numpy(b), batch, rem // n, cols, absval)
+            _abs_dots_by_rows(_numpy(a), _numpy(b), batch, rows, cols, absval)
         else:
-            _abs_dots(_numpy(a), _numpy(b), batch, rem // n, cols, absval)
+            _abs_dots(_numpy(a), _numpy(b), batch, rows, cols, absval)
         e = torch.from_numpy(absval)
         if alpha != 1:
             e.mul_(abs(alpha))
-        if bias is not None:
-            e.add_(bias.expand(v.shape).reshape(-1)[pos].abs().to(torch.float64), alpha=abs(beta))
+        if bias is not None:  # (addmm: v is (m, n); indexed by row and column, the expanded bias is no copy)
+            at = bias.expand(v.shape)[torch.from_numpy(rows), torch.from_numpy(cols)]
+            e.add_(at.abs().to(torch.float64), alpha=abs(beta))
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
         return _finish(e.mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype)
 

@@ -417,6 +417,17 @@ class RoundedExecution(TorchDispatchMode):
         if not (v.numel() and fused.usable(v)):
             return None
         if bounds is None:
+            inline = spec.bound_inline(args, kwargs, floats) if spec.bound_inline and self._cast32(v) else None
+            if inline is not None:  # a small matmul's E, computed as it rounds (vtrain.inline)
+                out, cand = spare.take(v), np.empty(v.numel(), dtype=np.int64)
+                e_cand = np.empty(v.numel())
+                count, bad = fused.round_near_mm(fused.flat(v), inline.a, inline.b, inline.bias, inline.alpha,
+                                                 inline.beta, inline.scale, inline.floor, factor, self._limit,
+                                                 fused.flat(out), cand, e_cand, self._plus)
+                if bad >= 0:
+                    return None
+                self._counts["rounded"] += v.numel()
+                return out, torch.from_numpy(cand[:count].copy()), torch.from_numpy(e_cand[:count].copy()), None
             pre = _prefilter(spec, args, kwargs, floats)
             if pre is not None:  # the matmul pre-filter (vtrain.prefilter)
                 out, cand, bad = self._kernel_near(v, pre, factor)
@@ -424,7 +435,7 @@ class RoundedExecution(TorchDispatchMode):
                     return None
                 self._counts["rounded"] += v.numel()
                 return (out, *self._settle(spec, args, kwargs, floats, i, torch.from_numpy(cand), pre,
-                                           dropped=self._builds_u(v)))
+                                           dropped=self._cast32(v)))
             bounds = spec.bound(args, kwargs, floats)
         e, m = bounds[i], self.bits - 9
         if e is None:
@@ -453,7 +464,7 @@ class RoundedExecution(TorchDispatchMode):
         fused, out = self._fused, spare.take(v)
         cand = np.empty(v.numel(), dtype=np.int64)
         if isinstance(e, Prefilter):
-            if self._builds_u(v):  # the kernel builds U as it goes
+            if self._cast32(v):  # the kernel builds U as it goes
                 # (and drops the sums with no nonzero term as it goes: `_settle` need not)
                 count, bad = fused.round_near_outer(fused.flat(v), e.rows, e.cols, e.add, factor, self._limit,
                                                     fused.flat(out), cand, self._plus, e.support)
@@ -463,8 +474,9 @@ class RoundedExecution(TorchDispatchMode):
                                       fused.flat(out), cand, self._plus)
         return out, cand[:count].copy(), bad
 
-    def _builds_u(self, v: torch.Tensor) -> bool:
-        """Whether `_kernel_near` takes v's pre-filter in fused.round_near_outer (float64 work at bits = 32)."""
+    def _cast32(self, v: torch.Tensor) -> bool:
+        """Float64 work at bits = 32, rounded by the hardware cast: where the kernels that build the band as
+        they go take v (fused.round_near_outer for the pre-filter, fused.round_near_mm for small matmuls)."""
         return v.dtype is torch.float64 and self.bits == 32
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
@@ -558,8 +570,8 @@ class RoundedExecution(TorchDispatchMode):
         logged = np.minimum(d_lo, d_hi) < ww
         if certify is not None and logged.any():
             sel = np.flatnonzero(logged)
-            at = torch.from_numpy(sel).to(cand.device)  # (torch indexing by a numpy array converts it slowly)
-            exact = certify(cand[at], e[at.to(e.device)])
+            # (gathered in numpy: torch indexing costs ~20 us a call here, the certifiers read numpy anyway)
+            exact = certify(torch.from_numpy(idx[sel]), torch.from_numpy(e.cpu().numpy()[sel]))
             if exact is not None:
                 exact = exact.cpu().numpy()
                 logged[sel[exact]] = False

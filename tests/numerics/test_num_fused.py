@@ -219,3 +219,82 @@ def test_training_with_the_kernels_is_bit_identical_to_the_torch_path(spec_name:
     assert logs_on == logs_off
     assert loss_on == loss_off
     assert state_on == state_off
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("case", ["mm", "addmm", "addmm-scaled-bias2d"])
+def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, transposed: bool) -> None:
+    # vtrain.inline: a small matmul's E summed inside fused.round_near_mm, in the kernel's order. At every
+    # candidate E must be the documented formula, gamma_k (1 + 2 gamma_k + 2^-20) times the exact sum of
+    # |terms| plus k smallest normals (bounds._floor_unit), up to float64 rounding; every value within factor * E of a rounding
+    # boundary must be a candidate, every other value must not; the rounding has the plain rounding's bits.
+    from fractions import Fraction
+
+    from vtrain.bounds import gamma
+    from vtrain.inline import INLINE
+
+    gen = torch.Generator().manual_seed(len(case) + transposed)
+    a = torch.randn(6, 13, generator=gen, dtype=torch.float64).to(torch.float32).double()
+    b = torch.randn(13, 9, generator=gen, dtype=torch.float64).to(torch.float32).double()
+    a[1] = 0.0
+    a[2] *= 2.0**40
+    a[3, :4] = 2.0**-1000  # tiny terms beside normal ones
+    if transposed:  # a weight gradient's and a linear layer's operand layouts
+        a, b = a.t().contiguous().t(), b.t().contiguous().t()
+    func = torch.ops.aten.addmm.default if case.startswith("addmm") else torch.ops.aten.mm.default
+    bias = torch.randn((6, 9) if "bias2d" in case else (9,), generator=gen, dtype=torch.float64).float().double()
+    args = (bias, a, b) if func is torch.ops.aten.addmm.default else (a, b)
+    kwargs = {"beta": -0.5, "alpha": 3.0} if "scaled" in case else {}
+    alpha, beta = abs(Fraction(kwargs.get("alpha", 1))), abs(Fraction(kwargs.get("beta", 1)))
+    exact = a.abs().numpy(), b.abs().numpy()
+    k = 13 + (3 if func is torch.ops.aten.addmm.default else 0)
+    g = gamma(k, 2.0**-53)
+    factor = 2.0
+
+    def e_exact(i: int, j: int) -> Fraction:
+        s = alpha * sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(exact[0][i], exact[1][:, j]))
+        if func is torch.ops.aten.addmm.default:
+            s += beta * abs(Fraction(float(bias.expand(6, 9)[i, j])))
+        return Fraction(g) * Fraction(1 + 2 * g + 2.0**-20) * s + k * Fraction(2.0**-1022)
+
+    inline = INLINE[func](args, kwargs, [func(*args, **kwargs)])
+    assert inline is not None
+    # values placed at chosen distances from a rounding boundary, in units of their own E: the exact
+    # midpoint, inside and outside the band
+    v = func(*args, **kwargs).reshape(-1).numpy().copy()
+    r = v.astype(np.float32).astype(np.float64)
+    up = np.nextafter(r.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+    offsets = [0.0, 0.5, -1.5, 1.9, 2.1, -3.0, 40.0]
+    e_all = np.array([float(e_exact(p // 9, p % 9)) for p in range(v.size)])
+    for p in range(v.size):
+        mid = (Fraction(float(r[p])) + Fraction(float(up[p]))) / 2
+        v[p] = float(mid + offsets[p % len(offsets)] * Fraction(float(e_all[p])))
+    out, cand, e_cand = np.empty_like(v), np.empty(v.size, np.int64), np.empty(v.size)
+    count, bad = fused.round_near_mm(v, inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale,
+                                     inline.floor, factor, grid_max(32), out, cand, e_cand)
+    assert bad == -1
+    assert np.array_equal(out.view(np.int64), round_unchecked(torch.from_numpy(v), 32).numpy().view(np.int64))
+    for t in range(count):
+        want = e_exact(cand[t] // 9, cand[t] % 9)
+        assert abs(Fraction(float(e_cand[t])) - want) <= want * 2.0**-40, cand[t]
+    # (where float64 cannot hold the offset, beside a zero row's subnormal boundary, the value is the midpoint)
+    ratio = [abs(Fraction(float(v[p])) - (Fraction(float(r[p])) + Fraction(float(up[p]))) / 2)
+             / e_exact(p // 9, p % 9) for p in range(v.size)]
+    inside = {p for p in range(v.size) if ratio[p] < factor * (1 - 2.0**-30)}
+    far = {p for p in range(v.size) if ratio[p] > factor * (1 + 2.0**-30)}
+    found = set(cand[:count].tolist())
+    assert len(inside) > 10 and len(far) > 10
+    assert inside <= found and not (far & found), (sorted(inside - found), sorted(far & found))
+
+
+def test_only_small_float64_matmuls_build_their_band_in_the_kernel() -> None:
+    from vtrain.inline import INLINE, INLINE_PRODUCTS
+
+    mm = torch.ops.aten.mm.default
+    a, b = torch.ones(64, 64, dtype=torch.float64), torch.ones(64, 64, dtype=torch.float64)
+    assert 64**3 <= INLINE_PRODUCTS and INLINE[mm]((a, b), {}, [a @ b]) is not None
+    wide = torch.ones(64, INLINE_PRODUCTS // 64**2 + 1, dtype=torch.float64)  # one column past the limit
+    assert INLINE[mm]((a, wide), {}, [a @ wide]) is None  # the full bound (or the pre-filter) takes it
+    assert INLINE[mm]((a.float(), b.float()), {}, [a.float() @ b.float()]) is None  # float32 work
+    empty = torch.ones(64, 0, dtype=torch.float64)
+    assert INLINE[mm]((empty, empty.t()), {}, [empty @ empty.t()]) is None  # K = 0: no products to sum

@@ -782,3 +782,32 @@ def test_bound_over_gamma_bounds_the_absolute_sum(name: str) -> None:
     for e, s_exact, k in zip(bounds, case.ref(absargs, kwargs), TERM_COUNTS[name](args)):
         s_upper = [F(v) * (1 - k * F(u)) / (k * F(u)) for v in e.reshape(-1).tolist()]
         assert all(su >= s for su, s in zip(s_upper, s_exact)), name
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_small_matmul_grains_in_one_pass_are_the_per_line_grains(dtype: torch.dtype, bits: int, kind: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # Small operands take resolve._pair_grains (every row and column read once, in one compiled call),
+    # larger ones the per-line path: both must give every position the same grain, on zero lines (no
+    # grain), a NaN, subnormals and transposed operands, for positions that repeat rows and columns.
+    from vtrain import resolve
+
+    gen = torch.Generator().manual_seed(zlib.crc32(f"pair/{bits}/{kind}".encode()))
+    a, b = grid((6, 40), gen, dtype, bits, kind), grid((40, 7), gen, dtype, bits, kind)
+    a[1] = 0.0
+    b[:, 2] = 0.0
+    a[2, 3] = math.nan
+    a[3, 5] = b[7, 4] = 2.0**-1060 if dtype == torch.float64 else 2.0**-140
+    r = torch.randint(6, (50,), generator=gen).numpy()
+    c = torch.randint(7, (50,), generator=gen).numpy()
+    addend = np.full(50, 2.0**-30)
+    for x, y in ((a, b), (a.t().contiguous().t(), b.t().contiguous().t())):
+        assert x.numel() + y.numel() <= resolve._PAIR_ELEMENTS
+        one_pass = [resolve._grain(x, y, r, c, None), resolve._grain(x, y, r, c, addend)]
+        with monkeypatch.context() as m:
+            m.setattr(resolve, "_PAIR_ELEMENTS", -1)
+            per_line = [resolve._grain(x, y, r, c, None), resolve._grain(x, y, r, c, addend)]
+        for got, want in zip(one_pass, per_line):
+            assert np.array_equal(got, want, equal_nan=True)
+        assert np.isnan(one_pass[0][r == 2]).all() and np.isinf(one_pass[0][((r == 1) | (c == 2)) & (r != 2)]).all()

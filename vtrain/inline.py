@@ -1,0 +1,80 @@
+"""Small matmuls: the error bound E computed inside the rounding pass (the trainer's filter, DESIGN.md §1.3).
+
+On a small model a matmul's full bound (vtrain.bounds.abs_bounds: |A|, |B|, a second matmul and a
+scaling pass) costs five torch calls and a buffer, more than its arithmetic, before the rounding kernel
+reads it back. For outputs of few products (M N K <= INLINE_PRODUCTS) fused.round_near_mm instead sums
+|a_ik| |b_kj| for each row of the output as it rounds that row: one compiled call. (A 32 x 64 @ 64 x 64
+addmm's bound and rounding: 48 against 108 us. Larger ones keep the full bound: a plain loop runs far
+below a BLAS matmul, and was slower from about 2^19 products on.)
+
+E is the full bound's formula, gamma_k (1 + 2 gamma_k + 2^-20) times the sum of |terms| (alpha and beta
+as absolute values) plus k floor units (bounds._floor_unit), with k = K (+ 3 for addmm's scaling and addition), its
+sums added in the kernel's order: vtrain.bounds' slack covers any order. The auditor gathers E at its
+entries by vtrain.prefilter's BOUNDS_AT, in yet another order; each side's E bounds the same exact sum,
+which is all the band needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from vtrain.bounds import _floor_unit, gamma, unit_roundoff
+
+aten = torch.ops.aten
+
+INLINE_PRODUCTS = 1 << 18
+_NO_BIAS = np.zeros((0, 0))
+
+
+@dataclass(frozen=True)
+class Inline:
+    """The operands of E = (alpha sum_k |a_ik| |b_kj| + beta |bias_ij|) * scale + floor, as numpy views
+    (bias (M, N), broadcast, or (0, 0) for none), for fused.round_near_mm."""
+
+    a: np.ndarray
+    b: np.ndarray
+    bias: np.ndarray
+    alpha: float
+    beta: float
+    scale: float
+    floor: float
+
+
+InlineBound = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "Inline | None"]
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    return (t.detach() if t.requires_grad else t).numpy()
+
+
+def _inline(func: Any) -> InlineBound:
+    def inline(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Inline | None:
+        """E's operands for a small float64 CPU matmul, or None (the full bound takes it)."""
+        v = outs[0]
+        if v.dtype is not torch.float64 or not v.is_cpu or v.dim() != 2:
+            return None
+        if func is aten.addmm.default:
+            bias, a, b = args[:3]
+            beta, alpha, terms = kwargs.get("beta", 1), kwargs.get("alpha", 1), 3
+        else:
+            (a, b), bias, beta, alpha, terms = args[:2], None, 1, 1, 0
+        m, k = a.shape
+        n = b.shape[1]
+        if not 0 < m * n * k <= INLINE_PRODUCTS or any(x.dtype is not torch.float64 or not x.is_cpu for x in (a, b)):
+            return None
+        if bias is not None and beta != 0 and (bias.dtype is not torch.float64 or not bias.is_cpu):
+            return None
+        kk = k + terms
+        g = gamma(kk, unit_roundoff(v.dtype))
+        bias_np = _NO_BIAS if bias is None or beta == 0 else _numpy(bias.expand(m, n))  # (beta 0: torch ignores it)
+        return Inline(_numpy(a), _numpy(b), bias_np, float(abs(alpha)), float(abs(beta)),
+                      g * (1 + 2 * g + 2.0**-20), max(kk, 1) * _floor_unit(v.dtype))
+
+    return inline
+
+
+INLINE: dict[Any, InlineBound] = {op: _inline(op) for op in (aten.mm.default, aten.addmm.default)}
