@@ -357,6 +357,48 @@ def _gather_flags(flags: np.ndarray, size: int, offset: int, cand: np.ndarray, c
     return count
 
 
+def geometry(vv: np.ndarray, rr: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(v - r, the grid spacing below r, the one above r) for grid values r with m mantissa bits (float64 or
+    float32 arrays, v in r's dtype): RoundedExecution._geometry, by vtrain.grid.spacings_np's operations in
+    r's dtype, in one compiled call for an op's few candidates instead of ~15 numpy calls. None when the
+    kernels are off."""
+    if not ENABLED:
+        return None
+    diff, down, up = np.empty_like(rr), np.empty_like(rr), np.empty_like(rr)
+    if rr.dtype == np.float64:
+        _geometry64(vv, rr, m, diff, down, up)
+    else:
+        _geometry32(vv, rr, m, diff, down, up)
+    return diff, down, up
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _geometry64(vv: np.ndarray, rr: np.ndarray, m: int, diff: np.ndarray, down: np.ndarray, up: np.ndarray) -> None:
+    # spacings_np: ulp(x) = max(2^exponent(x) from x's bits, MIN_NORMAL) 2^-m; toward zero, the ulp of
+    # |r| (1 - 2^-(m+1)), which drops into the binade below exactly at powers of two
+    shrink, q = 1.0 - 2.0 ** -(m + 1), 2.0 ** -m
+    for i in range(rr.size):
+        r = np.float64(rr[i])
+        away = max(np.int64(r.view(np.int64) & 0x7FF0000000000000).view(np.float64), MIN_NORMAL) * q
+        near = np.float64(r * shrink)
+        toward = max(np.int64(near.view(np.int64) & 0x7FF0000000000000).view(np.float64), MIN_NORMAL) * q
+        diff[i] = vv[i] - r
+        down[i], up[i] = (away, toward) if r < 0 else (toward, away)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _geometry32(vv: np.ndarray, rr: np.ndarray, m: int, diff: np.ndarray, down: np.ndarray, up: np.ndarray) -> None:
+    # `_geometry64` in float32 arithmetic, as numpy does on float32 arrays
+    shrink, q, least = np.float32(1.0 - 2.0 ** -(m + 1)), np.float32(2.0 ** -m), np.float32(MIN_NORMAL)
+    for i in range(rr.size):
+        r = np.float32(rr[i])
+        away = max(np.int32(r.view(np.int32) & 0x7F800000).view(np.float32), least) * q
+        near = np.float32(r * shrink)
+        toward = max(np.int32(near.view(np.int32) & 0x7F800000).view(np.float32), least) * q
+        diff[i] = vv[i] - r
+        down[i], up[i] = (away, toward) if r < 0 else (toward, away)
+
+
 def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
     """(|t| rounded to float32, its largest element, inf if t holds NaN) for a float64 tensor: one pass where
     the kernels take t or its transpose (a matmul's operands often are transposed views), torch's otherwise."""

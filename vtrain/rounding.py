@@ -585,6 +585,9 @@ class RoundedExecution(TorchDispatchMode):
 
     def _geometry(self, vv: np.ndarray, rr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(v - r, the grid spacing below r, the grid spacing above r) for grid values r."""
+        fast = self._fused.geometry(vv, rr, self.bits - 9)
+        if fast is not None:
+            return fast
         toward_zero, away = spacings_np(rr, self.bits)
         negative = rr < 0
         return vv - rr, np.where(negative, away, toward_zero), np.where(negative, toward_zero, away)

@@ -298,3 +298,23 @@ def test_only_small_float64_matmuls_build_their_band_in_the_kernel() -> None:
     assert INLINE[mm]((a.float(), b.float()), {}, [a.float() @ b.float()]) is None  # float32 work
     empty = torch.ones(64, 0, dtype=torch.float64)
     assert INLINE[mm]((empty, empty.t()), {}, [empty @ empty.t()]) is None  # K = 0: no products to sum
+
+
+@pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 32]))
+def test_candidate_geometry_is_the_numpy_geometry_bit_for_bit(bits: int, dtype: np.dtype) -> None:
+    # fused.geometry (v - r and the spacings below and above r, for the log's decisions) against
+    # vtrain.grid.spacings_np's numpy operations, in the same dtype: powers of two, ties, subnormals,
+    # signed zeros, infinities and NaN
+    from vtrain.grid import spacings_np
+
+    x = _values(bits, dtype)
+    r = round_unchecked(torch.from_numpy(x), bits).numpy()
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan], dtype)
+    x, r = np.concatenate([x, specials]), np.concatenate([r, specials])
+    got = fused.geometry(x, r, bits - 9)
+    toward_zero, away = spacings_np(r, bits)
+    negative = r < 0
+    with np.errstate(invalid="ignore"):
+        want = (x - r, np.where(negative, away, toward_zero), np.where(negative, toward_zero, away))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8))
