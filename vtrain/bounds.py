@@ -191,9 +191,11 @@ def _matmul_at(func: Any) -> PositionBound:
         batch, rem = pos // (m * n), pos % (m * n)
         i, j = rem // n, rem % n
         step = max(1, _GATHER_ELEMENTS // max(a.shape[-1], 1))
-        absval = torch.cat([(a[batch[s:s + step], i[s:s + step], :].abs() * b[batch[s:s + step], :, j[s:s + step]].abs())
-                            .sum(-1) for s in range(0, pos.numel(), step)]) * abs(alpha)
-        if bias is not None:
+        absval = torch.zeros(pos.numel(), dtype=v.dtype, device=v.device)
+        if alpha != 0:  # (alpha 0 and beta 0: torch skips that term, inf and NaN included, and so does E)
+            absval = torch.cat([(a[batch[s:s + step], i[s:s + step], :].abs() * b[batch[s:s + step], :, j[s:s + step]].abs())
+                                .sum(-1) for s in range(0, pos.numel(), step)]) * abs(alpha)
+        if bias is not None and beta != 0:
             absval = absval + abs(beta) * bias.expand(v.shape)[i, j].abs()  # (addmm: v is (m, n))
         return _finish(gamma(k, u) * absval, k, u, v.dtype)
 

@@ -361,9 +361,9 @@ def geometry(vv: np.ndarray, rr: np.ndarray, m: int) -> tuple[np.ndarray, np.nda
     """(v - r, the grid spacing below r, the one above r) for grid values r with m mantissa bits (float64 or
     float32 arrays, v in r's dtype): RoundedExecution._geometry, by vtrain.grid.spacings_np's operations in
     r's dtype, in one compiled call for an op's few candidates instead of ~15 numpy calls. None when the
-    kernels are off."""
-    if not ENABLED:
-        return None
+    kernels are off or the arrays are not of one such dtype."""
+    if not ENABLED or rr.dtype not in (np.float64, np.float32) or vv.dtype != rr.dtype:
+        return None  # (the numpy path: it raises for other dtypes)
     diff, down, up = np.empty_like(rr), np.empty_like(rr), np.empty_like(rr)
     if rr.dtype == np.float64:
         _geometry64(vv, rr, m, diff, down, up)

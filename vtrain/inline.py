@@ -66,6 +66,8 @@ def _inline(func: Any) -> InlineBound:
         n = b.shape[1]
         if not 0 < m * n * k <= INLINE_PRODUCTS or any(x.dtype is not torch.float64 or not x.is_cpu for x in (a, b)):
             return None
+        if alpha == 0:  # torch skips the products, inf and NaN included, where the kernel's 0 * inf would not
+            return None
         if bias is not None and beta != 0 and (bias.dtype is not torch.float64 or not bias.is_cpu):
             return None
         kk = k + terms

@@ -131,7 +131,9 @@ def _matmul_upper(func: Any) -> Upper:
         scale = a_max * b_max * (1 + 2.0**-8) * abs(alpha)  # >= every sum of |terms|
         bias_abs = None
         if bias is not None and beta != 0 and bias.numel():
-            bias_abs = bias.abs().to(torch.float64).expand(b.shape[2])
+            bias_abs = bias.abs().to(torch.float64)
+            # per column, the largest |bias| over the rows (a 2-d bias: (1, N), (M, 1) or (M, N))
+            bias_abs = bias_abs.expand(v.shape).amax(0) if bias_abs.dim() == 2 else bias_abs.expand(b.shape[2])
             bias_max = bias_abs.max().item()
             largest = max(largest, bias_max)
             scale += abs(beta) * bias_max
@@ -139,7 +141,7 @@ def _matmul_upper(func: Any) -> Upper:
         # not cover) once its float32 sums pass 2^128
         if not (g < 1 and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
             return None
-        # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k tiny) and the full bound's
+        # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k floor units) and the full bound's
         # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
         # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
         # that U's candidates are a superset of either's. The factor goes into the (short) row norms, the
@@ -399,15 +401,15 @@ def _matmul_at(func: Any) -> PositionBound:
         m, n = a.shape[1], b.shape[2]
         p = pos.numpy().astype(np.int64, copy=False)
         batch, rem = p // (m * n), p % (m * n)
-        rows, cols, absval = rem // n, rem % n, np.empty(p.size)
-        if b.stride(1) > b.stride(2):
-            _abs_dots_by_rows(_numpy(a), _numpy(b), batch, rows, cols, absval)
-        else:
-            _abs_dots(_numpy(a), _numpy(b), batch, rows, cols, absval)
+        rows, cols, absval = rem // n, rem % n, np.zeros(p.size)
+        # alpha 0 and beta 0: torch skips that term whatever it holds (inf and NaN included), and so does E
+        if alpha != 0:
+            dots = _abs_dots_by_rows if b.stride(1) > b.stride(2) else _abs_dots
+            dots(_numpy(a), _numpy(b), batch, rows, cols, absval)
         e = torch.from_numpy(absval)
-        if alpha != 1:
+        if alpha not in (0, 1):
             e.mul_(abs(alpha))
-        if bias is not None:  # (addmm: v is (m, n); indexed by row and column, the expanded bias is no copy)
+        if bias is not None and beta != 0:  # (addmm: v is (m, n); indexed by row and column, no copy)
             at = bias.expand(v.shape)[torch.from_numpy(rows), torch.from_numpy(cols)]
             e.add_(at.abs().to(torch.float64), alpha=abs(beta))
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)

@@ -214,6 +214,9 @@ def _run(spec_name: str, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("spec_name", ["mlp.toml", "cnn.toml", "scale/mlp.toml", "exact/mlp.toml", "exact/cnn.toml"])
 def test_training_with_the_kernels_is_bit_identical_to_the_torch_path(spec_name: str,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The states must match by construction (the same roundings). The logs match because the two paths' E
+    # differ only in their last bits (the kernels add |terms| in their own order: vtrain.inline,
+    # fused.abs_sum), and no value of these runs lies that close to the edge of its band.
     logs_on, loss_on, state_on = _run(spec_name, True, 4, monkeypatch)
     logs_off, loss_off, state_off = _run(spec_name, False, 4, monkeypatch)
     assert logs_on == logs_off
@@ -221,8 +224,14 @@ def test_training_with_the_kernels_is_bit_identical_to_the_torch_path(spec_name:
     assert state_on == state_off
 
 
+# case: (bias shape or None for mm, addmm's keyword arguments)
+INLINE_CASES = {"mm": (None, {}), "addmm": ((9,), {}), "addmm-scaled-bias2d": ((6, 9), {"beta": -0.5, "alpha": 3.0}),
+                "addmm-bias-row": ((1, 9), {"alpha": -2.0}), "addmm-bias-column": ((6, 1), {}),
+                "addmm-bias-scalar": ((), {"beta": 4.0}), "addmm-nan-bias-unused": ((9,), {"beta": 0.0})}
+
+
 @pytest.mark.parametrize("transposed", [False, True])
-@pytest.mark.parametrize("case", ["mm", "addmm", "addmm-scaled-bias2d"])
+@pytest.mark.parametrize("case", list(INLINE_CASES))
 def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, transposed: bool) -> None:
     # vtrain.inline: a small matmul's E summed inside fused.round_near_mm, in the kernel's order. At every
     # candidate E must be the documented formula, gamma_k (1 + 2 gamma_k + 2^-20) times the exact sum of
@@ -241,10 +250,12 @@ def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, 
     a[3, :4] = 2.0**-1000  # tiny terms beside normal ones
     if transposed:  # a weight gradient's and a linear layer's operand layouts
         a, b = a.t().contiguous().t(), b.t().contiguous().t()
-    func = torch.ops.aten.addmm.default if case.startswith("addmm") else torch.ops.aten.mm.default
-    bias = torch.randn((6, 9) if "bias2d" in case else (9,), generator=gen, dtype=torch.float64).float().double()
+    shape, kwargs = INLINE_CASES[case]
+    func = torch.ops.aten.mm.default if shape is None else torch.ops.aten.addmm.default
+    bias = torch.randn(shape or (), generator=gen, dtype=torch.float64).float().double()
+    if "nan" in case:  # beta = 0: torch ignores the bias, whatever it holds, and so must E
+        bias.fill_(math.nan)
     args = (bias, a, b) if func is torch.ops.aten.addmm.default else (a, b)
-    kwargs = {"beta": -0.5, "alpha": 3.0} if "scaled" in case else {}
     alpha, beta = abs(Fraction(kwargs.get("alpha", 1))), abs(Fraction(kwargs.get("beta", 1)))
     exact = a.abs().numpy(), b.abs().numpy()
     k = 13 + (3 if func is torch.ops.aten.addmm.default else 0)
@@ -253,7 +264,7 @@ def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, 
 
     def e_exact(i: int, j: int) -> Fraction:
         s = alpha * sum(Fraction(float(x)) * Fraction(float(y)) for x, y in zip(exact[0][i], exact[1][:, j]))
-        if func is torch.ops.aten.addmm.default:
+        if func is torch.ops.aten.addmm.default and beta:
             s += beta * abs(Fraction(float(bias.expand(6, 9)[i, j])))
         return Fraction(g) * Fraction(1 + 2 * g + 2.0**-20) * s + k * Fraction(2.0**-1022)
 
@@ -296,6 +307,9 @@ def test_only_small_float64_matmuls_build_their_band_in_the_kernel() -> None:
     wide = torch.ones(64, INLINE_PRODUCTS // 64**2 + 1, dtype=torch.float64)  # one column past the limit
     assert INLINE[mm]((a, wide), {}, [a @ wide]) is None  # the full bound (or the pre-filter) takes it
     assert INLINE[mm]((a.float(), b.float()), {}, [a.float() @ b.float()]) is None  # float32 work
+    addmm, bias = torch.ops.aten.addmm.default, torch.ones(64, dtype=torch.float64)
+    # alpha 0: torch skips the products (an inf operand leaves no trace), where the kernel's 0 * inf would not
+    assert INLINE[addmm]((bias, a, b), {"alpha": 0.0}, [torch.ops.aten.addmm.default(bias, a, b, alpha=0.0)]) is None
     empty = torch.ones(64, 0, dtype=torch.float64)
     assert INLINE[mm]((empty, empty.t()), {}, [empty @ empty.t()]) is None  # K = 0: no products to sum
 

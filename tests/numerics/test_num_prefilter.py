@@ -3,6 +3,7 @@ rigorous bound, and the engine logs and resolves exactly what the definition say
 
 from __future__ import annotations
 
+import math
 import zlib
 from fractions import Fraction
 
@@ -60,6 +61,10 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
         ("addmm", aten.addmm.default, (bias, a, b), {}),
         ("addmm-scaled", aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 3.0}),
         ("addmm-bias-only", aten.addmm.default, (bias, a, b), {"beta": 2.0, "alpha": 0.0}),
+        # 2-d biases, broadcast over rows, columns or neither
+        ("addmm-bias-2d", aten.addmm.default, (op((24, 20)), a, b), {"beta": -0.5}),
+        ("addmm-bias-row", aten.addmm.default, (op((1, 20)), a, b), {}),
+        ("addmm-bias-column", aten.addmm.default, (op((24, 1)), a, b), {}),
         ("bmm", aten.bmm.default, (op((3, 24, 270)), op((3, 20, 270)).transpose(1, 2)), {}),
     ]
 
@@ -150,7 +155,7 @@ def test_gathered_bound_is_rigorous_and_agrees_with_torch_gathering(dtype: torch
             terms = zip(a[t, i].tolist(), b[t, :, j].tolist())
             s = sum((abs(Fraction(x) * Fraction(y)) for x, y in terms), Fraction(0)) * abs(Fraction(alpha))
             if func is aten.addmm.default:
-                s += abs(Fraction(beta)) * abs(Fraction(float(args[0][j])))
+                s += abs(Fraction(beta)) * abs(Fraction(float(args[0].expand(m, n)[i, j])))
             assert Fraction(float(got[pos.tolist().index(p)])) >= g * s, (name, p)
 
 
@@ -240,3 +245,21 @@ def test_exact_resolution_is_the_same_with_and_without_the_prefilter(everywhere:
     for name in ("fallback", "gathered"):
         for want, got in zip(outs["full"], outs[name]):
             assert torch.equal(want, got), name
+
+
+def test_a_zero_alpha_or_beta_drops_its_term_from_the_bound(everywhere: None) -> None:
+    # torch's addmm skips the products when alpha is 0 and the bias when beta is 0, whatever they hold: an
+    # inf operand or a NaN bias leaves the output finite. E must skip them too: a NaN E would hide every
+    # candidate from the filter and reject every log entry there.
+    gen = torch.Generator().manual_seed(3)
+    a, b, bias = (_operand(s, gen, torch.float64, 32, "normal") for s in ((24, 200), (200, 20), (20,)))
+    a_inf, bias_nan = a.clone(), torch.full_like(bias, math.nan)
+    a_inf[0, 0] = math.inf
+    for args, kwargs in (((bias, a_inf, b), {"alpha": 0.0}), ((bias_nan, a, b), {"beta": 0.0})):
+        v = aten.addmm.default(*args, **kwargs)
+        assert torch.isfinite(v).all()
+        (full,) = BOUNDS[aten.addmm.default](args, kwargs, [v])
+        pos = torch.arange(v.numel())
+        for at in (prefilter.BOUNDS_AT, TORCH_BOUNDS_AT):
+            got = at[aten.addmm.default](args, kwargs, [v], pos)
+            assert torch.isfinite(got).all() and (got - full.reshape(-1)).abs().max() <= 2.0**-40 * full.max()
