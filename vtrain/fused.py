@@ -365,38 +365,33 @@ def geometry(vv: np.ndarray, rr: np.ndarray, m: int) -> tuple[np.ndarray, np.nda
     if not ENABLED or rr.dtype not in (np.float64, np.float32) or vv.dtype != rr.dtype:
         return None  # (the numpy path: it raises for other dtypes)
     diff, down, up = np.empty_like(rr), np.empty_like(rr), np.empty_like(rr)
-    if rr.dtype == np.float64:
-        _geometry64(vv, rr, m, diff, down, up)
-    else:
-        _geometry32(vv, rr, m, diff, down, up)
+    # (the constants in r's dtype, so that r * shrink rounds as numpy's does; the spacings are powers of two,
+    # exact in either dtype)
+    _geometry(vv, rr, rr.dtype.type(1.0 - 2.0 ** -(m + 1)), 2.0**-m, diff, down, up)
     return diff, down, up
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _geometry64(vv: np.ndarray, rr: np.ndarray, m: int, diff: np.ndarray, down: np.ndarray, up: np.ndarray) -> None:
-    # spacings_np: ulp(x) = max(2^exponent(x) from x's bits, MIN_NORMAL) 2^-m; toward zero, the ulp of
+def _geometry(vv: np.ndarray, rr: np.ndarray, shrink: float, q: float, diff: np.ndarray, down: np.ndarray,
+              up: np.ndarray) -> None:
+    # spacings_np: the spacing at x is max(2^exponent(x), MIN_NORMAL) 2^-m; toward zero, the one at
     # |r| (1 - 2^-(m+1)), which drops into the binade below exactly at powers of two
-    shrink, q = 1.0 - 2.0 ** -(m + 1), 2.0 ** -m
     for i in range(rr.size):
-        r = np.float64(rr[i])
-        away = max(np.int64(r.view(np.int64) & 0x7FF0000000000000).view(np.float64), MIN_NORMAL) * q
-        near = np.float64(r * shrink)
-        toward = max(np.int64(near.view(np.int64) & 0x7FF0000000000000).view(np.float64), MIN_NORMAL) * q
+        r = rr[i]
+        away, toward = _binade(r) * q, _binade(r * shrink) * q
         diff[i] = vv[i] - r
         down[i], up[i] = (away, toward) if r < 0 else (toward, away)
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _geometry32(vv: np.ndarray, rr: np.ndarray, m: int, diff: np.ndarray, down: np.ndarray, up: np.ndarray) -> None:
-    # `_geometry64` in float32 arithmetic, as numpy does on float32 arrays
-    shrink, q, least = np.float32(1.0 - 2.0 ** -(m + 1)), np.float32(2.0 ** -m), np.float32(MIN_NORMAL)
-    for i in range(rr.size):
-        r = np.float32(rr[i])
-        away = max(np.int32(r.view(np.int32) & 0x7F800000).view(np.float32), least) * q
-        near = np.float32(r * shrink)
-        toward = max(np.int32(near.view(np.int32) & 0x7F800000).view(np.float32), least) * q
-        diff[i] = vv[i] - r
-        down[i], up[i] = (away, toward) if r < 0 else (toward, away)
+@njit(cache=True, nogil=True, inline="always")
+def _binade(x: float) -> float:
+    """max(2^floor(log2 |x|), MIN_NORMAL), inf for inf and NaN: what spacings_np reads from x's exponent bits
+    (a subnormal of x's dtype has none, and the maximum lifts it to MIN_NORMAL either way)."""
+    if not math.isfinite(x):
+        return math.inf
+    if x == 0:
+        return MIN_NORMAL
+    return max(math.ldexp(0.5, math.frexp(x)[1]), MIN_NORMAL)
 
 
 def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
