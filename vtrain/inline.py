@@ -8,10 +8,10 @@ addmm's bound and rounding: 48 against 108 us. Larger ones keep the full bound: 
 below a BLAS matmul, and was slower from about 2^19 products on.)
 
 E is the full bound's formula, gamma_k (1 + 2 gamma_k + 2^-20) times the sum of |terms| (alpha and beta
-as absolute values) plus k floor units (bounds._floor_unit), with k = K (+ 3 for addmm's scaling and addition), its
-sums added in the kernel's order: vtrain.bounds' slack covers any order. The auditor gathers E at its
-entries by vtrain.prefilter's BOUNDS_AT, in yet another order; each side's E bounds the same exact sum,
-which is all the band needs.
+as absolute values) plus k floor units (bounds._floor_unit), with k = K (+ 3 for addmm's scaling and
+addition), its sums added in the kernel's order: vtrain.bounds' slack covers any order. The auditor
+gathers E at its entries by vtrain.prefilter's BOUNDS_AT, in yet another order; each side's E bounds the
+same exact sum, which is all the band needs.
 """
 
 from __future__ import annotations

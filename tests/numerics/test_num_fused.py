@@ -235,8 +235,9 @@ INLINE_CASES = {"mm": (None, {}), "addmm": ((9,), {}), "addmm-scaled-bias2d": ((
 def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, transposed: bool) -> None:
     # vtrain.inline: a small matmul's E summed inside fused.round_near_mm, in the kernel's order. At every
     # candidate E must be the documented formula, gamma_k (1 + 2 gamma_k + 2^-20) times the exact sum of
-    # |terms| plus k smallest normals (bounds._floor_unit), up to float64 rounding; every value within factor * E of a rounding
-    # boundary must be a candidate, every other value must not; the rounding has the plain rounding's bits.
+    # |terms| plus k smallest normals (bounds._floor_unit), up to float64 rounding; every value within
+    # factor * E of a rounding boundary must be a candidate, every other value must not; the rounding has
+    # the plain rounding's bits.
     from fractions import Fraction
 
     from vtrain.bounds import gamma
