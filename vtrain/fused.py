@@ -42,6 +42,7 @@ ENABLED = True  # tests turn it off to compare against the torch path
 # per element measured 6x slower).
 _EMIN, _EMAX = -126, 127
 POW2 = np.array([2.0**e for e in range(_EMIN, _EMAX + 1)])
+POW2_32 = POW2.astype(np.float32)  # the same powers (all float32 values): grid rounding in float32 arithmetic
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -113,7 +114,9 @@ def _exponent(bits: int, mant: int, emask: int, bias: int) -> int:
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _grid_round(x: float, exp: int, m: int, cast32: bool, pow2: np.ndarray) -> float:
     """x rounded to nearest-even on the grid, given x's clamped binary exponent (unused when cast32); beyond
-    the largest binade, x itself (the caller flags it)."""
+    the largest binade, x itself (the caller flags it). With float32 x and float32 powers (float32 work's
+    optimizer kernels), a float32, where the caller passes cast32 as a constant False (numba then drops the
+    float64 branch before typing; tests/numerics/test_num_fused_optim.py fails on float64 arithmetic)."""
     if cast32:
         return np.float64(np.float32(x))
     if exp > _EMAX:  # |x| >= 2^128 (or inf, NaN): off the grid
@@ -124,12 +127,15 @@ def _grid_round(x: float, exp: int, m: int, cast32: bool, pow2: np.ndarray) -> f
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def round_scalar(x: float, m: int, cast32: bool, pow2: np.ndarray) -> float:
-    """One float64 value rounded onto the grid (for kernels whose values live in registers, not arrays)."""
+    """One value rounded onto the grid (for kernels whose values live in registers, not arrays), in x's type
+    as `_grid_round`."""
     if cast32:
         return np.float64(np.float32(x))
     if x == 0 or not math.isfinite(x):
         return x  # signed zero stays; inf and NaN are the caller's to flag
-    return _grid_round(x, max(math.frexp(x)[1] - 1, _EMIN), m, False, pow2)
+    # the exponent from float64 bits (a float32 widens exactly; subnormals of either clamp to -126):
+    # math.frexp cost ~3 ns a call, eight calls an element in float32 work's Adam
+    return _grid_round(x, _exponent(np.float64(x).view(np.int64), 52, 0x7FF, 1023), m, False, pow2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

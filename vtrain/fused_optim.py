@@ -3,17 +3,19 @@
 Under rounded execution every elementwise op of an optimizer update is a dispatch, a torch kernel and a
 rounding pass over the whole parameter: an Adam update is 7-8 of them per parameter, more than half the
 ops of a small step and, on a 1M-parameter MLP, as much time as its forward and backward passes. These
-numba kernels compute, per element, exactly what that dispatch path computes: the same float64
-operations in the same order, the primitives of a decomposed op (vtrain.ops: lerp, addcmul, addcdiv,
-add with alpha) unrounded and every dispatched op's output rounded to the grid (vtrain.fused). So the
+numba kernels compute, per element, exactly what that dispatch path computes: the same operations in the
+work dtype (float32 work: float32 operations, the coefficients rounded to float32 as torch's float32
+kernels take a Python scalar) in the same order, the primitives of a decomposed op (vtrain.ops: lerp,
+addcmul, addcdiv, add with alpha) unrounded and every dispatched op's output rounded to the grid
+(vtrain.fused). So the
 parameters and the optimizer state after a step are bit-identical to the dispatch path's
 (tests/numerics/test_num_fused_optim.py steps both side by side), and so are the checkpoints.
 
 The optimizers are torch's classes with `step` taking this path only where it applies: inside a
-RoundedExecution, float64 work on contiguous CPU tensors, the plain single-tensor algorithm (no amsgrad,
-maximize, nesterov, capturable or differentiable). Everything else, and every scalar op (the step
-counter), goes through torch's own code and the dispatch mode. State is created by torch's own
-`_init_group` (torch is pinned), so the state dict is torch's.
+RoundedExecution, float64 work (or float32 work below bits = 32) on contiguous CPU tensors, the plain
+single-tensor algorithm (no amsgrad, maximize, nesterov, capturable or differentiable). Everything else,
+and every scalar op (the step counter), goes through torch's own code and the dispatch mode. State is
+created by torch's own `_init_group` (torch is pinned), so the state dict is torch's.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from torch.optim.sgd import sgd as torch_sgd
 from torch.utils._mode_utils import no_dispatch
 
 from vtrain import fused
-from vtrain.fused import POW2
+from vtrain.fused import POW2, POW2_32
 from vtrain.fused import round_scalar as _r
 from vtrain.rounding import NonFiniteError, RoundedExecution, active_rounding
 
@@ -114,7 +116,13 @@ def _sgd_loop(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: fl
 
 
 def _fits(rx: RoundedExecution | None, tensors: list[torch.Tensor]) -> bool:
-    return rx is not None and all(t.dtype is torch.float64 and fused.usable(t) and not t.is_sparse for t in tensors)
+    # float64 work, or float32 work below bits = 32 (at 32 its rounding is the identity, which torch's own
+    # path skips as cheaply); one dtype for all
+    if rx is None or not tensors:
+        return False
+    dtype = tensors[0].dtype
+    work = dtype is torch.float64 or (dtype is torch.float32 and rx.bits < 32)
+    return work and all(t.dtype is dtype and fused.usable(t) and not t.is_sparse for t in tensors)
 
 
 def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, index: int, tensors: list[torch.Tensor],
@@ -131,10 +139,14 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, index: int
     m = rx.bits - 9
     with no_dispatch():  # numpy views without sending each tensor's detach through the rounding mode
         arrays = [fused.flat(t) for t in tensors]
-    # Python ints (a weight decay of 0, a momentum of 0) as floats: the same values, but a kernel compiled
-    # for an integer coefficient ran 2.6x slower (31 against 12 ns an element for Adam on 4M parameters).
-    scalars = tuple(float(s) if type(s) is int else s for s in scalars)
-    bad = kernel(*arrays, *scalars, m, m == 23, rx._limit, POW2)
+    # The coefficients in the work dtype, as torch's kernels take a Python scalar: float32 work then
+    # computes every operation in float32 (and rounds to the grid with float32 powers of two), float64 work
+    # in float64. (Python ints as floats too: a kernel compiled for an integer coefficient ran 2.6x slower,
+    # 31 against 12 ns an element for Adam on 4M parameters.)
+    work = arrays[0].dtype.type
+    scalars = tuple(s if type(s) is bool else work(s) for s in scalars)
+    pow2 = POW2 if work is np.float64 else POW2_32
+    bad = kernel(*arrays, *scalars, m, m == 23, rx._limit, pow2)
     rx.count_rounded(tensors[0].numel() * rounded, ops=rounded)
     if bad:
         which = "parameter" if bad & 1 else "state"

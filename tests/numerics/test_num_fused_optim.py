@@ -32,15 +32,17 @@ def _bits_of(t: torch.Tensor) -> torch.Tensor:
     return t.detach().contiguous().view(torch.int64)  # exact, -0.0 included
 
 
-def _train(name: str, bits: int, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+def _train(name: str, bits: int, fused_on: bool, steps: int, monkeypatch: pytest.MonkeyPatch,
+           dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
     monkeypatch.setattr(fused, "ENABLED", fused_on)
     cls, kwargs = CONFIGS[name]
     gen = torch.Generator().manual_seed(bits)
-    params = [torch.nn.Parameter(_grid_tensor(shape, gen, bits)) for shape in ((33, 17), (17,), (3, 4, 5))]
+    params = [torch.nn.Parameter(_grid_tensor(shape, gen, bits).to(dtype)) for shape in ((33, 17), (17,), (3, 4, 5))]
     opt = cls(params, foreach=False, fused=False, **kwargs)
     for t in range(1, steps + 1):
         for p in params:  # gradients of every scale, tiny ones included
-            p.grad = _grid_tensor(p.shape, gen, bits, scale=10.0 ** float(torch.randint(-6, 3, (1,), generator=gen)))
+            scale = 10.0 ** float(torch.randint(-6, 3, (1,), generator=gen))
+            p.grad = _grid_tensor(p.shape, gen, bits, scale=scale).to(dtype)
         with RoundedExecution(bits=bits, device=get_device("cpu"), mode="plain", step=t):
             opt.step()
     state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
@@ -129,3 +131,25 @@ def test_a_state_leaving_the_grid_is_named(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(NonFiniteError, match="adam update of parameter 0.*its state left the grid"), \
             RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
         opt.step()
+
+
+@pytest.mark.parametrize("bits", [24, 19, 13])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_float32_work_fused_update_is_bit_identical_to_the_dispatched_one(name: str, bits: int,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # float32 work (the scale models): the kernels compute every operation in float32, as torch's float32
+    # kernels do with a Python coefficient, and round to the grid in float32
+    import vtrain.fused_optim as fo
+
+    runs = []
+    real = fo._run
+    monkeypatch.setattr(fo, "_run", lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+    got = _train(name, bits, True, 4, monkeypatch, torch.float32)
+    assert runs  # the fused path was taken
+    want = _train(name, bits, False, 4, monkeypatch, torch.float32)
+    for a, b in zip(got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if a.dtype == torch.float32:
+            assert torch.equal(a.detach().contiguous().view(torch.int32), b.detach().contiguous().view(torch.int32))
+        else:
+            assert torch.equal(a, b)
