@@ -125,6 +125,16 @@ def _fits(rx: RoundedExecution | None, tensors: list[torch.Tensor]) -> bool:
     return work and all(t.dtype is dtype and fused.usable(t) and not t.is_sparse for t in tensors)
 
 
+def _zeros_agree(tensors: list[torch.Tensor], *coefficients: float) -> bool:
+    """Whether each coefficient is zero in the work dtype exactly where it is zero as a Python float. The
+    kernels skip a term on a zero coefficient as they hold it (float32 for float32 work), torch's code on
+    the Python float: a weight decay of 1e-46 is 0 in float32, and torch still adds p * 0 (turning a -0
+    gradient into +0), a momentum of 1e-46 still keeps a buffer. Where they disagree, torch's path runs."""
+    if not tensors or tensors[0].dtype is not torch.float32:
+        return True
+    return all((c == 0) == (np.float32(c) == 0) for c in coefficients)
+
+
 def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, index: int, tensors: list[torch.Tensor],
          *scalars: Any, rounded: int) -> None:
     """Run an update kernel on (param, grad, state...) in place; it checks what it writes.
@@ -169,10 +179,10 @@ class RoundedAdam(torch.optim.Adam):
         for group in self.param_groups:
             params, grads, avgs, sqs, maxs, steps = [], [], [], [], [], []
             self._init_group(group, params, grads, avgs, sqs, maxs, steps)
-            if not _fits(rx, [*params, *grads, *avgs, *sqs]):
+            lr, (beta1, beta2), wd, eps = group["lr"], group["betas"], group["weight_decay"], group["eps"]
+            if not (_fits(rx, [*params, *grads, *avgs, *sqs]) and _zeros_agree(params, wd)):
                 self._torch_group(group, params, grads, avgs, sqs, steps)
                 continue
-            lr, (beta1, beta2), wd, eps = group["lr"], group["betas"], group["weight_decay"], group["eps"]
             decoupled = group["decoupled_weight_decay"]
             for i, (p, g, avg, sq, step_t) in enumerate(zip(params, grads, avgs, sqs, steps)):
                 with no_dispatch():  # the step counter's += 1 as the mode computes it, without its dispatch
@@ -215,7 +225,8 @@ class RoundedSGD(torch.optim.SGD):
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
             momentum = group["momentum"]
-            if not _fits(rx, [*params, *grads, *(b for b in bufs if b is not None)]):
+            if not (_fits(rx, [*params, *grads, *(b for b in bufs if b is not None)])
+                    and _zeros_agree(params, group["weight_decay"], momentum)):
                 torch_sgd(params, grads, bufs, weight_decay=group["weight_decay"], momentum=momentum,
                           lr=group["lr"], dampening=group["dampening"], nesterov=False, maximize=False,
                           foreach=False, fused=False)

@@ -133,7 +133,7 @@ def test_a_state_leaving_the_grid_is_named(monkeypatch: pytest.MonkeyPatch) -> N
         opt.step()
 
 
-@pytest.mark.parametrize("bits", [24, 19, 13])
+@pytest.mark.parametrize("bits", [31, 25, 24, 23, 19, 13])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_float32_work_fused_update_is_bit_identical_to_the_dispatched_one(name: str, bits: int,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,3 +153,25 @@ def test_float32_work_fused_update_is_bit_identical_to_the_dispatched_one(name: 
             assert torch.equal(a.detach().contiguous().view(torch.int32), b.detach().contiguous().view(torch.int32))
         else:
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["adam-l2", "sgd-momentum"])
+def test_float32_coefficients_that_vanish_in_float32_take_torchs_path(name: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # A weight decay or momentum of 1e-46 is 0 in float32, where the kernels would skip its term; torch
+    # still computes it (a -0 gradient plus p * 0 is +0; a momentum buffer is kept): torch's path runs, and
+    # both agree bit for bit.
+    import vtrain.fused_optim as fo
+
+    runs = []
+    real = fo._run
+    monkeypatch.setattr(fo, "_run", lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+    cls, kwargs = CONFIGS[name]
+    tiny = {**kwargs, "weight_decay": 1e-46, **({"momentum": 1e-46} if "momentum" in kwargs else {})}
+    monkeypatch.setitem(CONFIGS, name, (cls, tiny))
+    got = _train(name, 19, True, 3, monkeypatch, torch.float32)
+    want = _train(name, 19, False, 3, monkeypatch, torch.float32)
+    assert not runs
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a.detach().contiguous().view(torch.int32), b.detach().contiguous().view(torch.int32)) \
+            if a.dtype == torch.float32 else torch.equal(a, b)
