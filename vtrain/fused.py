@@ -268,6 +268,7 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
     return count, _first_bad(out, limit) if nbad else -1
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
 def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float,
                   scale: float, floor: float, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
                   e_cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
@@ -275,13 +276,6 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
     band e = (alpha sum_k |a_ik| |b_kj| + beta |bias_ij|) * scale + floor computed as it goes, a row at a
     time (bias (M, N), a broadcast view, or (0, 0) for none); also e_cand[:count] = e at the candidates.
     The sums run in float64 in the kernel's own order: vtrain.bounds' slack covers any order."""
-    return _round_near32_mm(v, a, b, bias, alpha, beta, scale, floor, factor, limit, out, cand, e_cand, plus)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _round_near32_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float,
-                     scale: float, floor: float, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
-                     e_cand: np.ndarray, plus: float) -> tuple[int, int]:
     m, k_dim = a.shape
     n = b.shape[1]
     babs = np.empty((k_dim, n))  # |b| row-major, read along its rows in any layout of b
@@ -421,12 +415,12 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
     if not (usable(x) and x.dim() and x.numel()):
         return None
     red = sorted({d % x.dim() for d in dims})
-    inner = math.prod(x.shape[len(red):])
     if red == list(range(x.dim() - len(red), x.dim())):  # trailing (also all dims): one sum per line
         lines = flat(x).reshape(-1, math.prod(x.shape[x.dim() - len(red):]))
         out = np.empty(lines.shape[0])
         _abs_line_sums(lines, out)
     elif red == list(range(len(red))):  # leading: one sum per column of the (reduced, kept) matrix
+        inner = math.prod(x.shape[len(red):])
         out = np.empty(inner)
         _abs_column_sums(flat(x).reshape(-1, inner), out)
     else:

@@ -7,9 +7,8 @@ numba kernels compute, per element, exactly what that dispatch path computes: th
 work dtype (float32 work: float32 operations, the coefficients rounded to float32 as torch's float32
 kernels take a Python scalar) in the same order, the primitives of a decomposed op (vtrain.ops: lerp,
 addcmul, addcdiv, add with alpha) unrounded and every dispatched op's output rounded to the grid
-(vtrain.fused). So the
-parameters and the optimizer state after a step are bit-identical to the dispatch path's
-(tests/numerics/test_num_fused_optim.py steps both side by side), and so are the checkpoints.
+(vtrain.fused). So the parameters and the optimizer state after a step are bit-identical to the dispatch
+path's (tests/numerics/test_num_fused_optim.py steps both side by side), and so are the checkpoints.
 
 The optimizers are torch's classes with `step` taking this path only where it applies: inside a
 RoundedExecution, float64 work (or float32 work below bits = 32) on contiguous CPU tensors, the plain
