@@ -559,15 +559,9 @@ class RoundedExecution(TorchDispatchMode):
         is a tie on every device, and round-half-even settles it."""
         if cand.numel() == 0 or band is None:
             return SiteLog(site, op, shape)
-        # The exact test on the candidates in numpy (a few values per op: numpy's per-call cost is a
-        # fraction of torch's); the same IEEE operations in the same dtype, so the same decisions.
         idx = cand.cpu().numpy()
-        vv, rr, ww = _at(v, idx), _at(r, idx), band.cpu().numpy()
-        diff, down, up = self._geometry(vv, rr)
-        d_lo = diff + down * 0.5  # distance to the boundary below r
-        d_hi = up * 0.5 - diff  # distance to the boundary above r
-        near_lo = d_lo <= d_hi
-        logged = np.minimum(d_lo, d_hi) < ww
+        ww = band.cpu().numpy()
+        near_lo, logged, wide = self._classify(v, r, idx, ww)
         if certify is not None and logged.any():
             sel = np.flatnonzero(logged)
             # (gathered in numpy: torch indexing costs ~20 us a call here, the certifiers read numpy anyway)
@@ -576,12 +570,26 @@ class RoundedExecution(TorchDispatchMode):
                 exact = exact.cpu().numpy()
                 logged[sel[exact]] = False
                 self._counts["certified"] += int(exact.sum())
-        if self.policy == "bound":
-            as_value = logged & (ww >= np.minimum(down, up) * VALUE_FRACTION)
-        else:
-            as_value = np.zeros_like(logged)
+        if not logged.any():  # (the common outcome: exact ties, all certified)
+            return SiteLog(site, op, shape)
+        as_value = logged & wide if self.policy == "bound" else np.zeros_like(logged)
         as_dir = logged & ~as_value
-        return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value], rr[as_value].astype(np.float32))
+        return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value],
+                       _at(r, idx[as_value]).astype(np.float32))
+
+    def _classify(self, v: torch.Tensor, r: torch.Tensor, idx: np.ndarray,
+                  ww: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """At flat positions idx with the band ww there: (whether the boundary below r is the nearer one,
+        whether that one lies strictly within ww, whether ww reaches VALUE_FRACTION of the smaller grid
+        spacing). One compiled call where the kernels take v and r (fused.classify), else these numpy
+        operations: the same IEEE operations in the same dtype, so the same decisions."""
+        fast = self._fused.classify(v, r, idx, ww, self.bits - 9, VALUE_FRACTION)
+        if fast is not None:
+            return fast
+        diff, down, up = self._geometry(_at(v, idx), _at(r, idx))
+        d_lo = diff + down * 0.5  # distance to the boundary below r
+        d_hi = up * 0.5 - diff  # distance to the boundary above r
+        return d_lo <= d_hi, np.minimum(d_lo, d_hi) < ww, ww >= np.minimum(down, up) * VALUE_FRACTION
 
     def _geometry(self, vv: np.ndarray, rr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(v - r, the grid spacing below r, the grid spacing above r) for grid values r."""

@@ -299,6 +299,36 @@ def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, 
     assert inside <= found and not (far & found), (sorted(inside - found), sorted(far & found))
 
 
+@pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 31, 32]))
+def test_entry_classification_is_the_numpy_test_bit_for_bit(bits: int, dtype: np.dtype) -> None:
+    # fused.classify (the trainer's entry test at its candidates) against RoundedExecution._find_entries'
+    # numpy operations on spacings_np, in the same dtype: bands of either dtype placed at the distances that
+    # decide, 0, subnormal and infinite bands, ties and subnormal values (an eighth of float32's smallest
+    # spacings underflows in float32, not in float64)
+    from vtrain.grid import spacings_np
+    from vtrain.rounding import VALUE_FRACTION
+
+    x = _values(bits, dtype)
+    r = round_unchecked(torch.from_numpy(x), bits).numpy()
+    toward_zero, away = spacings_np(r, bits)
+    down, up = np.where(r < 0, away, toward_zero), np.where(r < 0, toward_zero, away)
+    diff = x - r
+    d_lo, d_hi = diff + down * 0.5, up * 0.5 - diff
+    dist = np.minimum(d_lo, d_hi)
+    rng = np.random.default_rng(bits)
+    bands = [dist, np.nextafter(dist, np.inf), np.nextafter(dist, -np.inf), np.minimum(down, up) * VALUE_FRACTION,
+             dist * rng.uniform(0.5, 2.0, x.size), np.zeros_like(dist), np.full_like(dist, 1e-45), np.full_like(dist, np.inf)]
+    idx = rng.permutation(x.size)
+    for ww in bands + [b.astype(np.float64) for b in bands]:
+        ww = ww[idx]
+        got = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, ww, bits - 9, VALUE_FRACTION)
+        want = (d_lo[idx] <= d_hi[idx], dist[idx] < ww, ww >= (np.minimum(down, up) * VALUE_FRACTION)[idx])
+        for g, w in zip(got, want):
+            assert g.dtype == np.bool_ and np.array_equal(g, w)
+    mixed = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, bands[4][idx], bits - 9, VALUE_FRACTION)
+    assert all(0 < m.sum() < idx.size for m in mixed)  # (the test can tell a wrong decision either way)
+
+
 def test_only_small_float64_matmuls_build_their_band_in_the_kernel() -> None:
     from vtrain.inline import INLINE, INLINE_PRODUCTS
 
