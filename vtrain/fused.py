@@ -393,11 +393,11 @@ def _geometry(vv: np.ndarray, rr: np.ndarray, shrink: float, q: float, diff: np.
         down[i], up[i] = (away, toward) if r < 0 else (toward, away)
 
 
-def classify(v: torch.Tensor, r: torch.Tensor, idx: np.ndarray, ww: np.ndarray, m: int,
-             value_fraction: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The trainer's entry test at an op's candidates, in one compiled call: for v and its rounding r (same
-    dtype, contiguous CPU tensors) at flat positions idx, with the band ww there, (whether the boundary
-    below r is the nearer one, whether the nearer one lies strictly within ww, whether ww reaches
+def classify(v: torch.Tensor, r: torch.Tensor, idx: np.ndarray, ww: np.ndarray, m: int, value_fraction: float,
+             inclusive: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The test of an op's candidates, in one compiled call: for v and its rounding r (same dtype, contiguous
+    CPU tensors) at flat positions idx, with the band ww there, (whether the boundary below r is the nearer
+    one, whether the nearer one lies strictly within ww (`inclusive`: or at ww), whether ww reaches
     `value_fraction` of the smaller grid spacing). RoundedExecution._find_entries' numpy operations on
     `geometry`'s results, in r's dtype with the constants in r's dtype as numpy takes Python floats; None
     where the kernels cannot take the tensors."""
@@ -406,14 +406,15 @@ def classify(v: torch.Tensor, r: torch.Tensor, idx: np.ndarray, ww: np.ndarray, 
     vv, rr = flat(v), flat(r)
     one = rr.dtype.type
     near_lo, logged, wide = (np.empty(idx.size, np.bool_) for _ in range(3))
-    _classify(vv, rr, idx, ww, one(1.0 - 2.0 ** -(m + 1)), 2.0**-m, one(0.5), one(value_fraction), near_lo, logged,
-              wide)
+    _classify(vv, rr, idx, ww, one(1.0 - 2.0 ** -(m + 1)), 2.0**-m, one(0.5), one(value_fraction), inclusive, near_lo,
+              logged, wide)
     return near_lo, logged, wide
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _classify(vv: np.ndarray, rr: np.ndarray, idx: np.ndarray, ww: np.ndarray, shrink: float, q: float,
-              half: float, fraction: float, near_lo: np.ndarray, logged: np.ndarray, wide: np.ndarray) -> None:
+              half: float, fraction: float, inclusive: bool, near_lo: np.ndarray, logged: np.ndarray,
+              wide: np.ndarray) -> None:
     # the spacings stored in r's dtype first, as `geometry` returns them, so that the products below round
     # in it (an eighth of float32's smallest spacings underflows in float32, not in float64)
     spacing = np.empty(2, rr.dtype)
@@ -426,7 +427,8 @@ def _classify(vv: np.ndarray, rr: np.ndarray, idx: np.ndarray, ww: np.ndarray, s
         d_lo = diff + down * half  # distance to the boundary below r
         d_hi = up * half - diff  # and to the one above
         near_lo[t] = d_lo <= d_hi
-        logged[t] = np.minimum(d_lo, d_hi) < ww[t]
+        dist = np.minimum(d_lo, d_hi)
+        logged[t] = dist <= ww[t] if inclusive else dist < ww[t]
         wide[t] = ww[t] >= np.minimum(down, up) * fraction
 
 

@@ -526,10 +526,8 @@ class RoundedExecution(TorchDispatchMode):
         included."""
         if cand.numel() == 0:
             return torch.zeros(0, dtype=torch.bool, device=cand.device)
-        idx = cand.cpu().numpy()
-        vv, rr, ww = _at(v, idx), _at(r, idx), band.cpu().numpy()
-        diff, down, up = self._geometry(vv, rr)
-        return torch.from_numpy(np.minimum(diff + down * 0.5, up * 0.5 - diff) <= ww).to(cand.device)
+        within = self._classify(v, r, cand.cpu().numpy(), band.cpu().numpy(), inclusive=True)[1]
+        return torch.from_numpy(within).to(cand.device)
 
     def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
         from vtrain.resolve import resolver_for  # noqa: PLC0415
@@ -577,19 +575,20 @@ class RoundedExecution(TorchDispatchMode):
         return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value],
                        _at(r, idx[as_value]).astype(np.float32))
 
-    def _classify(self, v: torch.Tensor, r: torch.Tensor, idx: np.ndarray,
-                  ww: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _classify(self, v: torch.Tensor, r: torch.Tensor, idx: np.ndarray, ww: np.ndarray,
+                  inclusive: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """At flat positions idx with the band ww there: (whether the boundary below r is the nearer one,
-        whether that one lies strictly within ww, whether ww reaches VALUE_FRACTION of the smaller grid
-        spacing). One compiled call where the kernels take v and r (fused.classify), else these numpy
-        operations: the same IEEE operations in the same dtype, so the same decisions."""
-        fast = self._fused.classify(v, r, idx, ww, self.bits - 9, VALUE_FRACTION)
+        whether that one lies strictly within ww (`inclusive`: or at ww), whether ww reaches VALUE_FRACTION
+        of the smaller grid spacing). One compiled call where the kernels take v and r (fused.classify),
+        else these numpy operations: the same IEEE operations in the same dtype, so the same decisions."""
+        fast = self._fused.classify(v, r, idx, ww, self.bits - 9, VALUE_FRACTION, inclusive)
         if fast is not None:
             return fast
         diff, down, up = self._geometry(_at(v, idx), _at(r, idx))
         d_lo = diff + down * 0.5  # distance to the boundary below r
         d_hi = up * 0.5 - diff  # distance to the boundary above r
-        return d_lo <= d_hi, np.minimum(d_lo, d_hi) < ww, ww >= np.minimum(down, up) * VALUE_FRACTION
+        dist = np.minimum(d_lo, d_hi)
+        return d_lo <= d_hi, dist <= ww if inclusive else dist < ww, ww >= np.minimum(down, up) * VALUE_FRACTION
 
     def _geometry(self, vv: np.ndarray, rr: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(v - r, the grid spacing below r, the grid spacing above r) for grid values r."""

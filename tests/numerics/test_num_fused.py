@@ -321,10 +321,12 @@ def test_entry_classification_is_the_numpy_test_bit_for_bit(bits: int, dtype: np
     idx = rng.permutation(x.size)
     for ww in bands + [b.astype(np.float64) for b in bands]:
         ww = ww[idx]
-        got = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, ww, bits - 9, VALUE_FRACTION)
-        want = (d_lo[idx] <= d_hi[idx], dist[idx] < ww, ww >= (np.minimum(down, up) * VALUE_FRACTION)[idx])
-        for g, w in zip(got, want):
-            assert g.dtype == np.bool_ and np.array_equal(g, w)
+        for inclusive in (False, True):  # (the trainer's test, and the exact resolution's)
+            got = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, ww, bits - 9, VALUE_FRACTION, inclusive)
+            within = dist[idx] <= ww if inclusive else dist[idx] < ww
+            want = (d_lo[idx] <= d_hi[idx], within, ww >= (np.minimum(down, up) * VALUE_FRACTION)[idx])
+            for g, w in zip(got, want):
+                assert g.dtype == np.bool_ and np.array_equal(g, w)
     mixed = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, bands[4][idx], bits - 9, VALUE_FRACTION)
     assert all(0 < m.sum() < idx.size for m in mixed)  # (the test can tell a wrong decision either way)
 
