@@ -384,13 +384,18 @@ def geometry(vv: np.ndarray, rr: np.ndarray, m: int) -> tuple[np.ndarray, np.nda
 @njit(cache=True, nogil=True, error_model="numpy")
 def _geometry(vv: np.ndarray, rr: np.ndarray, shrink: float, q: float, diff: np.ndarray, down: np.ndarray,
               up: np.ndarray) -> None:
-    # spacings_np: the spacing at x is max(2^exponent(x), MIN_NORMAL) 2^-m; toward zero, the one at
-    # |r| (1 - 2^-(m+1)), which drops into the binade below exactly at powers of two
     for i in range(rr.size):
-        r = rr[i]
-        away, toward = _binade(r) * q, _binade(r * shrink) * q
-        diff[i] = vv[i] - r
-        down[i], up[i] = (away, toward) if r < 0 else (toward, away)
+        diff[i] = vv[i] - rr[i]
+        down[i], up[i] = _spacings(rr[i], shrink, q)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _spacings(r: float, shrink: float, q: float) -> tuple[float, float]:
+    """(the grid spacing below r, the one above r), as spacings_np: the spacing at x is
+    max(2^exponent(x), MIN_NORMAL) 2^-m (q = 2^-m); toward zero, the one at |r| (1 - 2^-(m+1)) (`shrink`,
+    in r's dtype), which drops into the binade below exactly at powers of two."""
+    away, toward = _binade(r) * q, _binade(r * shrink) * q
+    return (away, toward) if r < 0 else (toward, away)
 
 
 def classify(v: torch.Tensor, r: torch.Tensor, idx: np.ndarray, ww: np.ndarray, m: int, value_fraction: float,
@@ -420,8 +425,7 @@ def _classify(vv: np.ndarray, rr: np.ndarray, idx: np.ndarray, ww: np.ndarray, s
     spacing = np.empty(2, rr.dtype)
     for t in range(idx.size):
         r = rr[idx[t]]
-        away, toward = _binade(r) * q, _binade(r * shrink) * q
-        spacing[0], spacing[1] = (away, toward) if r < 0 else (toward, away)
+        spacing[0], spacing[1] = _spacings(r, shrink, q)
         down, up = spacing[0], spacing[1]
         diff = vv[idx[t]] - r
         d_lo = diff + down * half  # distance to the boundary below r

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from vtrain import exactdot, exactmath
+from vtrain import exactdot, exactmath, fused
 from vtrain.errors import VtrainError
 
 aten = torch.ops.aten
@@ -659,11 +659,11 @@ def min_lsb(x: torch.Tensor, idx: torch.Tensor, dim: int) -> torch.Tensor:
 
 def _min_lsb(x: torch.Tensor, idx: np.ndarray, dim: int) -> np.ndarray:
     """`min_lsb` with numpy indices and result."""
-    if not x.is_cpu or x.dtype not in (torch.float64, torch.float32) or x.dim() != 2:
+    layout = _lsb_bits(x)
+    if layout is None:
         ix = torch.from_numpy(idx).to(x.device)
         return (lsb(x[ix]).amin(1) if dim == 0 else lsb(x[:, ix]).amin(0)).cpu().numpy()
-    a = x.detach().numpy()
-    bits, mant, emask = (a.view(np.int64), 52, 0x7FF) if a.dtype == np.float64 else (a.view(np.int32), 23, 0xFF)
+    bits, mant, emask = layout
     out = np.empty(idx.size)
     _min_lsb_lines(bits if dim == 0 else bits.T, idx, mant, emask, _LSB_SCALE[mant], out)
     return out
@@ -907,13 +907,10 @@ _PAIR_ELEMENTS = 1 << 16
 def _lsb_bits(t: torch.Tensor) -> tuple[np.ndarray, int, int] | None:
     """(t's bit patterns as integers, mantissa bits, exponent mask) for a 2-d float64/float32 CPU tensor, or
     None (the torch path of `_min_lsb` takes it)."""
-    if not t.is_cpu or t.dim() != 2:
+    if not t.is_cpu or t.dim() != 2 or t.dtype not in (torch.float64, torch.float32):
         return None
-    if t.dtype == torch.float64:
-        return t.detach().numpy().view(np.int64), 52, 0x7FF
-    if t.dtype == torch.float32:
-        return t.detach().numpy().view(np.int32), 23, 0xFF
-    return None
+    bits, mant, emask, _ = fused._layout(t.detach().numpy())
+    return bits, mant, emask
 
 
 @njit(cache=True, nogil=True)
