@@ -54,6 +54,7 @@ def _steps(kind: str, variant: str, steps: int, logs: list | None) -> tuple[floa
     dtype = torch.float32 if variant == "plain-fp32" else torch.float64
     model, opt = _model(kind, dtype)
     out_logs, stats = [], []
+    hints: dict = {}  # the whole-op tests that failed, kept across steps as a TrainingSession keeps them
     data = [batch(t, dtype, BATCH.get(kind, 32)) for t in range(steps)]
     t0 = time.process_time()
     for t, (x, y) in enumerate(data):
@@ -65,7 +66,7 @@ def _steps(kind: str, variant: str, steps: int, logs: list | None) -> tuple[floa
         mode, policy = {"rounded": ("plain", "bound"), "record": ("record", "bound"), "record-tau": ("record", "tau"),
                         "replay": ("replay", "bound")}[variant]
         with RoundedExecution(bits=32, device=get_device("cpu"), mode=mode, policy=policy, step=t,
-                              replay_log=logs[t] if logs else None, measure_storage=False) as rx:
+                              replay_log=logs[t] if logs else None, measure_storage=False, grain_hints=hints) as rx:
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()

@@ -16,7 +16,8 @@ rounding boundary (midpoint of two grid neighbours) nearest to v, and w a band h
   auditor cannot be sure which boundary a direction refers to); otherwise a direction entry. A value
   that vtrain.resolve certifies as computed exactly (every partial sum exact in any order: the same value
   on every device) is not logged, ties included: round-half-even settles it everywhere (stats
-  "certified" counts them).
+  "certified" counts them). An op that vtrain.grains proves exact as a whole, every element, has no band
+  at all (stats "exact_sums").
 - policy "tau" (the paper's): v is logged when |v - r| > tau * spacing, i.e. within (0.5 - tau) spacings
   of b, the spacing taken with the true binary exponent; direction entries only.
 
@@ -112,7 +113,7 @@ class RoundedExecution(TorchDispatchMode):
 
     def __init__(self, *, bits: int, device: Device, policy: str = "bound", tau: float = 0.25,
                  mode: str = "record", replay_log: StepLog | None = None, step: int = 0,
-                 measure_storage: bool = True, resolution: str = "log"):
+                 measure_storage: bool = True, resolution: str = "log", grain_hints: dict | None = None):
         super().__init__()
         check_bits(bits)
         if resolution not in RESOLUTIONS:
@@ -136,10 +137,13 @@ class RoundedExecution(TorchDispatchMode):
         self._plus = 0.0 if self.exact else -0.0  # what the fused kernels add to a rounding (see round_near)
         self.resolution = resolution
         self.measure_storage = measure_storage  # stats with log_bytes / dense_bytes / dense_zip_bytes
+        # Which ops failed vtrain.grains' whole-op test lately (see `_exact_all`): kept by the caller across
+        # steps (a TrainingSession's), or None to test every op every time.
+        self.grain_hints = grain_hints
         self._sites: list[SiteLog] = []
         self._offsets: list[int] = []  # where each logged site starts in the step's stream of rounded values
         self._counts = {"rounded": 0, "logged": 0, "logged_values": 0, "corrections": 0, "sites": 0, "ops": 0,
-                        "checked": 0, "ambiguous": 0, "certified": 0, "recomputed": 0}
+                        "checked": 0, "ambiguous": 0, "certified": 0, "recomputed": 0, "exact_sums": 0}
         self._exact_seconds = 0.0  # time spent in certificates and exact recomputation
         self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, recomputed]
         self._seconds = 0.0
@@ -295,7 +299,7 @@ class RoundedExecution(TorchDispatchMode):
                 if self.policy == "bound" else None
             if self.mode == "record":
                 if self.policy == "bound":
-                    ww = e_cand * (2 * BAND_SLACK)
+                    ww = None if e_cand is None else e_cand * (2 * BAND_SLACK)  # (None: no band at all)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
                     cand = self._candidates(v, r, band)
@@ -416,6 +420,12 @@ class RoundedExecution(TorchDispatchMode):
         v, fused = floats[i], self._fused
         if not (v.numel() and fused.usable(v)):
             return None
+        if spec.exact_all is not None and self._exact_all(spec, args, kwargs, floats, i):
+            # every element is its exact value on every device (vtrain.grains): no band, no candidates
+            alone = self._round_alone(v, bounds)
+            if alone is not None:
+                self._counts["exact_sums"] += v.numel()
+            return alone
         if bounds is None:
             inline = spec.bound_inline(args, kwargs, floats) if spec.bound_inline and self._cast32(v) else None
             if inline is not None:  # a small matmul's E, computed as it rounds (vtrain.inline)
@@ -439,13 +449,7 @@ class RoundedExecution(TorchDispatchMode):
             bounds = spec.bound(args, kwargs, floats)
         e, m = bounds[i], self.bits - 9
         if e is None:
-            out = spare.take(v)
-            if fused.round_into(fused.flat(v), fused.flat(out), m, self._limit) >= 0:
-                return None
-            if self.exact:
-                out.add_(0.0)  # (the kernels below do it as they round)
-            self._counts["rounded"] += v.numel()
-            return out, torch.zeros(0, dtype=torch.long), None, bounds
+            return self._round_alone(v, bounds)
         if e.numel() == 1:
             e = e.reshape(1)
         elif e.shape != v.shape or not e.is_contiguous():  # (most bounds come in the output's shape)
@@ -457,6 +461,36 @@ class RoundedExecution(TorchDispatchMode):
         # E at the candidates gathered in numpy: a fraction of torch's indexing cost on a few values
         e_cand = torch.from_numpy(fused.flat(e)[cand]) if e.numel() > 1 else e.expand(cand.size)
         return out, torch.from_numpy(cand), e_cand, bounds
+
+    def _exact_all(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int) -> bool:
+        """spec.exact_all for output i, skipped where it failed lately at this op of the step (the same op
+        position, output and name in earlier steps). Skipping it never changes a result, only what it costs:
+        the band's candidates are then certified one by one, as they would be without vtrain.grains. An op
+        that fails f times running is next tested 2^(f-1) steps after its last failure (at most 16): a test
+        costs ~10-30 us on a small model, and most ops (any dot product over FP32-grid values) always fail."""
+        hints = self.grain_hints
+        if hints is None:
+            return spec.exact_all(args, kwargs, floats, i)
+        key = (self._counts["ops"], i, spec.name)
+        failures, last = hints.get(key, (0, 0))
+        if failures and self.step - last < min(1 << (failures - 1), 16):
+            return False
+        if spec.exact_all(args, kwargs, floats, i):
+            hints.pop(key, None)
+            return True
+        hints[key] = (failures + 1, self.step)
+        return False
+
+    def _round_alone(self, v: torch.Tensor, bounds: list | None) -> tuple | None:
+        """`_fused_near` for an output with no band (an exact count, or exact sums): v rounded, no candidates,
+        no E; None where a value is off the grid."""
+        fused, out = self._fused, spare.take(v)
+        if fused.round_into(fused.flat(v), fused.flat(out), self.bits - 9, self._limit) >= 0:
+            return None
+        if self.exact:
+            out.add_(0.0)  # (the kernels below do it as they round)
+        self._counts["rounded"] += v.numel()
+        return out, torch.zeros(0, dtype=torch.long), None, bounds
 
     def _kernel_near(self, v: torch.Tensor, e: torch.Tensor | Prefilter,
                      factor: float) -> tuple[torch.Tensor, np.ndarray, int]:

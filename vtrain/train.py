@@ -60,7 +60,7 @@ class StepResult:
 
     def metrics(self) -> dict:
         keep = ("rounded", "logged", "logged_values", "corrections", "dense_bytes", "dense_zip_bytes",
-                "checked", "ambiguous", "certified", "recomputed", "exact_seconds")
+                "checked", "ambiguous", "certified", "recomputed", "exact_sums", "exact_seconds")
         out = {k: self.stats[k] for k in keep if k in self.stats}
         loss = None if self.loss != self.loss else self.loss   # NaN (a skipped step) is not JSON
         return {"loss": loss, "seconds": round(self.seconds, 6), "log_bytes": len(self.log_bytes), **out}
@@ -82,6 +82,7 @@ class TrainingSession:
         self.step_count = 0
         # dense-baseline log sizes (stats "dense_bytes"/"dense_zip_bytes"): a benchmark's question, off in training
         self.measure_storage = False
+        self._grain_hints: dict = {}  # RoundedExecution's memory of whole-op tests that failed (a speed hint only)
 
     # --- state ---------------------------------------------------------------------------------
     def state_bytes(self) -> bytes:
@@ -153,7 +154,7 @@ class TrainingSession:
             rounding = "record"   # nothing to replay: the auditor computes the same canonical values
         return RoundedExecution(bits=spec.bits, device=self.device, policy=spec.log_policy, tau=spec.tau,
                                 mode=rounding, replay_log=replay_log, step=t, resolution=spec.resolution,
-                                measure_storage=self.measure_storage)
+                                measure_storage=self.measure_storage, grain_hints=self._grain_hints)
 
     def _loss(self, x: torch.Tensor, y: torch.Tensor, masks: list[torch.Tensor]) -> torch.Tensor:
         # (B, classes) or, for a language model, (B, T, vocab): one prediction per target

@@ -264,8 +264,10 @@ def inspect(run: Path, verify: bool) -> None:
         losses = [x["loss"] for x in m if x.get("loss") is not None]
         if losses:
             click.echo(f"loss:       first={losses[0]:.4f} last={losses[-1]:.4f}")
-        # (certified: values within the band proved exact, which need no entry)
+        # (certified: values within the band proved exact, which need no entry; exact_sums: values of whole ops
+        # proved exact before any band, vtrain.grains)
         certified = f" certified={total('certified')}" if r.has_logs else ""
+        certified += f" exact_sums={total('exact_sums')}"
         click.echo(f"rounding:   rounded={total('rounded')} logged={total('logged')} "
                    f"value_entries={total('logged_values')}{certified} "
                    f"seconds/step={sum(x['seconds'] for x in m) / len(m):.4f}")

@@ -44,9 +44,10 @@ def test_cli_inspect(run12):
     assert r.returncode == 0, r.stderr
     assert f"root:       0x{run.root.hex()}  size=13" in r.stdout and "steps:      12 of 12" in r.stdout
     assert "verified:   13 states and 12 logs match their leaves" in r.stdout and "log bytes:" in r.stdout
-    # the digits' quantised sums: values in the band that certificates settle, with no log entry
+    # the digits' quantised sums: exact whole ops (vtrain.grains), with no band and no log entry
+    exact_sums = sum(m["exact_sums"] for m in run.metrics())
     certified = sum(m["certified"] for m in run.metrics())
-    assert certified > 0 and f" certified={certified} " in r.stdout
+    assert exact_sums > 0 and f" certified={certified} exact_sums={exact_sums} " in r.stdout
 
 
 def test_inclusion_proofs_of_every_leaf(run12):

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 
+from vtrain import ops
 from vtrain.devices import get_device
 from vtrain.fused_optim import RoundedAdam, RoundedAdamW, RoundedSGD
 from vtrain.grid import round_to_grid
@@ -83,3 +87,8 @@ def params_equal(a: nn.Module, b: nn.Module) -> bool:
     """Weights and optimizer state bit-identical."""
     sa, sb = _state(a), _state(b)
     return len(sa) == len(sb) and all(torch.equal(p, q) for p, q in zip(sa, sb))
+
+
+def without_grains(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rounded execution without vtrain.grains' whole-op test: every op's band is computed, as before it."""
+    monkeypatch.setattr(ops, "_TABLE", {op: dataclasses.replace(s, exact_all=None) for op, s in ops._TABLE.items()})

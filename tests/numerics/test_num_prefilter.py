@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from numkit import without_grains
 from vtrain import prefilter, resolve
 from vtrain.bounds import BOUNDS, gamma, unit_roundoff
 from vtrain.bounds import BOUNDS_AT as TORCH_BOUNDS_AT
@@ -198,9 +199,11 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     else:
         func, fn = aten.addmm.default, torch.addmm
     assert prefilter.UPPERS[func](args, {}, [func(*args)]) is not None  # the case takes the pre-filter
-    # The quantised sums are exact, so their ties would be certified and not logged (test_num_rounding):
-    # with certificates off they are the entries whose selection is compared here.
+    # The quantised sums are exact, so their ties would be certified and not logged (test_num_rounding), and
+    # whole ops would need no band at all (vtrain.grains): with both off they are the entries whose selection
+    # is compared here.
     monkeypatch.setattr(resolve, "CERTIFIERS", {})
+    without_grains(monkeypatch)
     monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 1 << 60)
     plain_out, plain = _record(fn, args, bits)  # no pre-filter: E everywhere
     monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
@@ -234,6 +237,7 @@ def test_exact_resolution_is_the_same_with_and_without_the_prefilter(everywhere:
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     args, x = _layer(dtype, bits)
     grad = _operand((160, 160), torch.Generator().manual_seed(29), dtype, bits, "relu")
+    without_grains(monkeypatch)  # (the quantised layer's ops are exact: with it, no op would have a band)
     outs = {}
     for name, products, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
         monkeypatch.setattr(prefilter, "MIN_PRODUCTS", products)
