@@ -26,8 +26,9 @@ relative slack below 2^-15): an element proven here is one vtrain.resolve would 
 they were without this module. Grains must stay far above the dtype's underflow (QMIN), where E's
 absolute floor would matter.
 
-Cost: an op with FP32-grid values on both sides of a dot product longer than ~64 terms fails at its first
-pair of lines (S/q >= K 2^46), so the test reads one row and one column before giving up. Otherwise the
+Cost: an op with FP32-grid values on both sides of a dot product longer than ~64 terms fails at any pair of
+nonzero lines (S/q >= K 2^46), so the test probes first: 16 lines of an operand laid along memory, the first
+16 terms of every line of one laid across it (`_probe`), some 16 x 1024 values. Otherwise the
 columns are read in full, then the rows a chunk at a time, stopping at the first chunk with a failure.
 """
 
@@ -49,6 +50,7 @@ QMIN = {torch.float64: 2.0**-1000, torch.float32: 2.0**-120}
 PRECISION = {torch.float64: 53, torch.float32: 24}
 _NONE = 1 << 30  # the lsb exponent of a line with no nonzero finite value: no grain (2^_NONE is inf)
 _CHUNK = 256  # lines of a per pass: an op that fails stops within a chunk
+_PROBE = 16  # lines (or terms of every line) that the probe reads (`_probe`)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -66,12 +68,13 @@ def _lsb_exp(b: int, mant: int, emask: int, bias: int) -> int:
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _stats(x: np.ndarray, bits: np.ndarray, along: bool, first: int, last: int, mant: int, emask: int,
-           bias: int, l1: np.ndarray, mx: np.ndarray, q: np.ndarray) -> None:
+           bias: int, l1: np.ndarray, mx: np.ndarray, q: np.ndarray, terms: int = -1) -> None:
     """Lines first..last-1 of the C-contiguous x (its rows if `along`, else its columns: a transposed operand,
     read along memory for all lines at once; bits: x's integer view), into [0, last - first) of: L1, max |x|,
     smallest lsb (inf for a line with no nonzero value). L1 is summed in any order (reassociated, so LLVM
     vectorises it): it only bounds S within the factor 2 of the module docstring. max |x| and the lsb are
-    integer minima and maxima of bit patterns (non-negative floats order as their bits)."""
+    integer minima and maxima of bit patterns (non-negative floats order as their bits). `terms` >= 0 reads
+    only the first `terms` of each line (columns only: `_probe`)."""
     n = last - first
     sign = (1 << (8 * bits.itemsize - 1)) - 1
     low = np.full(n, _NONE)
@@ -89,7 +92,7 @@ def _stats(x: np.ndarray, bits: np.ndarray, along: bool, first: int, last: int, 
                 lo = min(lo, _lsb_exp(brow[k], mant, emask, bias))
             l1[t], top[t], low[t] = s, m, lo
     else:
-        for k in range(x.shape[0]):
+        for k in range(x.shape[0] if terms < 0 else min(terms, x.shape[0])):
             row, brow = x[k], bits[k]
             for t in range(n):
                 l1[t] += abs(np.float64(row[first + t]))
@@ -140,6 +143,18 @@ def _row_exact(la: float, ma: float, qa: float, cols: tuple, limit: float, qmin:
 
 
 @njit(cache=True, nogil=True)
+def _probe(x: np.ndarray, bits: np.ndarray, along: bool, mant: int, emask: int, bias: int) -> tuple:
+    """(L1, max |x|, smallest lsb) of a few lines read cheaply: the first _PROBE lines in full where they run
+    along memory, else every line over its first _PROBE terms only (one contiguous block: a line across
+    memory costs a cache miss a term). Partial lines give lower bounds of L1 and max |x| and an upper bound
+    of the lsb, and the test is monotone in each, so what fails on them fails on the whole lines too."""
+    lines = min(x.shape[0], _PROBE) if along else x.shape[1]
+    l1, mx, q = np.empty(lines), np.empty(lines), np.empty(lines)
+    _stats(x, bits, along, 0, lines, mant, emask, bias, l1, mx, q, _PROBE)
+    return l1, mx, q
+
+
+@njit(cache=True, nogil=True)
 def _bilinear_exact(a: np.ndarray, ab: np.ndarray, a_along: bool, am: int, ae: int, abias: int,
                     b: np.ndarray, bb: np.ndarray, b_along: bool, bm: int, be: int, bbias: int,
                     c: np.ndarray, cb: np.ndarray, cm: int, ce: int, cbias: int, limit: float, qmin: float) -> bool:
@@ -149,12 +164,15 @@ def _bilinear_exact(a: np.ndarray, ab: np.ndarray, a_along: bool, am: int, ae: i
     n = b.shape[0] if b_along else b.shape[1]
     la, ma, qa = np.empty(_CHUNK), np.empty(_CHUNK), np.empty(_CHUNK)
     lb, mb, qb = np.empty(n), np.empty(n), np.empty(n)
-    # the first pair alone first: an op that fails, fails there (module docstring)
-    _stats(a, ab, a_along, 0, 1, am, ae, abias, la, ma, qa)
-    _stats(b, bb, b_along, 0, 1, bm, be, bbias, lb, mb, qb)
-    cols = _columns(lb[:1], mb[:1], qb[:1], c[:1], cb[:1], cm, ce, cbias, qmin)
-    if not (cols[0] and _row_exact(la[0], ma[0], qa[0], cols, limit, qmin)):
+    # the probe first: an op that fails, fails there (module docstring)
+    pl, pm, pq = _probe(a, ab, a_along, am, ae, abias)
+    cl, cmx, cq = _probe(b, bb, b_along, bm, be, bbias)
+    cols = _columns(cl, cmx, cq, c[:cl.size], cb[:cl.size], cm, ce, cbias, qmin)
+    if not cols[0]:
         return False
+    for t in range(pl.size):
+        if not _row_exact(pl[t], pm[t], pq[t], cols, limit, qmin):
+            return False
     _stats(b, bb, b_along, 0, n, bm, be, bbias, lb, mb, qb)
     cols = _columns(lb, mb, qb, c, cb, cm, ce, cbias, qmin)
     if not cols[0]:
