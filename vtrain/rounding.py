@@ -550,6 +550,8 @@ class RoundedExecution(TorchDispatchMode):
         if pre.nonzero is not None and cand.numel() and not dropped:
             cand = cand[pre.nonzero(cand)]
         v = floats[i]
+        if cand.numel() == 0:  # nothing near a boundary: no E to gather
+            return cand, torch.zeros(0, dtype=v.dtype, device=v.device), None
         if gather_pays(cand.numel(), v.numel()):
             return cand, spec.bound_at(args, kwargs, floats, cand), None
         bounds = spec.bound(args, kwargs, floats)
