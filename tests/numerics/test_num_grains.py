@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from numkit import without_grains
-from test_num_resolve import CASES, EMULATED, GRIDS, Case, _certify
+from test_num_resolve import CASES, GRIDS, Case, _certify, emulated_outputs, spiked
 from vtrain import grains, ops
 from vtrain.bounds import BOUNDS
 from vtrain.devices import get_device
@@ -46,13 +46,7 @@ def check_whole(case: Case, args: tuple, kwargs: dict) -> list[bool]:
     outs, certs = _certify(case, args, kwargs)
     floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
     expected = case.ref(args, kwargs)
-    others = []
-    for dev in EMULATED:
-        try:
-            res = dev.execute(case.op, args, kwargs)
-        except Exception:  # an emulated device that does not emulate this configuration (groups > 1)
-            continue
-        others.append(list(res) if isinstance(res, tuple) else [res])
+    others = emulated_outputs(case, args, kwargs)
     passed = []
     for i, o in enumerate(floats):
         ok = o is not None and grains.EXACT_ALL[case.op](args, kwargs, floats, i)
@@ -83,22 +77,17 @@ def test_a_whole_op_that_passes_is_exact_everywhere(case: Case, dtype: torch.dty
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("case", PASSING, ids=[c.name for c in PASSING])
 def test_one_full_significand_in_a_read_slice_fails_it(case: Case, seed: int) -> None:
-    # Quantised float32 work (bits 19) with one value made 2^-4 + 2^-27: the sums that read it need more
-    # than 24 bits. An output that one of them belongs to must fail; check_whole proves the others exact.
-    spike = 2.0**-4 + 2.0**-27
+    # Quantised float32 work (bits 19) with one value made SPIKE: the sums that read it need more than 24
+    # bits. An output that one of them belongs to must fail; check_whole proves the others exact.
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/grain-spike/{seed}".encode()))
     args, kwargs = case.make(gen, torch.float32, 19, "quant")
-    plain = case.ref(args, kwargs)
     for j, a in enumerate(args):
         if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
             continue
-        spiked = list(args)
-        spiked[j] = a.clone()
-        spiked[j].view(-1)[int(torch.randint(a.numel(), (), generator=gen))] = spike
-        spiked = tuple(spiked)
-        passed = check_whole(case, spiked, kwargs)
-        for i, (old, new) in enumerate(zip(plain, case.ref(spiked, kwargs))):
-            if new is not None and any(float(q) != q for q in new):  # some sum of output i is not a float32
+        spiked_args = spiked(args, j, int(torch.randint(a.numel(), (), generator=gen)))
+        passed = check_whole(case, spiked_args, kwargs)
+        for i, exact in enumerate(case.ref(spiked_args, kwargs)):
+            if exact is not None and any(float(q) != q for q in exact):  # some sum of output i is not a float32
                 assert not passed[i], (case.name, j, i)
 
 

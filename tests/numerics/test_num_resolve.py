@@ -588,10 +588,8 @@ def test_certified_elements_are_exact_on_every_device(case: Case, dtype: torch.d
     check_sound(case, args, kwargs)
 
 
-def check_sound(case: Case, args: tuple, kwargs: dict) -> list:
-    """Every certified element equals the exact value on every device; the certificates (as _certify)."""
-    outs, certs = _certify(case, args, kwargs)
-    expected = case.ref(args, kwargs)
+def emulated_outputs(case: Case, args: tuple, kwargs: dict) -> list[list]:
+    """The op's outputs on each emulated device that emulates its configuration."""
     others = []
     for dev in EMULATED:
         try:
@@ -599,6 +597,25 @@ def check_sound(case: Case, args: tuple, kwargs: dict) -> list:
         except Exception:  # an emulated device that does not emulate this configuration (groups > 1)
             continue
         others.append(list(res) if isinstance(res, tuple) else [res])
+    return others
+
+
+SPIKE = 2.0**-4 + 2.0**-27  # a full 24-bit significand among quantised k/16 data
+
+
+def spiked(args: tuple, j: int, index: int) -> tuple:
+    """args with input j's flat element `index` made SPIKE."""
+    out = list(args)
+    out[j] = args[j].clone()
+    out[j].view(-1)[index] = SPIKE
+    return tuple(out)
+
+
+def check_sound(case: Case, args: tuple, kwargs: dict) -> list:
+    """Every certified element equals the exact value on every device; the certificates (as _certify)."""
+    outs, certs = _certify(case, args, kwargs)
+    expected = case.ref(args, kwargs)
+    others = emulated_outputs(case, args, kwargs)
     for i, cert in enumerate(certs):
         if cert is None or outs[i] is None:
             continue
@@ -640,12 +657,11 @@ SPIKE_SEEDS = 6
 @pytest.mark.parametrize("seed", range(SPIKE_SEEDS))
 @pytest.mark.parametrize("case", MOSTLY, ids=[c.name for c in MOSTLY])
 def test_a_spiked_slice_is_refused_where_it_is_read(case: Case, seed: int) -> None:
-    # Quantised float32 data with one element of one input made 2^-4 + 2^-27 (a full 24-bit significand;
-    # the certificates do not need grid inputs): sums that read it need more than 24 bits and are
+    # Quantised float32 data with one element of one input made SPIKE (a full 24-bit significand; the
+    # certificates do not need grid inputs): sums that read it need more than 24 bits and are
     # rounded, the others stay exact. Certificates read from the wrong row, column, image or channel
     # would certify a rounded sum (check_sound), or refuse everything. Seed s spikes the s-th part of the
     # flat input, so that every image, channel and row block gets one.
-    spike = 2.0**-4 + 2.0**-27
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/spike/{seed}".encode()))
     args, kwargs = case.make(gen, torch.float32, 19, "quant")
     plain = case.ref(args, kwargs)
@@ -655,15 +671,12 @@ def test_a_spiked_slice_is_refused_where_it_is_read(case: Case, seed: int) -> No
         lo = seed * a.numel() // SPIKE_SEEDS
         hi = max(lo + 1, (seed + 1) * a.numel() // SPIKE_SEEDS)
         for _ in range(8):  # a spike that some sum reads (a stride may skip elements), where there is one
-            spiked = list(args)
-            spiked[j] = a.clone()
-            spiked[j].view(-1)[lo + int(torch.randint(hi - lo, (), generator=gen))] = spike
-            spiked = tuple(spiked)
+            spiked_args = spiked(args, j, lo + int(torch.randint(hi - lo, (), generator=gen)))
             changed = [np.array([x != y for x, y in zip(old, new)])
-                       for old, new in zip(plain, case.ref(spiked, kwargs))]
+                       for old, new in zip(plain, case.ref(spiked_args, kwargs))]
             if any(ch.any() for ch in changed):
                 break
-        certs = check_sound(case, spiked, kwargs)
+        certs = check_sound(case, spiked_args, kwargs)
         certs = [c for c in certs if c is not None]
         if any(ch.any() for ch in changed):  # read: a grain 2^-27 times finer, too fine for these sums
             assert not all(c.all() for c in certs), (case.name, j)
