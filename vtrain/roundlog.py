@@ -140,13 +140,15 @@ class StepLog:
             if s.num_entries:
                 heads += [i - prev - 1, int(s.dir_pos.size), int(s.val_pos.size)]
                 prev = i
-        varints = _varint_encode(np.concatenate([np.asarray(heads, np.uint64),
-                                                 _deltas([s.dir_pos for s in listed]),
-                                                 _deltas([s.val_pos for s in listed])]))
-        bits = np.packbits(np.concatenate([s.dir_up for s in listed] or [np.zeros(0, bool)]).astype(bool))
-        values = _pack_values(np.concatenate([s.val for s in listed] or [np.zeros(0, np.float32)]), self.bits)
+        varints = bits = values = b""  # (most steps log nothing: then all three are empty)
+        if listed:
+            varints = _varint_encode(np.concatenate([np.asarray(heads, np.uint64),
+                                                     _deltas([s.dir_pos for s in listed]),
+                                                     _deltas([s.val_pos for s in listed])]))
+            bits = np.packbits(np.concatenate([s.dir_up for s in listed]).astype(bool)).tobytes()
+            values = _pack_values(np.concatenate([s.val for s in listed]), self.bits)
         tags = np.fromiter((s.tag for s in self.sites), np.uint16, len(self.sites)).astype("<u2")
-        body = b"".join([tags.tobytes(), varints, bits.tobytes(), values])
+        body = b"".join([tags.tobytes(), varints, bits, values])
         flags = 0
         if len(body) > 64:
             packed = zstandard.ZstdCompressor(level=3, write_checksum=False, write_content_size=True).compress(body)
