@@ -168,7 +168,8 @@ def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
 # to log. A Cauchy-Schwarz pre-filter, gamma_K ||a_i|| ||b_j|| from row and column norms, was measured
 # slower overall: relu-sparse operands make it loose, so too many candidates remain.)
 
-PositionBound = Callable[[tuple, dict, Sequence["torch.Tensor | None"], torch.Tensor], torch.Tensor]
+# (args, kwargs, outputs, i, flat positions of output i) -> E of output i there
+PositionBound = Callable[[tuple, dict, Sequence["torch.Tensor | None"], int, torch.Tensor], torch.Tensor]
 _GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk
 
 
@@ -183,7 +184,8 @@ def _mm_operands(func: Any, args: tuple, kwargs: dict) -> tuple:
 
 
 def _matmul_at(func: Any) -> PositionBound:
-    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], pos: torch.Tensor) -> torch.Tensor:
+    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int,
+                 pos: torch.Tensor) -> torch.Tensor:
         v = outs[0]
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
@@ -207,15 +209,38 @@ def _conv_k(args: tuple) -> int:
     return _prod(weight.shape[1:])  # (Cin/groups) * kh * kw
 
 
+def _convolution_backward_ks(args: tuple) -> tuple[int, int, int]:
+    """The term counts E takes for grad_input, grad_weight and grad_bias."""
+    grad, weight = args[0], args[2]
+    kernel = _prod(weight.shape[2:])
+    k_weight = grad.shape[0] * _prod(grad.shape[2:])  # N * output positions
+    return max(weight.shape[0], weight.shape[1]) * kernel, k_weight, k_weight  # (grad_input: per element)
+
+
 def _convolution_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     grad, x, weight = args[0], args[1], args[2]
     dtype = next(o.dtype for o in outs if o is not None)
-    kernel = _prod(weight.shape[2:])
-    k_input = max(weight.shape[0], weight.shape[1]) * kernel  # terms per grad_input element
-    k_weight = grad.shape[0] * _prod(grad.shape[2:])  # N * output positions
     absvals = abs_bounds(aten.convolution_backward.default, (grad, x, weight, *args[3:]), {},
-                         (k_input, k_weight, k_weight), dtype)
+                         _convolution_backward_ks(args), dtype)
     return [None if o is None else a for o, a in zip(outs, absvals)]
+
+
+def _convolution_at(func: Any) -> PositionBound:
+    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int,
+                 pos: torch.Tensor) -> torch.Tensor:
+        """E of output i at flat positions `pos`: its terms gathered as the exact resolution gathers them
+        (vtrain.resolve), their absolute values summed in float64, with the full bound's term count (any
+        order: see `_finish`). For the auditor's few entries and the trainer's few candidates, where the
+        full bound is a second convolution over everything."""
+        from vtrain.resolve import abs_sums  # noqa: PLC0415 (resolve pulls in mpmath: only ops that gather pay)
+        v = outs[i]
+        k = _conv_k(args) + 1 if func is aten.convolution.default else _convolution_backward_ks(args)[i]
+        u = unit_roundoff(v.dtype)
+        s = torch.from_numpy(abs_sums(func, args, kwargs, i, pos.cpu().numpy()))
+        # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
+        return _finish(s.mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype).to(v.device)
+
+    return bound_at
 
 
 # -- reductions -------------------------------------------------------------------------------------
@@ -505,5 +530,8 @@ BOUNDS: dict[Any, Bound] = {
 }
 
 # op -> BOUNDS[op] evaluated only at given flat positions (same sums, gathered)
-BOUNDS_AT: dict[Any, PositionBound] = {op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)}
+BOUNDS_AT: dict[Any, PositionBound] = {
+    **{op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)},
+    **{op: _convolution_at(op) for op in (aten.convolution.default, aten.convolution_backward.default)},
+}
 

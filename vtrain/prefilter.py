@@ -35,6 +35,11 @@ U and the gathers, 36 ms (2048-wide MLP, batch 512, in the engine).
 Everything depends on the operands' layout and the candidate count only, a pure function of the op's
 inputs, so a run and its resumption decide alike.
 
+Convolutions have no U here (a bound from line statistics was measured: loose enough to leave a few
+candidates in every call, and so no cheaper than the full bound once E is gathered at them), but E at given
+positions (BOUNDS_AT) in compiled loops: the auditor needs E only at its log's entries, where the full bound
+is a second convolution over everything (the cnn example's auditor: 4.5 -> 4.1-4.4 ms a step).
+
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
 most gamma_k (1 + 2 gamma_k + 2^-20) times its computed sum of |terms| plus k floor units. U is
@@ -163,6 +168,135 @@ def _matmul_upper(func: Any) -> Upper:
         return Prefilter(rows, cols, add, v.shape, v.dtype)
 
     return upper
+
+
+# -- convolutions: E gathered at positions, in compiled loops ---------------------------------------------
+# The same sums as bounds.BOUNDS_AT's torch gathering (through vtrain.resolve's term gathering), which costs
+# ~300 us a call in small torch operations: each position's |terms| summed in float64 straight from the
+# tensors, the window's padding and strides skipped. Any order: see `bounds._finish`.
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unravel4(q: int, n1: int, n2: int, n3: int) -> tuple[int, int, int, int]:
+    """Row-major coordinates of flat position q in a 4-d array whose last three sizes are n1, n2, n3."""
+    i3, q = q % n3, q // n3
+    i2, q = q % n2, q // n2
+    return q // n1, q % n1, i2, i3
+
+
+@njit(cache=True, nogil=True)
+def _conv_abs_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.ndarray, geometry: np.ndarray,
+                      groups: int, out: np.ndarray) -> None:
+    """out[t] = sum |x| |w| (+ |bias|) of convolution output pos[t] ((N, Co, OH, OW), row-major); geometry:
+    stride, padding, dilation (two each), OH, OW."""
+    s0, s1, p0, p1, d0, d1, oh, ow = geometry
+    c_out, c_g, kh, kw = w.shape
+    co_g = c_out // groups
+    for t in range(pos.size):
+        n, co, oy, oz = _unravel4(pos[t], c_out, oh, ow)
+        c0, acc = (co // co_g) * c_g, 0.0
+        for ci in range(c_g):
+            for a in range(kh):
+                y = oy * s0 - p0 + a * d0
+                if y < 0 or y >= x.shape[2]:
+                    continue
+                for b in range(kw):
+                    z = oz * s1 - p1 + b * d1
+                    if 0 <= z < x.shape[3]:
+                        acc += abs(np.float64(x[n, c0 + ci, y, z])) * abs(np.float64(w[co, ci, a, b]))
+        out[t] = acc + (abs(np.float64(bias[co])) if bias.size else 0.0)
+
+
+@njit(cache=True, nogil=True)
+def _conv_abs_input(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.ndarray, groups: int,
+                    shape: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = sum |grad| |w| of grad_input position pos[t] (shape: N, Cin, H, W)."""
+    s0, s1, p0, p1, d0, d1 = geometry[:6]
+    c_out, c_g, kh, kw = w.shape
+    co_g, h, wd = c_out // groups, shape[2], shape[3]
+    for t in range(pos.size):
+        n, ci, y, z = _unravel4(pos[t], shape[1], h, wd)
+        acc = 0.0
+        for co in range((ci // c_g) * co_g, (ci // c_g + 1) * co_g):
+            for a in range(kh):
+                ty = y + p0 - a * d0
+                if ty < 0 or ty % s0 or ty // s0 >= g.shape[2]:
+                    continue
+                for b in range(kw):
+                    tz = z + p1 - b * d1
+                    if tz >= 0 and tz % s1 == 0 and tz // s1 < g.shape[3]:
+                        acc += abs(np.float64(g[n, co, ty // s0, tz // s1])) * abs(np.float64(w[co, ci % c_g, a, b]))
+        out[t] = acc
+
+
+@njit(cache=True, nogil=True)
+def _conv_abs_weight(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, groups: int,
+                     shape: np.ndarray, out: np.ndarray) -> None:
+    """out[t] = sum |grad| |x| of grad_weight position pos[t] (shape: Co, Cg, KH, KW); a bias gradient
+    (shape (Co, 1, 1, 1) with x None-like, empty) sums |grad| alone."""
+    s0, s1, p0, p1, d0, d1 = geometry[:6]
+    c_out, c_g, kh, kw = shape
+    co_g = c_out // groups
+    for t in range(pos.size):
+        co, cl, a, b = _unravel4(pos[t], c_g, kh, kw)
+        ci, acc = (co // co_g) * c_g + cl, 0.0
+        for n in range(g.shape[0]):
+            for oy in range(g.shape[2]):
+                y = oy * s0 - p0 + a * d0
+                if x.size and (y < 0 or y >= x.shape[2]):
+                    continue
+                for oz in range(g.shape[3]):
+                    if not x.size:
+                        acc += abs(np.float64(g[n, co, oy, oz]))
+                        continue
+                    z = oz * s1 - p1 + b * d1
+                    if 0 <= z < x.shape[3]:
+                        acc += abs(np.float64(g[n, co, oy, oz])) * abs(np.float64(x[n, ci, y, z]))
+        out[t] = acc
+
+
+def _convolution_at(func: Any) -> PositionBound:
+    on_device = bounds.BOUNDS_AT[func]  # other devices, dtypes and layouts gather in torch
+
+    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int,
+                 pos: torch.Tensor) -> torch.Tensor:
+        """E of output i at flat positions `pos`, as bounds.BOUNDS_AT's, in the compiled loops above."""
+        from vtrain.resolve import _bind, _conv_geometry  # noqa: PLC0415 (mpmath: only convolutions pay)
+        v = outs[i]
+        kw = _bind(func, args, kwargs)
+        if not v.is_cpu or kw["transposed"]:
+            return on_device(args, kwargs, outs, i, pos)
+        x, w, stride, padding, dilation, groups = _conv_geometry(func, kw)
+        g = kw.get("grad_output")
+        ts = [t for t in (x, w, g, kw.get("bias")) if t is not None]
+        if any(t.dtype not in (torch.float64, torch.float32) or not t.is_cpu for t in ts):
+            return on_device(args, kwargs, outs, i, pos)
+        x, w = _numpy(x.contiguous()), _numpy(w.contiguous())
+        p = pos.cpu().numpy().astype(np.int64, copy=False)
+        s = np.empty(p.size)
+        geometry = np.array([*stride, *padding, *dilation, *v.shape[-2:]] if v.dim() == 4 else
+                            [*stride, *padding, *dilation, 1, v.shape[-1]], np.int64)
+        if func is aten.convolution.default:
+            bias = kw["bias"]
+            k = bounds._conv_k(args) + 1
+            _conv_abs_forward(x, w, _NO_BIAS if bias is None else _numpy(bias.contiguous()), p, geometry, groups, s)
+        else:
+            g = _numpy((g.unsqueeze(2) if g.dim() == 3 else g).contiguous())
+            k = bounds._convolution_backward_ks(args)[i]
+            if i == 0:
+                _conv_abs_input(g, w, p, geometry, groups, np.array(x.shape, np.int64), s)
+            else:  # grad_weight, or grad_bias: one 1x1 tap of one channel, over no input
+                shape = np.array(w.shape if i == 1 else (w.shape[0], 1, 1, 1), np.int64)
+                _conv_abs_weight(g, x if i == 1 else _NO_INPUT, p, geometry, groups if i == 1 else w.shape[0], shape, s)
+        u = unit_roundoff(v.dtype)
+        # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
+        return _finish(torch.from_numpy(s).mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype)
+
+    return bound_at
+
+
+_NO_BIAS = np.zeros(0)
+_NO_INPUT = np.zeros((0, 0, 0, 0))
 
 
 def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
@@ -390,12 +524,13 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 def _matmul_at(func: Any) -> PositionBound:
     on_device = bounds.BOUNDS_AT[func]  # other devices gather in torch
 
-    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], pos: torch.Tensor) -> torch.Tensor:
+    def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int,
+                 pos: torch.Tensor) -> torch.Tensor:
         """E at flat positions `pos` of the output: K products each, summed in float64 by one compiled loop
         (an upper bound whatever the order, as the full bound: see `bounds._finish`)."""
         v = outs[0]
         if not v.is_cpu:
-            return on_device(args, kwargs, outs, pos)
+            return on_device(args, kwargs, outs, i, pos)
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
         m, n = a.shape[1], b.shape[2]
@@ -418,6 +553,8 @@ def _matmul_at(func: Any) -> PositionBound:
     return bound_at
 
 
-BOUNDS_AT: dict[Any, PositionBound] = {op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default,
-                                                                      aten.addmm.default)}
+BOUNDS_AT: dict[Any, PositionBound] = {
+    **{op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)},
+    **{op: _convolution_at(op) for op in (aten.convolution.default, aten.convolution_backward.default)},
+}
 UPPERS: dict[Any, Upper] = {op: _matmul_upper(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)}

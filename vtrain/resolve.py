@@ -269,7 +269,13 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+Terms = Callable[[np.ndarray], tuple]  # flat positions -> (a, b, extra): their sums as gathered (P, ...) tensors
+
+
+def _convolution_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
+    """(terms per position, positions -> (a, b, extra)) of the convolution's output i = 0: each position's
+    value is sum(a[p] * b[p]) + extra[p] (extra None: no addend). The resolver rounds these dot products
+    exactly; vtrain.bounds' gathered E sums their absolute values."""
     kw = _bind(aten.convolution.default, args, kwargs)
     x, w, (s0, s1), (p0, p1), (d0, d1), groups = _conv_geometry(aten.convolution.default, kw)
     bias = kw["bias"]
@@ -278,7 +284,7 @@ def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) 
     oh, ow = _out_size(h, kh, s0, p0, d0), _out_size(wd, kwd, s1, p1, d1)
     co_g = c_out // groups
 
-    def part(ps: np.ndarray) -> np.ndarray:
+    def part(ps: np.ndarray) -> tuple:
         n, co, r, c = _unravel(ps, (n_img, c_out, oh, ow))
         ci = (co // co_g)[:, None] * c_g + torch.arange(c_g)  # (P, Cg): the input channels of co's group
         hh = r[:, None] * s0 - p0 + torch.arange(kh) * d0  # (P, KH) input rows of the window
@@ -286,12 +292,27 @@ def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) 
         valid = ((hh >= 0) & (hh < h))[:, None, :, None] & ((ww >= 0) & (ww < wd))[:, None, None, :]
         patch = _masked(x, (n[:, None, None, None], ci[:, :, None, None], hh[:, None, :, None],
                             ww[:, None, None, :]), valid)  # (P, Cg, KH, KW), the padding reads zeros
-        return _rounded_dots(patch, w[co], bits, extra=None if bias is None else bias[co])
+        return patch, w[co], None if bias is None else bias[co]
 
-    return _chunked(pos, c_g * kh * kwd, part)
+    return c_g * kh * kwd, part
 
 
-def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
+    """positions -> the grid rounding of their terms' exact sums (dot products; sums of a where b is None)."""
+    def rounded(ps: np.ndarray) -> np.ndarray:
+        a, b, extra = part(ps)
+        return _rounded_sums(a, bits) if b is None else _rounded_dots(a, b, bits, extra=extra)
+
+    return rounded
+
+
+def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+    width, part = _convolution_terms(args, kwargs, i)
+    return _chunked(pos, width, _rounded(part, bits))
+
+
+def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
+    """`_convolution_terms` for output i of convolution_backward (grad_bias: b None, a sum of a)."""
     op = aten.convolution_backward.default
     kw = _bind(op, args, kwargs)
     g = kw["grad_output"]
@@ -304,7 +325,7 @@ def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bi
     co_g = c_out // groups
 
     if i == 0:  # grad_input[n, ci, y, z] = sum over (co in ci's group, kh, kw) of grad * weight
-        def part(ps: np.ndarray) -> np.ndarray:
+        def part(ps: np.ndarray) -> tuple:
             n, ci, y, z = _unravel(ps, (n_img, c_in, h, wd))
             co = (ci // c_g)[:, None] * co_g + torch.arange(co_g)  # (P, COg)
             ty = y[:, None] + p0 - torch.arange(kh) * d0  # (P, KH): oh * s0 when the tap hits y
@@ -316,11 +337,11 @@ def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bi
                                 (tz // s1)[:, None, None, :]), valid)  # (P, COg, KH, KW)
             wts = w[co[:, :, None, None], (ci % c_g)[:, None, None, None], torch.arange(kh)[:, None],
                     torch.arange(kwd)]  # (P, COg, KH, KW)
-            return _rounded_dots(terms, wts, bits)
+            return terms, wts, None
 
-        return _chunked(pos, co_g * kh * kwd, part)
+        return co_g * kh * kwd, part
     if i == 1:  # grad_weight[co, cl, a, b] = sum over (n, oh, ow) of grad * input tap
-        def part(ps: np.ndarray) -> np.ndarray:
+        def part(ps: np.ndarray) -> tuple:
             co, cl, a, b = _unravel(ps, tuple(w.shape))
             ci = (co // co_g) * c_g + cl
             hh = torch.arange(oh) * s0 - p0 + a[:, None] * d0  # (P, OH)
@@ -328,12 +349,32 @@ def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bi
             valid = ((hh >= 0) & (hh < h))[:, None, :, None] & ((ww >= 0) & (ww < wd))[:, None, None, :]
             taps = _masked(x, (torch.arange(n_img)[:, None, None], ci[:, None, None, None], hh[:, None, :, None],
                                ww[:, None, None, :]), valid)  # (P, N, OH, OW)
-            return _rounded_dots(g.transpose(0, 1)[co], taps, bits)
+            return g.transpose(0, 1)[co], taps, None
 
-        return _chunked(pos, n_img * oh * ow, part)
+        return n_img * oh * ow, part
     if i == 2:  # grad_bias[co] = sum of grad over (n, oh, ow)
-        return _chunked(pos, n_img * oh * ow, lambda ps: _rounded_sums(g.transpose(0, 1)[_t(ps)], bits))
+        return n_img * oh * ow, lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
     raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
+
+
+def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+    width, part = _convolution_backward_terms(args, kwargs, i)
+    return _chunked(pos, width, _rounded(part, bits))
+
+
+def abs_sums(op: Any, args: tuple, kwargs: dict, i: int, pos: np.ndarray) -> np.ndarray:
+    """Per flat position of output i of a convolution (or its backward), the sum of its terms' absolute
+    values (and the addend's), in float64: what vtrain.bounds' gathered E scales."""
+    width, part = (_convolution_terms if op is aten.convolution.default else _convolution_backward_terms)(
+        args, kwargs, i)
+
+    def sums(ps: np.ndarray) -> np.ndarray:
+        a, b, extra = part(ps)
+        a = a.to(torch.float64).abs().reshape(len(ps), -1)
+        s = (a if b is None else a * b.to(torch.float64).abs().reshape(len(ps), -1)).sum(1)
+        return (s if extra is None else s + extra.to(torch.float64).abs()).numpy()
+
+    return _chunked(pos, width, sums)
 
 
 # -- reductions -------------------------------------------------------------------------------------

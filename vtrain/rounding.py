@@ -315,7 +315,9 @@ class RoundedExecution(TorchDispatchMode):
                 if entry.num_entries:
                     bound_at = None
                     if self.policy == "bound":
-                        if bounds is None and spec.bound_at is None:
+                        # E at the entries only where gathering pays; else the full bound, once for all outputs
+                        if bounds is None and not (spec.bound_at is not None
+                                                   and gather_pays(entry.num_entries, v.numel())):
                             bounds = spec.bound(args, kwargs, floats)
                         bound_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i, full=bounds)
                     r = self._apply_entries(entry, spec.name, v, r, bound_at, certify)
@@ -553,7 +555,7 @@ class RoundedExecution(TorchDispatchMode):
         if cand.numel() == 0:  # nothing near a boundary: no E to gather
             return cand, torch.zeros(0, dtype=v.dtype, device=v.device), None
         if gather_pays(cand.numel(), v.numel()):
-            return cand, spec.bound_at(args, kwargs, floats, cand), None
+            return cand, spec.bound_at(args, kwargs, floats, i, cand), None
         bounds = spec.bound(args, kwargs, floats)
         return cand, bounds[i].expand(v.shape).reshape(-1)[cand], bounds
 
@@ -579,7 +581,7 @@ class RoundedExecution(TorchDispatchMode):
         """The error bound E of output i at flat positions `pos` (gathered when that is much cheaper)."""
         v = floats[i]
         if full is None and spec.bound_at is not None and gather_pays(pos.numel(), v.numel()):
-            return spec.bound_at(args, kwargs, floats, pos)
+            return spec.bound_at(args, kwargs, floats, i, pos)
         full = full if full is not None else spec.bound(args, kwargs, floats)
         if full[i] is None:  # an output without an error bound (an exact count): nothing is ambiguous
             return torch.zeros(pos.numel(), dtype=v.dtype, device=v.device)

@@ -141,7 +141,7 @@ def test_matmul_bound_at_positions_agrees_with_the_full_bound(dtype: torch.dtype
         out = func(*args, **kwargs)
         (full,) = BOUNDS[func](args, kwargs, [out])
         pos = torch.arange(out.numel())
-        at = BOUNDS_AT[func](args, kwargs, [out], pos)
+        at = BOUNDS_AT[func](args, kwargs, [out], 0, pos)
         full = full.reshape(-1)
         if dtype == torch.float32:
             rel = ((at - full).abs() / full).max()

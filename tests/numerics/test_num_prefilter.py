@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from numkit import without_grains
-from vtrain import prefilter, resolve
+from test_num_resolve import CASES, Case
+from vtrain import bounds, prefilter, resolve
 from vtrain.bounds import BOUNDS, gamma, unit_roundoff
 from vtrain.bounds import BOUNDS_AT as TORCH_BOUNDS_AT
 from vtrain.devices import get_device
@@ -86,7 +87,7 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
         v = func(*args, **kwargs)
         pre = prefilter.UPPERS[func](args, kwargs, [v])
         pos = torch.arange(v.numel())
-        gathered = prefilter.BOUNDS_AT[func](args, kwargs, [v], pos)
+        gathered = prefilter.BOUNDS_AT[func](args, kwargs, [v], 0, pos)
         (full,) = BOUNDS[func](args, kwargs, [v])  # float64 work: its float32 path (see the fixture)
         monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 40)
         (full64,) = BOUNDS[func](args, kwargs, [v])
@@ -138,8 +139,8 @@ def test_gathered_bound_is_rigorous_and_agrees_with_torch_gathering(dtype: torch
         v = func(*args, **kwargs)
         # every position, some twice, in a shuffled order
         pos = torch.cat([torch.randperm(v.numel(), generator=gen), torch.randint(v.numel(), (50,), generator=gen)])
-        got = prefilter.BOUNDS_AT[func](args, kwargs, [v], pos)
-        ref = TORCH_BOUNDS_AT[func](args, kwargs, [v], pos)
+        got = prefilter.BOUNDS_AT[func](args, kwargs, [v], 0, pos)
+        ref = TORCH_BOUNDS_AT[func](args, kwargs, [v], 0, pos)
         assert got.dtype == v.dtype and got.shape == pos.shape
         k = args[-1].shape[-2] + (3 if func is aten.addmm.default else 0)
         # the same sums in another order (and float32 work's in float64): apart by rounding, or by products
@@ -219,7 +220,7 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     # the gathered path: what the engine's own test logs with the gathered E at every position
     v = func(*args)
     everything = torch.arange(v.numel())
-    e = prefilter.BOUNDS_AT[func](args, {}, [v], everything)
+    e = prefilter.BOUNDS_AT[func](args, {}, [v], 0, everything)
     want = gathered._find_entries(0, site.op, tuple(v.shape), v, gathered_out, everything, e * (2 * BAND_SLACK))
     (got,) = gathered.log.sites
     for field in ("dir_pos", "dir_up", "val_pos", "val"):
@@ -265,5 +266,46 @@ def test_a_zero_alpha_or_beta_drops_its_term_from_the_bound(everywhere: None) ->
         (full,) = BOUNDS[aten.addmm.default](args, kwargs, [v])
         pos = torch.arange(v.numel())
         for at in (prefilter.BOUNDS_AT, TORCH_BOUNDS_AT):
-            got = at[aten.addmm.default](args, kwargs, [v], pos)
+            got = at[aten.addmm.default](args, kwargs, [v], 0, pos)
             assert torch.isfinite(got).all() and (got - full.reshape(-1)).abs().max() <= 2.0**-40 * full.max()
+
+
+# -- convolutions -------------------------------------------------------------------------------------
+
+CONV_CASES = [c for c in CASES if c.op in (aten.convolution.default, aten.convolution_backward.default)]
+
+
+def _conv_k(op: object, args: tuple, i: int) -> int:
+    return bounds._conv_k(args) + 1 if op is aten.convolution.default else bounds._convolution_backward_ks(args)[i]
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant", "tiny", "huge"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c.name for c in CONV_CASES])
+def test_convolution_gathered_bound(case: Case, dtype: torch.dtype, bits: int, kind: str) -> None:
+    """E gathered at positions (compiled, and through vtrain.resolve's terms in torch) bounds gamma_k times the
+    exact sum of |terms|, the two agree, and neither exceeds the full bound."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/conv-at".encode()))
+    args, kwargs = case.make(gen, dtype, bits, "normal" if kind in ("tiny", "huge") else kind)
+    scale = {"tiny": 2.0**-70, "huge": 2.0**60}.get(kind, 1.0)
+    args = tuple(a * scale if isinstance(a, torch.Tensor) and a.is_floating_point() and j == 0 else a
+                 for j, a in enumerate(args))
+    outs = case.op(*args, **kwargs)
+    floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None
+              for o in (outs if isinstance(outs, tuple) else (outs,))]
+    full = BOUNDS[case.op](args, kwargs, floats)
+    exact = case.ref(tuple(a.abs() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args),
+                     kwargs)
+    for i, v in enumerate(floats):
+        if v is None:
+            continue
+        pos = torch.arange(v.numel())
+        got = prefilter.BOUNDS_AT[case.op](args, kwargs, floats, i, pos)
+        ref = TORCH_BOUNDS_AT[case.op](args, kwargs, floats, i, pos)
+        assert got.dtype == v.dtype and got.shape == (v.numel(),)
+        g = Fraction(gamma(_conv_k(case.op, args, i), unit_roundoff(v.dtype)))
+        for e in (got, ref):
+            assert all(Fraction(float(x)) >= g * s for x, s in zip(e.tolist(), exact[i])), (case.name, i)
+        assert torch.allclose(got, ref, rtol=2.0**-30, atol=0), (case.name, i)
+        # and as tight as the full bound's E, give or take that one's float32 sums (its inflation)
+        assert (got <= full[i].expand(v.shape).reshape(-1) * (1 + 2.0**-16)).all(), (case.name, i)
