@@ -230,13 +230,17 @@ def _convolution_at(func: Any) -> PositionBound:
                  pos: torch.Tensor) -> torch.Tensor:
         """E of output i at flat positions `pos`: its terms gathered as the exact resolution gathers them
         (vtrain.resolve), their absolute values summed in float64, with the full bound's term count (any
-        order: see `_finish`). For the auditor's few entries and the trainer's few candidates, where the
-        full bound is a second convolution over everything."""
-        from vtrain.resolve import abs_sums  # noqa: PLC0415 (resolve pulls in mpmath: only ops that gather pay)
+        order: see `_finish`). For the auditor's few entries, where the full bound is a second convolution
+        over everything; the convolutions the exact resolution does not gather (transposed, 3-d) take the
+        full bound at `pos`."""
+        from vtrain.resolve import ResolveError, abs_sums  # noqa: PLC0415 (resolve pulls in mpmath: only ops that gather pay)
         v = outs[i]
         k = _conv_k(args) + 1 if func is aten.convolution.default else _convolution_backward_ks(args)[i]
         u = unit_roundoff(v.dtype)
-        s = torch.from_numpy(abs_sums(func, args, kwargs, i, pos.cpu().numpy()))
+        try:
+            s = torch.from_numpy(abs_sums(func, args, kwargs, i, pos.cpu().numpy()))
+        except ResolveError:
+            return BOUNDS[func](args, kwargs, outs)[i].expand(v.shape).reshape(-1)[pos]
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
         return _finish(s.mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype).to(v.device)
 

@@ -55,6 +55,16 @@ def flat(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
 
 
+def contiguous_lines(m: np.ndarray) -> tuple[np.ndarray, bool]:
+    """A 2-d array C-contiguous without a copy where it can be: (m, False), or (m.T, True) where the transpose
+    is the contiguous one, else (a contiguous copy, False)."""
+    if m.flags.c_contiguous:
+        return m, False
+    if m.T.flags.c_contiguous:
+        return m.T, True
+    return np.ascontiguousarray(m), False
+
+
 def _layout(a: np.ndarray) -> tuple[np.ndarray, int, int, int]:
     """(integer view, explicit mantissa bits, exponent field mask, exponent bias) of a float array."""
     if a.dtype == np.float64:

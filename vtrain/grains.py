@@ -208,15 +208,9 @@ def _operand(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, bool, int, int, i
     """(x, its integer view, whether its rows are the lines, mantissa bits, exponent mask, exponent bias) for
     `_stats`, whose lines are t's rows: t itself or, for a transposed t, t.T read by columns (no copy), else
     a contiguous copy."""
-    x = (t.detach() if t.requires_grad else t).numpy()
-    along = True
-    if not x.flags.c_contiguous:
-        if x.T.flags.c_contiguous:
-            x, along = x.T, False
-        else:
-            x = np.ascontiguousarray(x)
+    x, transposed = fused.contiguous_lines((t.detach() if t.requires_grad else t).numpy())
     bits, mant, emask, bias = fused._layout(x)
-    return x, bits, along, mant, emask, bias
+    return x, bits, not transposed, mant, emask, bias
 
 
 def _takes(out: torch.Tensor, *ts: torch.Tensor) -> bool:
@@ -316,13 +310,11 @@ def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int)
 
 def _avg_pool(op: Any) -> ExactAll:
     def exact_all(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int) -> bool:
-        from vtrain.resolve import _bind, _pool_params  # noqa: PLC0415
+        from vtrain.resolve import _bind, exact_pool_divisor  # noqa: PLC0415
         kw = _bind(op, args, kwargs)
-        kernel, _, padding, ceil = _pool_params(kw)
-        # one divisor for every window (full windows, or an override), a power of two: dividing is exact
-        div = kw["divisor_override"] or (kernel[0] * kernel[1] if padding == (0, 0) and not ceil else 0)
+        div = exact_pool_divisor(kw)
         src = kw["grad_output"] if op is aten.avg_pool2d_backward.default else kw["self"]
-        if div <= 0 or div & (div - 1) or src.dim() < 3:
+        if not div or src.dim() < 3:
             return False
         # a window (forward) or the windows over a pixel (backward) sum values of one plane, each once
         return lines_exact(src.reshape(-1, src.shape[-2] * src.shape[-1]), outs[0], div)

@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from vtrain import bounds
+from vtrain import bounds, fused
 from vtrain.bounds import PositionBound, _finish, _floor_unit, _mm_operands, gamma, unit_roundoff
 
 aten = torch.ops.aten
@@ -232,8 +232,7 @@ def _conv_abs_input(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.
 @njit(cache=True, nogil=True)
 def _conv_abs_weight(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, groups: int,
                      shape: np.ndarray, out: np.ndarray) -> None:
-    """out[t] = sum |grad| |x| of grad_weight position pos[t] (shape: Co, Cg, KH, KW); a bias gradient
-    (shape (Co, 1, 1, 1) with x None-like, empty) sums |grad| alone."""
+    """out[t] = sum |grad| |x| of grad_weight position pos[t] (shape: Co, Cg, KH, KW)."""
     s0, s1, p0, p1, d0, d1 = geometry[:6]
     c_out, c_g, kh, kw = shape
     co_g = c_out // groups
@@ -243,12 +242,9 @@ def _conv_abs_weight(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np
         for n in range(g.shape[0]):
             for oy in range(g.shape[2]):
                 y = oy * s0 - p0 + a * d0
-                if x.size and (y < 0 or y >= x.shape[2]):
+                if y < 0 or y >= x.shape[2]:
                     continue
                 for oz in range(g.shape[3]):
-                    if not x.size:
-                        acc += abs(np.float64(g[n, co, oy, oz]))
-                        continue
                     z = oz * s1 - p1 + b * d1
                     if 0 <= z < x.shape[3]:
                         acc += abs(np.float64(g[n, co, oy, oz])) * abs(np.float64(x[n, ci, y, z]))
@@ -261,15 +257,16 @@ def _convolution_at(func: Any) -> PositionBound:
     def bound_at(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int,
                  pos: torch.Tensor) -> torch.Tensor:
         """E of output i at flat positions `pos`, as bounds.BOUNDS_AT's, in the compiled loops above."""
-        from vtrain.resolve import _bind, _conv_geometry  # noqa: PLC0415 (mpmath: only convolutions pay)
+        from vtrain.resolve import ResolveError, _bind, _conv_geometry  # noqa: PLC0415 (mpmath: only convolutions pay)
         v = outs[i]
         kw = _bind(func, args, kwargs)
-        if not v.is_cpu or kw["transposed"]:
+        try:
+            x, w, stride, padding, dilation, groups = _conv_geometry(func, kw)
+        except ResolveError:  # (transposed and 3-d convolutions)
             return on_device(args, kwargs, outs, i, pos)
-        x, w, stride, padding, dilation, groups = _conv_geometry(func, kw)
         g = kw.get("grad_output")
         ts = [t for t in (x, w, g, kw.get("bias")) if t is not None]
-        if any(t.dtype not in (torch.float64, torch.float32) or not t.is_cpu for t in ts):
+        if not v.is_cpu or any(t.dtype not in (torch.float64, torch.float32) or not t.is_cpu for t in ts):
             return on_device(args, kwargs, outs, i, pos)
         x, w = _numpy(x.contiguous()), _numpy(w.contiguous())
         p = pos.cpu().numpy().astype(np.int64, copy=False)
@@ -285,9 +282,10 @@ def _convolution_at(func: Any) -> PositionBound:
             k = bounds._convolution_backward_ks(args)[i]
             if i == 0:
                 _conv_abs_input(g, w, p, geometry, groups, np.array(x.shape, np.int64), s)
-            else:  # grad_weight, or grad_bias: one 1x1 tap of one channel, over no input
-                shape = np.array(w.shape if i == 1 else (w.shape[0], 1, 1, 1), np.int64)
-                _conv_abs_weight(g, x if i == 1 else _NO_INPUT, p, geometry, groups if i == 1 else w.shape[0], shape, s)
+            elif i == 1:
+                _conv_abs_weight(g, x, p, geometry, groups, np.array(w.shape, np.int64), s)
+            else:  # grad_bias: channel co's |grad| summed
+                s = np.abs(g[:, p]).sum(axis=(0, 2, 3), dtype=np.float64)
         u = unit_roundoff(v.dtype)
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
         return _finish(torch.from_numpy(s).mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype)
@@ -296,20 +294,13 @@ def _convolution_at(func: Any) -> PositionBound:
 
 
 _NO_BIAS = np.zeros(0)
-_NO_INPUT = np.zeros((0, 0, 0, 0))
 
 
 def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
-    """x[n], a (lines, K) matrix, C-contiguous: (x[n], False), or (its transpose, True) where that is the
-    contiguous one (a transposed gradient), or a contiguous copy. The kernels below take one of the two
-    orientations each, typed contiguous, so that LLVM vectorises their inner loops (on strided views typed
-    as such it did not: 1.3-4.5 ns an element, against ~0.3)."""
-    m = x[n]
-    if m.flags.c_contiguous:
-        return m, False
-    if m.T.flags.c_contiguous:
-        return m.T, True
-    return np.ascontiguousarray(m), False
+    """x[n], a (lines, K) matrix, as fused.contiguous_lines gives it (a transposed gradient: its transpose).
+    The kernels below take one of the two orientations each, typed contiguous, so that LLVM vectorises their
+    inner loops (on strided views typed as such it did not: 1.3-4.5 ns an element, against ~0.3)."""
+    return fused.contiguous_lines(x[n])
 
 
 # Squares of magnitudes below this underflow float64's normal range (2^-1022), and a norm built from them

@@ -1049,15 +1049,22 @@ def _plane_grain(src: torch.Tensor, out: torch.Tensor, pos: torch.Tensor) -> np.
     return _per_key(pos.cpu().numpy() // (out.shape[-2] * out.shape[-1]), lambda u: _slices_min_lsb(planes, u))
 
 
+def exact_pool_divisor(kw: dict) -> int:
+    """An average pooling's divisor where it is one power of two for every window (full windows, or an
+    override), so that dividing by it is exact; else 0."""
+    kernel, _, padding, ceil = _pool_params(kw)
+    div = kw["divisor_override"] or (kernel[0] * kernel[1] if padding == (0, 0) and not ceil else 0)
+    return div if div > 0 and not div & (div - 1) else 0
+
+
 def _cert_avg_pool(op: Any) -> Certifier:
     def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
         kw = _bind(op, args, kwargs)
-        kernel, stride, padding, ceil = _pool_params(kw)
-        # one divisor for every window (full windows, or an override), a power of two: dividing is exact
-        div = kw["divisor_override"] or (kernel[0] * kernel[1] if padding == (0, 0) and not ceil else 0)
+        kernel = _pool_params(kw)[0]
+        div = exact_pool_divisor(kw)
         src = kw["grad_output"] if op is aten.avg_pool2d_backward.default else kw["self"]
-        if div <= 0 or div & (div - 1) or src.numel() == 0:
+        if not div or src.numel() == 0:
             return None
         # terms are src / div over at most kernel-area windows; the bound is gamma_(area+1) of the op on |src|
         q = _plane_grain(src, outs[0], pos)

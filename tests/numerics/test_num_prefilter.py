@@ -309,3 +309,22 @@ def test_convolution_gathered_bound(case: Case, dtype: torch.dtype, bits: int, k
         assert torch.allclose(got, ref, rtol=2.0**-30, atol=0), (case.name, i)
         # and as tight as the full bound's E, give or take that one's float32 sums (its inflation)
         assert (got <= full[i].expand(v.shape).reshape(-1) * (1 + 2.0**-16)).all(), (case.name, i)
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["transposed", "3d"])
+def test_convolutions_without_gathering_take_the_full_bound_at_positions(transposed: bool) -> None:
+    # the exact resolution gathers no terms for these (vtrain.resolve refuses them): E is the full bound's
+    gen = torch.Generator().manual_seed(7)
+    if transposed:
+        x, w = torch.randn(2, 3, 5, 5, generator=gen, dtype=torch.float64), torch.randn(3, 4, 3, 3, generator=gen,
+                                                                                         dtype=torch.float64)
+        args = (x, w, None, [2, 2], [1, 1], [1, 1], True, [1, 1], 1)
+    else:
+        x, w = torch.randn(2, 3, 4, 4, 4, generator=gen, dtype=torch.float64), torch.randn(4, 3, 3, 3, 3, generator=gen,
+                                                                                            dtype=torch.float64)
+        args = (x, w, None, [1, 1, 1], [1, 1, 1], [1, 1, 1], False, [0, 0, 0], 1)
+    v = aten.convolution.default(*args)
+    (full,) = BOUNDS[aten.convolution.default](args, {}, [v])
+    pos = torch.randperm(v.numel(), generator=gen)[:20]
+    for at in (prefilter.BOUNDS_AT, TORCH_BOUNDS_AT):
+        assert torch.equal(at[aten.convolution.default](args, {}, [v], 0, pos), full.reshape(-1)[pos])
