@@ -170,6 +170,27 @@ def spacings_np(r: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     return ulp(r * r.dtype.type(1.0 - 2.0 ** -(m + 1))), ulp(r)
 
 
+def grid_index(r: np.ndarray, bits: int) -> np.ndarray:
+    """The grid values r numbered in order (int64): ... -q -> -2, -0 -> -1, +0 -> 0, q -> 1, ... .
+
+    A grid value's FP32 pattern is the index of its magnitude shifted left by 32 - bits, so consecutive
+    grid values have consecutive indices across binades and subnormals alike. -0 is kept apart from +0
+    (the rounding log must reproduce a signed zero); +-inf fall one step beyond the largest grid value.
+    """
+    check_bits(bits)
+    patterns = np.asarray(r, np.float32).view(np.uint32)
+    mag = ((patterns & np.uint32(0x7FFFFFFF)) >> np.uint32(32 - bits)).astype(np.int64)
+    return np.where(patterns >> np.uint32(31) != 0, -mag - 1, mag)
+
+
+def grid_at_index(k: np.ndarray, bits: int) -> np.ndarray:
+    """The grid values (float64) with grid indices k, the inverse of `grid_index` on the finite grid."""
+    check_bits(bits)
+    mag = np.where(k < 0, -k - 1, k).astype(np.uint32) << np.uint32(32 - bits)
+    values = mag.view(np.float32).astype(np.float64)
+    return np.where(k < 0, -values, values)
+
+
 def neighbours(r: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(lower, upper) grid neighbours of grid values r; beyond the largest grid value gives +-inf."""
     m = check_bits(bits)

@@ -12,8 +12,9 @@ Which values are logged (record mode). For a device-dependent output v with grid
 rounding boundary (midpoint of two grid neighbours) nearest to v, and w a band half-width:
 - policy "bound": w = 2E, E the a-priori error bound of vtrain.bounds (two honest devices are each within
   E of the exact value, so within 2E of each other). v is logged when dist(v, b) < w. If w >= 1/8 of the
-  grid spacing the entry is a value entry (the trainer's grid value itself: with a band that wide the
-  auditor cannot be sure which boundary a direction refers to); otherwise a direction entry. A value
+  grid spacing the entry is a value entry (which grid value of the band the trainer holds, as a residue,
+  see vtrain.valuecode: with a band that wide the auditor cannot be sure which boundary a direction refers
+  to); otherwise a direction entry. A value
   that vtrain.resolve certifies as computed exactly (every partial sum exact in any order: the same value
   on every device) is not logged, ties included: round-half-even settles it everywhere (stats
   "certified" counts them). An op that vtrain.grains proves exact as a whole, every element, has no band
@@ -22,7 +23,8 @@ rounding boundary (midpoint of two grid neighbours) nearest to v, and w a band h
   of b, the spacing taken with the true binary exponent; direction entries only.
 
 Replay: for a direction entry the auditor finds the boundary nearest to its own value v' and takes the
-grid neighbour on the logged side; for a value entry it takes the logged value. An entry is legitimate
+grid neighbour on the logged side; for a value entry it takes the value of its legitimate range (below)
+that the residue names (vtrain.valuecode; one that names none is illegitimate). An entry is legitimate
 when the value it imposes is the rounding of some value within the band of the auditor's own v':
 round(v' - w') <= claimed <= round(v' + w'), with the auditor's own band w' (2E' for "bound", 0 where
 the auditor certifies v' exact, (0.5 - tau) spacings for "tau"). For an honest trainer that always
@@ -53,7 +55,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from vtrain import spare
+from vtrain import spare, valuecode
 from vtrain.prefilter import Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
@@ -610,8 +612,8 @@ class RoundedExecution(TorchDispatchMode):
             return SiteLog(site, op, shape)
         as_value = logged & wide if self.policy == "bound" else np.zeros_like(logged)
         as_dir = logged & ~as_value
-        return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value],
-                       _at(r, idx[as_value]).astype(np.float32))
+        res, widths = valuecode.encode(_at(v, idx[as_value]), _at(r, idx[as_value]), ww[as_value], self.bits)
+        return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value], res, widths)
 
     def _classify(self, v: torch.Tensor, r: torch.Tensor, idx: np.ndarray, ww: np.ndarray,
                   inclusive: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -657,21 +659,7 @@ class RoundedExecution(TorchDispatchMode):
                 raise IllegitimateLogEntryError(self.step, entry.site, op, int(where[-1]),
                                                 f"the op's output has {vf.numel()} elements")
         dev = r.device
-        claims, positions = [], []
-        if entry.dir_pos.size:
-            pos = torch.from_numpy(entry.dir_pos).to(dev)
-            vv, rr = vf[pos].cpu().numpy(), rf[pos].cpu().numpy()
-            diff, down, up = self._geometry(vv, rr)
-            near_lo = diff + down * 0.5 <= up * 0.5 - diff
-            lo = np.where(near_lo, rr - down, rr)
-            hi = np.where(near_lo, rr, rr + up)
-            claims.append(torch.from_numpy(np.where(entry.dir_up, hi, lo)).to(dev))
-            positions.append(pos)
-        if entry.val_pos.size:
-            claims.append(torch.from_numpy(entry.val).to(device=dev, dtype=r.dtype))
-            positions.append(torch.from_numpy(entry.val_pos).to(dev))
-        pos = torch.cat(positions)
-        claim = torch.cat(claims)
+        pos = torch.from_numpy(np.concatenate([entry.dir_pos, entry.val_pos])).to(dev)
         vv = vf[pos]
         if self.policy == "bound":
             e = bound_at(pos)
@@ -681,9 +669,23 @@ class RoundedExecution(TorchDispatchMode):
                 w = w.masked_fill(exact, 0.0)
         else:
             w = spacing_below(rf[pos], self.bits) * (0.5 - self.tau) * BAND_SLACK
+        nd = entry.dir_pos.size
+        claims, named = [], np.ones(pos.numel(), bool)
+        if nd:
+            vd, rd = vv[:nd].cpu().numpy(), rf[pos[:nd]].cpu().numpy()
+            diff, down, up = self._geometry(vd, rd)
+            near_lo = diff + down * 0.5 <= up * 0.5 - diff
+            lo = np.where(near_lo, rd - down, rd)
+            hi = np.where(near_lo, rd, rd + up)
+            claims.append(np.where(entry.dir_up, hi, lo))
+        if entry.val_pos.size:
+            values, named[nd:] = valuecode.decode(vv[nd:].cpu().numpy(), w[nd:].cpu().numpy(), entry.val_res,
+                                                  entry.val_bits, self.bits)
+            claims.append(values)
+        claim = torch.from_numpy(np.concatenate(claims)).to(device=dev, dtype=r.dtype)
         ok = (round_unchecked(vv - w, self.bits) <= claim) & (claim <= round_unchecked(vv + w, self.bits))
         ok |= w == float("inf")  # no finite bound (e.g. an overflowing |A||B|): any grid value is possible
-        ok &= round_unchecked(claim, self.bits) == claim  # a value entry must itself be a grid value
+        ok &= torch.from_numpy(named).to(dev)  # a value entry's residue must name a value of that range
         if not bool(ok.all()):
             first = int((~ok).nonzero()[0, 0])
             raise IllegitimateLogEntryError(self.step, entry.site, op, int(pos[first]))

@@ -4,8 +4,10 @@ A StepLog holds, for every device-dependent op site of one training step in trac
 header (site index, op name, output shape) and entries:
 - direction entries: sorted flat positions and one bit each, "up" = the trainer's grid value is the
   upper neighbour (toward +inf) of the rounding boundary nearest to the auditor's value;
-- value entries (wide band, e.g. cancellation): sorted flat positions and the trainer's grid value itself,
-  stored as FP32 (every grid value with bits <= 32 is FP32-representable).
+- value entries (wide band, e.g. cancellation): sorted flat positions and the trainer's grid value as a
+  residue: its index on the grid (vtrain.grid.grid_index) modulo 2^width, with a width per entry that
+  tells apart every value the auditor's band admits (vtrain.valuecode). The auditor takes
+  the value of its own legitimate range with that residue: ~2 bits a value instead of the value itself.
 
 On disk a site's header is a 2-byte tag, a hash of its op name and shape: the auditor, who runs the same
 trace, compares it with its own op's tag and so detects a trace mismatch at the first differing op (a
@@ -13,13 +15,14 @@ differing op escapes with probability 2^-16, and then the next one, or the step'
 names and shapes spelled out cost ~150 bytes a step, more than a step's entries at bits = 32, where the
 bound policy logs a handful of values. Only sites with entries are listed with their counts.
 
-Byte format, version 2 (little endian):
+Byte format, version 3 (little endian):
     magic b"VTRL" | u8 version | u8 policy (0 bound, 1 tau) | u8 bits | u8 flags (1: body is zstd) |
     u32 crc32 of what follows | varints: sites, listed sites, direction entries, value entries | body
-    body = u16 tag per site | varints (per listed site: site index minus the previous listed one's,
-           n_dir, n_val; then every listed site's direction positions as deltas; then every listed site's
-           value positions as deltas) | direction bits (np.packbits, all sites) | values (each grid value's
-           FP32 pattern shifted right by 32 - bits, in (bits + 7) // 8 byte planes)
+    body = u16 tag per site | u8 width per value entry | varints (per listed site: site index minus the
+           previous listed one's, n_dir, n_val; then every listed site's direction positions as deltas;
+           then every listed site's value positions as deltas) | direction bits (np.packbits, all sites) |
+           residues (each value entry's `width` bits, least significant first, in one little-endian bit
+           stream padded with zero bits to a byte)
 The body is compressed only where that makes it smaller (a step's log with few entries is not).
 Positions are strictly increasing within a site; the first delta is the position itself. The file's
 keccak-256 (`content_hash`) is committed in the step's leaf; the crc only gives a clear error for a file
@@ -41,10 +44,11 @@ import numpy as np
 import sha3
 import zstandard
 
+from vtrain import valuecode
 from vtrain.errors import VtrainError
 
 MAGIC = b"VTRL"
-VERSION = 2
+VERSION = 3
 POLICIES = ("bound", "tau")
 _HEADER = struct.Struct("<4sBBBBI")
 _ZSTD = 1  # flags bit: the body is zstd-compressed
@@ -81,7 +85,8 @@ class SiteLog:
     dir_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     dir_up: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
     val_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    val: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    val_res: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    val_bits: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     tag: int = -1
 
     def __post_init__(self) -> None:
@@ -102,7 +107,7 @@ class SiteLog:
             and all(np.array_equal(a, b) for a, b in zip(self._arrays(), other._arrays()))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
-        return self.dir_pos, self.dir_up, self.val_pos, self.val.view(np.int32)
+        return self.dir_pos, self.dir_up, self.val_pos, self.val_res, self.val_bits
 
 
 class StepLog:
@@ -140,15 +145,16 @@ class StepLog:
             if s.num_entries:
                 heads += [i - prev - 1, int(s.dir_pos.size), int(s.val_pos.size)]
                 prev = i
-        varints = bits = values = b""  # (most steps log nothing: then all three are empty)
+        widths = varints = bits = residues = b""  # (most steps log nothing: then all four are empty)
         if listed:
             varints = _varint_encode(np.concatenate([np.asarray(heads, np.uint64),
                                                      _deltas([s.dir_pos for s in listed]),
                                                      _deltas([s.val_pos for s in listed])]))
             bits = np.packbits(np.concatenate([s.dir_up for s in listed]).astype(bool)).tobytes()
-            values = _pack_values(np.concatenate([s.val for s in listed]), self.bits)
+            w = np.concatenate([s.val_bits for s in listed]).astype(np.uint8)
+            widths, residues = w.tobytes(), valuecode.pack(np.concatenate([s.val_res for s in listed]), w, self.bits)
         tags = np.fromiter((s.tag for s in self.sites), np.uint16, len(self.sites)).astype("<u2")
-        body = b"".join([tags.tobytes(), varints, bits, values])
+        body = b"".join([tags.tobytes(), widths, varints, bits, residues])
         flags = 0
         if len(body) > 64:
             packed = zstandard.ZstdCompressor(level=3, write_checksum=False, write_content_size=True).compress(body)
@@ -169,7 +175,8 @@ class StepLog:
         if magic != MAGIC:
             raise CorruptLogError(source, "bad magic: not a vtrain rounding log")
         if version != VERSION:
-            raise CorruptLogError(source, f"format version {version}, this vtrain reads version {VERSION}")
+            raise CorruptLogError(source, f"format version {version}, this vtrain reads version {VERSION}: re-run "
+                                          "the training with this vtrain, or audit with the vtrain that wrote it")
         if policy >= len(POLICIES) or not 10 <= bits <= 32 or flags & ~_ZSTD:
             raise CorruptLogError(source, f"bad header fields (policy {policy}, bits {bits}, flags {flags})")
         rest = data[_HEADER.size:]
@@ -206,9 +213,13 @@ def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: in
         raise ValueError(f"{n_listed} sites with entries of {n_sites}")
     tags = np.frombuffer(body, "<u2", n_sites).astype(np.int64)
     off = 2 * n_sites
+    widths = np.frombuffer(body, np.uint8, n_val, off)
+    if (widths > grid_bits).any():
+        raise ValueError(f"a value entry {int(widths.max())} bits wide on the {grid_bits}-bit grid")
+    off += n_val
     n_bits = (n_dir + 7) // 8
-    value_bytes = _value_bytes(grid_bits)
-    n_varint_bytes = len(body) - off - n_bits - value_bytes * n_val
+    n_residue_bytes = (int(widths.sum()) + 7) // 8
+    n_varint_bytes = len(body) - off - n_bits - n_residue_bytes
     if n_varint_bytes < 0:
         raise ValueError("body shorter than its entry counts")
     ints = _varint_decode(body[off : off + n_varint_bytes], 3 * n_listed + n_dir + n_val)
@@ -220,41 +231,16 @@ def _decode_body(body: bytes, n_sites: int, n_listed: int, n_dir: int, n_val: in
     if listed.size and listed[-1] >= n_sites:
         raise ValueError(f"a listed site index {int(listed[-1])} beyond the {n_sites} sites")
     bits = np.unpackbits(np.frombuffer(body, np.uint8, n_bits, off))[:n_dir].astype(bool)
-    values = _unpack_values(body[off + n_bits:], n_val, grid_bits)
-    if not np.isfinite(values).all():
-        raise ValueError("a value entry is not finite")
+    residues = valuecode.unpack(body[off + n_bits:], widths)
     sites = [SiteLog(i, None, None, tag=int(t)) for i, t in enumerate(tags)]
     d_off, v_off, b_off, val_off = 3 * n_listed, 3 * n_listed + n_dir, 0, 0
     for site, (_, nd, nv) in zip(listed.tolist(), heads.tolist()):
         s = sites[site]
         s.dir_pos, s.dir_up = _undelta(ints[d_off : d_off + nd], site), bits[b_off : b_off + nd].copy()
-        s.val_pos, s.val = _undelta(ints[v_off : v_off + nv], site), values[val_off : val_off + nv].copy()
+        s.val_pos = _undelta(ints[v_off : v_off + nv], site)
+        s.val_res, s.val_bits = residues[val_off : val_off + nv].copy(), widths[val_off : val_off + nv].copy()
         d_off, v_off, b_off, val_off = d_off + nd, v_off + nv, b_off + nd, val_off + nv
     return sites
-
-
-def _value_bytes(bits: int) -> int:
-    return (bits + 7) // 8
-
-
-def _pack_values(values: np.ndarray, bits: int) -> bytes:
-    """Grid values of `bits` bits in (bits + 7) // 8 bytes each: a grid value's FP32 pattern ends in 32 - bits
-    zero bits (normal and subnormal alike, vtrain.grid), so the pattern shifted right keeps it whole (3 bytes
-    a value at bits = 19, the scale models'). Stored as byte planes, which zstd compresses better (the high
-    plane, sign and exponent, varies little)."""
-    patterns = np.ascontiguousarray(values, dtype="<f4").view("<u4")
-    if (patterns & np.uint32((1 << (32 - bits)) - 1)).any():
-        raise ValueError(f"a value entry is not a value of the {bits}-bit grid")
-    planes = (patterns >> np.uint32(32 - bits)).view(np.uint8).reshape(-1, 4)[:, :_value_bytes(bits)]
-    return planes.T.tobytes()
-
-
-def _unpack_values(buf: bytes, count: int, bits: int) -> np.ndarray:
-    width = _value_bytes(bits)
-    planes = np.frombuffer(buf, np.uint8, width * count).reshape(width, count)
-    patterns = np.zeros((count, 4), np.uint8)
-    patterns[:, :width] = planes.T
-    return (patterns.view("<u4").reshape(-1) << np.uint32(32 - bits)).view("<f4").astype(np.float32)
 
 
 def _deltas(positions: list[np.ndarray]) -> np.ndarray:

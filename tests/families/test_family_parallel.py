@@ -13,7 +13,7 @@ import torch
 
 from familykit import cli, family_spec
 from vtrain.audit import audit, replay_step_detail
-from vtrain.grid import round_to_grid
+from vtrain.grid import grid_index, round_to_grid
 from vtrain.parallel import SINGLE, ParallelError, reduce_gradients
 from vtrain.run import Run
 from vtrain.spec import spec_from_dict, to_toml
@@ -99,7 +99,9 @@ def _steer_shard(run_dir, step: int, shard: int) -> None:
     part = log.parts[shard]
     i = next(k for k, s in enumerate(part.sites) if s.num_entries == 0)
     s = part.sites[i]
-    part.sites[i] = dataclasses.replace(s, val_pos=np.array([0]), val=np.array([1024.0], np.float32))
+    bits = run.spec.bits  # a full-width residue names one grid value outright
+    part.sites[i] = dataclasses.replace(s, val_pos=np.array([0]), val_res=grid_index(np.array([1024.0]), bits),
+                                        val_bits=np.array([bits], np.uint8))
     data = log.to_bytes()
     atomic_write(run.log_path(step), data)
     old = run.records[step]

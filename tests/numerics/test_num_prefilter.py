@@ -223,7 +223,7 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     e = prefilter.BOUNDS_AT[func](args, {}, [v], 0, everything)
     want = gathered._find_entries(0, site.op, tuple(v.shape), v, gathered_out, everything, e * (2 * BAND_SLACK))
     (got,) = gathered.log.sites
-    for field in ("dir_pos", "dir_up", "val_pos", "val"):
+    for field in ("dir_pos", "dir_up", "val_pos", "val_res", "val_bits"):
         assert np.array_equal(getattr(got, field), getattr(want, field)), field
     # and an auditor on another device accepts the log and lands on the trainer's values
     for log in (fallback.log, gathered.log):

@@ -123,14 +123,14 @@ def test_flipped_entry_outside_the_band_is_illegitimate(trainer_runs: dict) -> N
     # claim the grid value across the nearest boundary: the trainer steering a value that was not ambiguous
     k = int(np.searchsorted(s.dir_pos, index))
     sites[site] = SiteLog(s.site, s.op, s.shape, np.insert(s.dir_pos, k, index), np.insert(s.dir_up, k, v_above_r),
-                          s.val_pos, s.val)
+                          s.val_pos, s.val_res, s.val_bits)
     with pytest.raises(IllegitimateLogEntryError) as err:
         _one_step("mlp", StepLog(sites, log.policy, log.bits), "replay", device="emu:splitk8-tree")
     assert (err.value.step, err.value.site, err.value.index) == (0, site, index)
     assert err.value.op == "aten.addmm.default"
     # the same entry claiming the auditor's own side is harmless: no error, no correction
     sites[site] = SiteLog(s.site, s.op, s.shape, np.insert(s.dir_pos, k, index),
-                          np.insert(s.dir_up, k, not v_above_r), s.val_pos, s.val)
+                          np.insert(s.dir_up, k, not v_above_r), s.val_pos, s.val_res, s.val_bits)
     rx = _one_step("mlp", StepLog(sites, log.policy, log.bits), "replay", device="emu:splitk8-tree")
     assert rx.stats["logged"] == log.num_entries() + 1
 

@@ -8,10 +8,8 @@ import zlib
 import numpy as np
 import pytest
 import sha3
-import torch
 
-from vtrain.grid import round_to_grid
-from vtrain.roundlog import CorruptLogError, SiteLog, StepLog, dense_ternary_size, site_tag
+from vtrain.roundlog import VERSION, CorruptLogError, SiteLog, StepLog, dense_ternary_size, site_tag
 
 
 def _log() -> StepLog:
@@ -22,9 +20,10 @@ def _log() -> StepLog:
         pos = np.sort(gen.choice(n, size=min(n, 50), replace=False)).astype(np.int64)
         split = len(pos) // 3
         val_pos, dir_pos = np.sort(pos[:split]), np.sort(pos[split:])
-        values = round_to_grid(torch.from_numpy(gen.standard_normal(val_pos.size)), 19).numpy().astype(np.float32)
+        widths = gen.integers(0, 20, val_pos.size).astype(np.uint8)
+        residues = gen.integers(0, 2**19, val_pos.size) % (1 << widths.astype(np.int64))
         sites.append(SiteLog(i, f"aten.op{i % 2}.default", shape, dir_pos, gen.random(dir_pos.size) < 0.5,
-                             val_pos, values))
+                             val_pos, residues, widths))
     sites.append(SiteLog(len(sites), "aten.mm.default", (4, 4)))  # a site with no entries keeps its header
     sites.append(SiteLog(len(sites), "aten.mm.default", (2**40,), np.array([0, 2**40 - 1]), np.array([True, False])))
     return StepLog(sites, "bound", 19)
@@ -67,7 +66,7 @@ def test_corrupt_and_truncated_bytes_name_the_source() -> None:
 
 def _framed(policy: int, bits: int, rest: bytes) -> bytes:
     """Bytes with a valid header and checksum around `rest` (counts and body), to reach the body's checks."""
-    return struct.pack("<4sBBBBI", b"VTRL", 2, policy, bits, 0, zlib.crc32(rest)) + rest
+    return struct.pack("<4sBBBBI", b"VTRL", VERSION, policy, bits, 0, zlib.crc32(rest)) + rest
 
 
 def test_well_framed_but_inconsistent_bodies_are_named() -> None:
@@ -94,26 +93,34 @@ def test_sites_without_entries_cost_their_tag_only_and_large_bodies_compress() -
     assert StepLog.from_bytes(quiet.to_bytes()).sites == quiet.sites
 
 
-@pytest.mark.parametrize("bits", [10, 19, 24, 25, 32])
-def test_value_entries_take_their_grid_bits_only(bits: int) -> None:
-    values = torch.tensor([1.0, -1.5, 2.5e38, -2.0**-130, 2.0**-126, -0.0, 1e-3, -7.25e5], dtype=torch.float64)
-    values = round_to_grid(values, bits).numpy().astype(np.float32)
-    log = StepLog([SiteLog(0, "aten.mm.default", (100,), val_pos=np.arange(values.size) * 3, val=values)], bits=bits)
+@pytest.mark.parametrize("bits", [10, 19, 32])
+def test_value_entries_take_their_width_in_bits(bits: int) -> None:
+    widths = np.array([0, 1, 2, 7, 8, 9, bits, 4], np.uint8)
+    residues = np.array([0, 1, 2, 127, 0, 300, 2**bits - 1, 5])
+    log = StepLog([SiteLog(0, "aten.mm.default", (100,), val_pos=np.arange(widths.size) * 3, val_res=residues,
+                           val_bits=widths)], bits=bits)
     data = log.to_bytes()
     back = StepLog.from_bytes(data).sites[0]
-    assert back.val.view(np.int32).tolist() == values.view(np.int32).tolist()  # bit for bit, -0 and subnormals too
-    width = (bits + 7) // 8
-    assert len(data) == 12 + 4 + 2 + 3 + values.size + width * values.size  # header, counts, tag, head, gaps
-    off_grid = StepLog([SiteLog(0, "aten.mm.default", (4,), val_pos=np.array([1]),
-                                val=np.array([1 + 2.0**-23], np.float32))], bits=bits)
-    if bits < 32:
-        with pytest.raises(ValueError, match=f"not a value of the {bits}-bit grid"):
-            off_grid.to_bytes()
+    assert back.val_res.tolist() == residues.tolist() and back.val_bits.tolist() == widths.tolist()
+    stream = (int(widths.sum()) + 7) // 8
+    # header, counts, tag, a width byte an entry, the site's head, the gaps, the residues' bit stream
+    assert len(data) == 12 + 4 + 2 + widths.size + 3 + widths.size + stream
+    for res, width in [(2, 1), (-1, 3), (0, bits + 1)]:
+        with pytest.raises(ValueError, match="does not fit its width"):
+            StepLog([SiteLog(0, "aten.mm.default", (4,), val_pos=np.array([1]), val_res=np.array([res]),
+                             val_bits=np.array([width], np.uint8))], bits=bits).to_bytes()
+    rest = data[12:]
+    wide = rest[:6] + bytes([bits + 1]) + rest[7:]  # the first width byte, past the counts and the tag
+    padded = rest[:-1] + bytes([rest[-1] | 0x80])  # (the stream's last byte has unused high bits)
+    assert (widths.sum() % 8) != 0
+    for what, blob in {"wider than the grid": wide, "padding": padded}.items():
+        with pytest.raises(CorruptLogError, match="v.vlog"):
+            StepLog.from_bytes(_framed(0, bits, blob), "v.vlog")
 
 
 def test_dense_ternary_baseline() -> None:
     log = StepLog([SiteLog(0, "aten.mm.default", (10,), np.array([1, 4]), np.array([True, False]),
-                           np.array([7]), np.array([1.5], np.float32))])
+                           np.array([7]), np.array([5]), np.array([3], np.uint8))])
     dense, dense_zip = dense_ternary_size(13, [3], log)
     assert dense == 3  # ceil(13 / 5)
     assert dense_zip > 0

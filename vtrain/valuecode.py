@@ -1,0 +1,154 @@
+"""Value entries of the rounding log as residues (DESIGN.md §1.3; docs/numerics.md "The log").
+
+Where the band is wide (w >= 1/8 of the grid spacing) the trainer logs which grid value it holds, not a
+direction. Number the grid in order (vtrain.grid.grid_index: -0 and +0 are two neighbours, since the log
+must reproduce a signed zero). The auditor's legitimate range, round(v' - w') .. round(v' + w'), lies in
+round(v - 2w) .. round(v + 2w) of the trainer's unrounded v: |v - v'| <= 2E < w, and w' is w up to the
+rounding of two devices' bounds, which MARGIN covers. Any 2^width consecutive indices differ modulo
+2^width, so the trainer writes its value's index modulo 2^width, the width the smallest that spans
+round(v -+ MARGIN w), and the residue names exactly one value of the auditor's range. On the scale models
+(bits = 19) that is ~2 bits a value, against the 3 bytes of the value itself (log format version 2).
+
+The auditor takes the smallest value of its own range with that residue; a residue that names none is
+illegitimate (no honest device could have produced it). The kernels run per op site on the few entries
+there, where numpy's ~15 calls cost ~30 us a site (1 ms a step on the scale CNN); the numbering is
+`vtrain.grid.grid_index`'s, bit for bit (tests/numerics/test_num_value_entries.py). The residues travel in
+one bit stream, each in its width's bits, least significant first (`pack`, `unpack`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from numba import njit
+
+from vtrain.fused import POW2, round_scalar
+from vtrain.grid import check_bits, grid_index, grid_max
+
+MARGIN = 2.25  # the trainer's code spans round(v -+ MARGIN * band); the auditor's range needs 2 (see above)
+
+
+def encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(residues int64, widths uint8) of the trainer's grid values rr, unrounded vv, bands ww."""
+    m = check_bits(bits)
+    res, widths = np.empty(vv.size, np.int64), np.empty(vv.size, np.uint8)
+    if vv.size:
+        _encode(vv, rr, ww, MARGIN, m, _top(bits), bits, POW2, res, widths)
+    return res, widths
+
+
+def decode(vv: np.ndarray, ww: np.ndarray, res: np.ndarray, widths: np.ndarray,
+           bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the grid values (float64) the residues name in the auditor's ranges round(vv - ww) .. round(vv + ww),
+    whether each names one); where none, the range's top."""
+    m = check_bits(bits)
+    values, named = np.empty(vv.size), np.empty(vv.size, np.bool_)
+    if vv.size:
+        _decode(vv, ww, res.astype(np.int64), widths.astype(np.int64), m, _top(bits), POW2, values, named)
+    return values, named
+
+
+@functools.lru_cache(maxsize=None)
+def _top(bits: int) -> int:
+    return int(grid_index(np.float32(grid_max(bits)), bits))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _index(g: float, m: int, top: int) -> int:
+    """grid_index of one grid value, clipped to the grid (+-inf, and values beyond float32, to its ends)."""
+    b = np.int64(np.float32(g).view(np.uint32))
+    mag = (b & 0x7FFFFFFF) >> (23 - m)
+    k = -mag - 1 if b >> 31 else mag
+    return min(max(k, -top - 1), top)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _range(v: float, w: float, m: int, top: int, pow2: np.ndarray) -> tuple[int, int]:
+    """The indices of round(v - w) and round(v + w) (v - w in v's own type, as the auditor's torch check)."""
+    return (_index(round_scalar(v - w, m, False, pow2), m, top),
+            _index(round_scalar(v + w, m, False, pow2), m, top))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, margin: float, m: int, top: int, bits: int,
+            pow2: np.ndarray, res: np.ndarray, widths: np.ndarray) -> None:
+    for i in range(vv.size):
+        lo, hi = _range(vv[i], ww[i] * margin, m, top, pow2)
+        span, width = max(hi - lo, 0), 0  # (hi < lo only for a NaN band, which no legitimacy check passes)
+        while span >> width:
+            width += 1
+        width = min(width, bits)
+        res[i] = _index(rr[i], m, top) & ((1 << width) - 1)  # (two's complement: the residue of a negative)
+        widths[i] = width
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _decode(vv: np.ndarray, ww: np.ndarray, res: np.ndarray, widths: np.ndarray, m: int, top: int,
+            pow2: np.ndarray, values: np.ndarray, named: np.ndarray) -> None:
+    for i in range(vv.size):
+        lo, hi = _range(vv[i], ww[i], m, top, pow2)
+        k = lo + ((res[i] - lo) & ((1 << widths[i]) - 1))
+        named[i] = k <= hi
+        k = min(k, hi)
+        mag = -k - 1 if k < 0 else k
+        x = np.float64(np.uint32(mag << (23 - m)).view(np.float32))
+        values[i] = -x if k < 0 else x
+
+
+def pack(res: np.ndarray, widths: np.ndarray, bits: int) -> bytes:
+    """Residues as one bit stream, each in its width's bits, least significant first, zero-padded to a byte."""
+    w = widths.astype(np.int64)
+    out = np.zeros((int(w.sum()) + 7) // 8, np.uint8)
+    if not _pack(res.astype(np.int64), w, bits, out):
+        raise ValueError(f"a value entry's residue does not fit its width (at most {bits} bits)")
+    return out.tobytes()
+
+
+def unpack(buf: bytes, widths: np.ndarray) -> np.ndarray:
+    """The residues of a bit stream of `widths` (ValueError for a short stream or nonzero padding: one
+    byte string per log, whose hash the leaf commits to)."""
+    w = widths.astype(np.int64)
+    total = int(w.sum())
+    stream = np.frombuffer(buf, np.uint8, (total + 7) // 8)
+    if total % 8 and stream[-1] >> (total % 8):
+        raise ValueError("nonzero padding after the value residues")
+    res = np.empty(w.size, np.int64)
+    _unpack(stream, w, res)
+    return res
+
+
+# A byte at a time through a 64-bit accumulator (widths <= 32 plus < 8 pending bits fit): a bit at a time
+# took 3 ns a bit, 0.1 ms a step on the scale CNN's 35,000.
+
+@njit(cache=True, nogil=True)
+def _pack(res: np.ndarray, widths: np.ndarray, bits: int, out: np.ndarray) -> bool:
+    acc, pending, at = 0, 0, 0
+    for i in range(res.size):
+        w, r = widths[i], res[i]
+        if w > bits or r < 0 or r >> w:
+            return False
+        acc |= r << pending
+        pending += w
+        while pending >= 8:
+            out[at] = acc & 0xFF
+            acc >>= 8
+            pending -= 8
+            at += 1
+    if pending:
+        out[at] = acc & 0xFF
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _unpack(stream: np.ndarray, widths: np.ndarray, res: np.ndarray) -> None:
+    acc, pending, at = 0, 0, 0
+    for i in range(widths.size):
+        w = widths[i]
+        while pending < w:
+            acc |= np.int64(stream[at]) << pending
+            pending += 8
+            at += 1
+        res[i] = acc & ((1 << w) - 1)
+        acc >>= w
+        pending -= w
