@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from numba import njit
 
 from vtrain import exactdot, exactmath, fused
@@ -307,6 +308,9 @@ def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+    as_matmul = _convolution_matmul(aten.convolution.default, args, kwargs, i)
+    if as_matmul is not None:
+        return _matmul_at(as_matmul, pos, bits)
     width, part = _convolution_terms(args, kwargs, i)
     return _chunked(pos, width, _rounded(part, bits))
 
@@ -358,8 +362,74 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
 
 
 def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+    as_matmul = _convolution_matmul(aten.convolution_backward.default, args, kwargs, i)
+    if as_matmul is not None:
+        return _matmul_at(as_matmul, pos, bits)
     width, part = _convolution_backward_terms(args, kwargs, i)
     return _chunked(pos, width, _rounded(part, bits))
+
+
+Located = Callable[[np.ndarray], tuple]  # flat positions -> (batch, row, column, addend or None) of a matmul
+
+
+def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[tuple[np.ndarray, ...], Located] | None:
+    """Output i of a convolution (op: forward, or backward's grad_input and grad_weight) as a batched matmul
+    over im2col columns, ((a (N', R, K), b (N', K, C)) numpy views, positions -> where in a @ b), for
+    vtrain.exactdot. Each position's dot product has the terms `_convolution_terms` gathers, in another
+    order, which an exact sum does not see. One copy of the windows (torch's unfold, padding reads zeros)
+    replaces gathering every position's K terms from both operands: on the scale CNN a weight gradient
+    position has 2,048 terms, and the gathering took most of the exact resolution's time. None where it
+    does not apply: tensors the kernel cannot read (vtrain.resolve._views), grad_input of a strided
+    convolution or one padded beyond the kernel's reach, grad_bias (a plain sum)."""
+    kw = _bind(op, args, kwargs)
+    x, w, (s0, s1), (p0, p1), (d0, d1), groups = _conv_geometry(op, kw)
+    g = kw.get("grad_output")
+    if i > 1 or _views(*(t for t in (x, w, g) if t is not None)) is None:
+        return None
+    n_img, c_in, h, wd = x.shape
+    c_out, c_g, kh, kwd = w.shape
+    co_g, kk = c_out // groups, kh * kwd
+    if g is None:  # out[n, co, y, z] = w[co] . window(n, y, z) of co's group, + bias[co]
+        oh, ow = _out_size(h, kh, s0, p0, d0), _out_size(wd, kwd, s1, p1, d1)
+        cols = F.unfold(x, (kh, kwd), dilation=(d0, d1), padding=(p0, p1), stride=(s0, s1))
+        a = w.reshape(groups, co_g, c_g * kk).repeat(n_img, 1, 1)
+        b = cols.reshape(n_img * groups, c_g * kk, oh * ow)
+        bias = kw["bias"]
+
+        def locate(ps: np.ndarray) -> tuple:
+            n, co, yz = np.unravel_index(ps, (n_img, c_out, oh * ow))
+            return n * groups + co // co_g, co % co_g, yz, None if bias is None else _at(bias, co)
+        return _views(a, b), locate
+    g = g.unsqueeze(2) if g.dim() == 3 else g
+    oh, ow = g.shape[2], g.shape[3]
+    if i == 1:  # grad_weight[co, cl, a, b] = g[:, co] . window column (cl, a, b), over images and positions
+        cols = F.unfold(x, (kh, kwd), dilation=(d0, d1), padding=(p0, p1), stride=(s0, s1))
+        a = g.reshape(n_img, groups, co_g, oh * ow).permute(1, 2, 0, 3).reshape(groups, co_g, n_img * oh * ow)
+        b = cols.reshape(n_img, groups, c_g * kk, oh * ow).permute(1, 0, 3, 2).reshape(groups, n_img * oh * ow,
+                                                                                       c_g * kk)
+
+        def locate(ps: np.ndarray) -> tuple:
+            co, j = np.unravel_index(ps, (c_out, c_g * kk))
+            return co // co_g, co % co_g, j, None
+        return _views(a, b), locate
+    # grad_input at stride 1: the convolution of g, padded by (k - 1) d - p, with the flipped weight
+    q0, q1 = (kh - 1) * d0 - p0, (kwd - 1) * d1 - p1
+    if (s0, s1) != (1, 1) or q0 < 0 or q1 < 0:
+        return None
+    cols = F.unfold(g, (kh, kwd), dilation=(d0, d1), padding=(q0, q1))  # (N, C_out kk, H W)
+    a = w.flip(2, 3).reshape(groups, co_g, c_g, kk).permute(0, 2, 1, 3).reshape(groups, c_g, co_g * kk)
+    b = cols.reshape(n_img * groups, co_g * kk, h * wd)
+
+    def locate(ps: np.ndarray) -> tuple:
+        n, ci, yz = np.unravel_index(ps, (n_img, c_in, h * wd))
+        return n * groups + ci // c_g, ci % c_g, yz, None
+    return _views(a.repeat(n_img, 1, 1), b), locate
+
+
+def _matmul_at(as_matmul: tuple[tuple[np.ndarray, ...], Located], pos: np.ndarray, bits: int) -> np.ndarray:
+    (a, b), locate = as_matmul
+    batch, rows, cols, extra = locate(pos)
+    return exactdot.rounded_dots_at(a, b, batch, rows, cols, bits, extra)
 
 
 def abs_sums(op: Any, args: tuple, kwargs: dict, i: int, pos: np.ndarray) -> np.ndarray:

@@ -31,7 +31,8 @@ GRAIN_CASES = [c for c in CASES if c.op in grains.EXACT_ALL]
 # whole-op tests that quantised data passes: the others scale their terms (alpha, beta), divide windows by
 # counts that are no power of two, or add a bias per element (not one per column)
 PASSING = [c for c in GRAIN_CASES if c.name in {
-    "mm", "addmm", "mm-k40", "addmm-k40", "conv2d-s2p1d2g2", "conv1d", "conv-backward", "sum", "sum-dims-keepdim",
+    "mm", "addmm", "mm-k40", "addmm-k40", "conv2d-s2p1d2g2", "conv1d", "conv-backward", "conv-backward-s1",
+    "conv1d-backward", "sum", "sum-dims-keepdim",
     "sum-dim-empty", "avgpool-k2", "avgpool-k2-backward", "avgpool-k2s1-backward"}]
 
 

@@ -151,12 +151,12 @@ class Case:
     ref: Callable[[tuple, dict], list]  # -> per output: flat list of exact Fractions, or None
 
 
-def _conv_args(gen, dtype, bits, kind, one_d=False):
+def _conv_args(gen, dtype, bits, kind, one_d=False, stride=(2, 2), pad=(1, 1), dil=(2, 2)):
     if one_d:
         return (grid((2, 3, 9), gen, dtype, bits, kind), grid((4, 3, 3), gen, dtype, bits, kind), None,
                 [1], [1], [1], False, [0], 1), {}
     return (grid((2, 4, 7, 7), gen, dtype, bits, kind), grid((6, 2, 3, 3), gen, dtype, bits, kind),
-            grid((6,), gen, dtype, bits, kind), [2, 2], [1, 1], [2, 2], False, [0, 0], 2), {}
+            grid((6,), gen, dtype, bits, kind), list(stride), list(pad), list(dil), False, [0, 0], 2), {}
 
 
 def _ref_conv(args, kwargs):
@@ -166,14 +166,17 @@ def _ref_conv(args, kwargs):
     return [flat(ref_conv(x, w, b, s, p, d, groups))]
 
 
-def _conv_bwd_args(gen, dtype, bits, kind):
-    (x, w, b, s, p, d, t, op_, g), _ = _conv_args(gen, dtype, bits, kind)
+def _conv_bwd_args(gen, dtype, bits, kind, **geometry):
+    (x, w, b, s, p, d, t, op_, g), _ = _conv_args(gen, dtype, bits, kind, **geometry)
     y = aten.convolution.default(x, w, b, s, p, d, t, op_, g)
-    return (grid(tuple(y.shape), gen, dtype, bits, kind), x, w, [6], s, p, d, t, op_, g, [True, True, True]), {}
+    return (grid(tuple(y.shape), gen, dtype, bits, kind), x, w, [w.shape[0]], s, p, d, t, op_, g,
+            [True, True, True]), {}
 
 
 def _ref_conv_bwd(args, kwargs):
     gy, x, w, _, s, p, d, _, _, groups, _ = args
+    if x.dim() == 3:  # a 1-d convolution is a 2-d one of height 1
+        gy, x, w, s, p, d = gy.unsqueeze(2), x.unsqueeze(2), w.unsqueeze(2), [1, s[0]], [0, p[0]], [1, d[0]]
     return [flat(o) for o in ref_conv_backward(gy, x, w, s, p, d, groups)]
 
 
@@ -350,6 +353,11 @@ CASES = [
     Case("conv2d-s2p1d2g2", aten.convolution.default, _conv_args, _ref_conv),
     Case("conv1d", aten.convolution.default, lambda *a: _conv_args(*a, one_d=True), _ref_conv),
     Case("conv-backward", aten.convolution_backward.default, _conv_bwd_args, _ref_conv_bwd),
+    # stride 1: grad_input is itself a convolution (resolve._convolution_matmul), with padding on one side
+    Case("conv-backward-s1", aten.convolution_backward.default,
+         lambda *a: _conv_bwd_args(*a, stride=(1, 1), pad=(1, 2), dil=(1, 2)), _ref_conv_bwd),
+    Case("conv1d-backward", aten.convolution_backward.default, lambda *a: _conv_bwd_args(*a, one_d=True),
+         _ref_conv_bwd),
     Case("sum", aten.sum.default, _mm_like([(3, 4, 5)]), _ref_reduce(False)),
     Case("sum-dims-keepdim", aten.sum.dim_IntList,
          lambda *a: ((grid((3, 4, 5), *a), [0, -1], True), {}), _ref_reduce(False)),
@@ -780,6 +788,34 @@ TERM_COUNTS: dict[str, Callable[[tuple], list[int]]] = {
     "maxpool-backward": lambda a: [9],
     "embedding-backward-scaleFalse": lambda a: [a[1].numel()],
 }
+
+
+TERM_COUNTS["conv-backward-s1"] = TERM_COUNTS["conv-backward"]
+
+
+# (case, output) -> whether it resolves as a matmul over im2col columns (resolve._convolution_matmul)
+AS_MATMUL = {("conv2d-s2p1d2g2", 0): True, ("conv1d", 0): True, ("conv-backward", 0): False,
+             ("conv-backward", 1): True, ("conv-backward", 2): False, ("conv-backward-s1", 0): True,
+             ("conv-backward-s1", 1): True, ("conv1d-backward", 0): True, ("conv1d-backward", 1): True}
+
+
+@pytest.mark.parametrize("dtype,bits", [(torch.float64, 32), (torch.float32, 19)], ids=["f64-b32", "f32-b19"])
+@pytest.mark.parametrize("name,i", list(AS_MATMUL), ids=[f"{n}-{i}" for n, i in AS_MATMUL])
+def test_convolutions_as_matmuls_round_as_the_gathered_terms(name: str, i: int, dtype: torch.dtype,
+                                                              bits: int) -> None:
+    case = next(c for c in CASES if c.name == name)
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    args, kwargs = case.make(gen, dtype, bits, "normal")
+    as_matmul = resolve._convolution_matmul(case.op, args, kwargs, i)
+    assert (as_matmul is not None) == AS_MATMUL[name, i]
+    if as_matmul is None:
+        return
+    terms = resolve._convolution_terms if case.op is aten.convolution.default else resolve._convolution_backward_terms
+    _, part = terms(args, kwargs, i)
+    out = case.op(*args, **kwargs)
+    pos = np.arange((out[i] if isinstance(out, tuple) else out).numel())
+    got = resolve._matmul_at(as_matmul, pos, bits)
+    assert got.view(np.int64).tolist() == resolve._rounded(part, bits)(pos).view(np.int64).tolist()
 
 
 @pytest.mark.parametrize("name", list(TERM_COUNTS))
