@@ -308,7 +308,7 @@ def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
-    as_matmul = _convolution_matmul(aten.convolution.default, args, kwargs, i)
+    as_matmul = _convolution_matmul(aten.convolution.default, args, kwargs, i, len(pos))
     if as_matmul is not None:
         return _matmul_at(as_matmul, pos, bits)
     width, part = _convolution_terms(args, kwargs, i)
@@ -362,7 +362,7 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
 
 
 def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
-    as_matmul = _convolution_matmul(aten.convolution_backward.default, args, kwargs, i)
+    as_matmul = _convolution_matmul(aten.convolution_backward.default, args, kwargs, i, len(pos))
     if as_matmul is not None:
         return _matmul_at(as_matmul, pos, bits)
     width, part = _convolution_backward_terms(args, kwargs, i)
@@ -372,7 +372,8 @@ def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bi
 Located = Callable[[np.ndarray], tuple]  # flat positions -> (batch, row, column, addend or None) of a matmul
 
 
-def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[tuple[np.ndarray, ...], Located] | None:
+def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int,
+                        positions: int) -> tuple[tuple[np.ndarray, ...], Located] | None:
     """Output i of a convolution (op: forward, or backward's grad_input and grad_weight) as a batched matmul
     over im2col columns, ((a (N', R, K), b (N', K, C)) numpy views, positions -> where in a @ b), for
     vtrain.exactdot. Each position's dot product has the terms `_convolution_terms` gathers, in another
@@ -380,7 +381,9 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[tup
     replaces gathering every position's K terms from both operands: on the scale CNN a weight gradient
     position has 2,048 terms, and the gathering took most of the exact resolution's time. None where it
     does not apply: tensors the kernel cannot read (vtrain.resolve._views), grad_input of a strided
-    convolution or one padded beyond the kernel's reach, grad_bias (a plain sum)."""
+    convolution or one padded beyond the kernel's reach, grad_bias (a plain sum); and where gathering the
+    `positions`' terms from both operands reads fewer values than the copy of the windows (the examples
+    recompute a position or two a step, where the copy cost 0.3 ms a step)."""
     kw = _bind(op, args, kwargs)
     x, w, (s0, s1), (p0, p1), (d0, d1), groups = _conv_geometry(op, kw)
     g = kw.get("grad_output")
@@ -389,8 +392,14 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[tup
     n_img, c_in, h, wd = x.shape
     c_out, c_g, kh, kwd = w.shape
     co_g, kk = c_out // groups, kh * kwd
+    oh, ow = _out_size(h, kh, s0, p0, d0), _out_size(wd, kwd, s1, p1, d1)
+    if g is not None and i == 0:  # grad_input: the windows are g's
+        terms, windows = co_g * kk, n_img * c_out * kk * h * wd
+    else:
+        terms, windows = c_g * kk if g is None else n_img * oh * ow, n_img * c_in * kk * oh * ow
+    if 2 * positions * terms < windows:
+        return None
     if g is None:  # out[n, co, y, z] = w[co] . window(n, y, z) of co's group, + bias[co]
-        oh, ow = _out_size(h, kh, s0, p0, d0), _out_size(wd, kwd, s1, p1, d1)
         cols = F.unfold(x, (kh, kwd), dilation=(d0, d1), padding=(p0, p1), stride=(s0, s1))
         a = w.reshape(groups, co_g, c_g * kk).repeat(n_img, 1, 1)
         b = cols.reshape(n_img * groups, c_g * kk, oh * ow)
@@ -401,7 +410,6 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[tup
             return n * groups + co // co_g, co % co_g, yz, None if bias is None else _at(bias, co)
         return _views(a, b), locate
     g = g.unsqueeze(2) if g.dim() == 3 else g
-    oh, ow = g.shape[2], g.shape[3]
     if i == 1:  # grad_weight[co, cl, a, b] = g[:, co] . window column (cl, a, b), over images and positions
         cols = F.unfold(x, (kh, kwd), dilation=(d0, d1), padding=(p0, p1), stride=(s0, s1))
         a = g.reshape(n_img, groups, co_g, oh * ow).permute(1, 2, 0, 3).reshape(groups, co_g, n_img * oh * ow)

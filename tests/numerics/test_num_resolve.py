@@ -806,14 +806,16 @@ def test_convolutions_as_matmuls_round_as_the_gathered_terms(name: str, i: int, 
     case = next(c for c in CASES if c.name == name)
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     args, kwargs = case.make(gen, dtype, bits, "normal")
-    as_matmul = resolve._convolution_matmul(case.op, args, kwargs, i)
+    out = case.op(*args, **kwargs)
+    pos = np.arange((out[i] if isinstance(out, tuple) else out).numel())
+    as_matmul = resolve._convolution_matmul(case.op, args, kwargs, i, pos.size)
     assert (as_matmul is not None) == AS_MATMUL[name, i]
+    # one position gathers its own terms: fewer values than a copy of every window
+    assert resolve._convolution_matmul(case.op, args, kwargs, i, 1) is None
     if as_matmul is None:
         return
     terms = resolve._convolution_terms if case.op is aten.convolution.default else resolve._convolution_backward_terms
     _, part = terms(args, kwargs, i)
-    out = case.op(*args, **kwargs)
-    pos = np.arange((out[i] if isinstance(out, tuple) else out).numel())
     got = resolve._matmul_at(as_matmul, pos, bits)
     assert got.view(np.int64).tolist() == resolve._rounded(part, bits)(pos).view(np.int64).tolist()
 
