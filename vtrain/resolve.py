@@ -59,6 +59,7 @@ Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], "torch.Tenso
                      "torch.Tensor | None"]
 
 _GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk of terms
+_WINDOWS_MAX = 1 << 24  # memory cap (elements) of a convolution's im2col copy (beyond it: gathered in chunks)
 
 
 class ResolveError(VtrainError):
@@ -383,7 +384,8 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int,
     does not apply: tensors the kernel cannot read (vtrain.resolve._views), grad_input of a strided
     convolution or one padded beyond the kernel's reach, grad_bias (a plain sum); and where gathering the
     `positions`' terms from both operands reads fewer values than the copy of the windows (the examples
-    recompute a position or two a step, where the copy cost 0.3 ms a step)."""
+    recompute a position or two a step, where the copy cost 0.3 ms a step), or where the copy would pass
+    _WINDOWS_MAX (gathering goes in chunks of bounded memory)."""
     kw = _bind(op, args, kwargs)
     x, w, (s0, s1), (p0, p1), (d0, d1), groups = _conv_geometry(op, kw)
     g = kw.get("grad_output")
@@ -397,7 +399,7 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int,
         terms, windows = co_g * kk, n_img * c_out * kk * h * wd
     else:
         terms, windows = c_g * kk if g is None else n_img * oh * ow, n_img * c_in * kk * oh * ow
-    if 2 * positions * terms < windows:
+    if 2 * positions * terms < windows or windows > _WINDOWS_MAX:
         return None
     if g is None:  # out[n, co, y, z] = w[co] . window(n, y, z) of co's group, + bias[co]
         cols = F.unfold(x, (kh, kwd), dilation=(d0, d1), padding=(p0, p1), stride=(s0, s1))

@@ -820,6 +820,15 @@ def test_convolutions_as_matmuls_round_as_the_gathered_terms(name: str, i: int, 
     assert got.view(np.int64).tolist() == resolve._rounded(part, bits)(pos).view(np.int64).tolist()
 
 
+def test_a_convolution_whose_windows_pass_the_memory_cap_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = next(c for c in CASES if c.name == "conv-backward-s1")
+    args, kwargs = case.make(torch.Generator().manual_seed(5), torch.float64, 32, "normal")
+    everything = args[2].numel()  # the weight gradient's positions
+    assert resolve._convolution_matmul(case.op, args, kwargs, 1, everything) is not None
+    monkeypatch.setattr(resolve, "_WINDOWS_MAX", 100)
+    assert resolve._convolution_matmul(case.op, args, kwargs, 1, everything) is None
+
+
 @pytest.mark.parametrize("name", list(TERM_COUNTS))
 def test_bound_over_gamma_bounds_the_absolute_sum(name: str) -> None:
     case = next(c for c in CASES if c.name == name)
