@@ -399,11 +399,12 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int,
         terms, windows = co_g * kk, n_img * c_out * kk * h * wd
     else:
         terms, windows = c_g * kk if g is None else n_img * oh * ow, n_img * c_in * kk * oh * ow
-    if 2 * positions * terms < windows or windows > _WINDOWS_MAX:
+    copies = windows + (n_img * w.numel() if groups > 1 and i == 0 else 0)  # (and `_per_image`'s weights)
+    if 2 * positions * terms < windows or copies > _WINDOWS_MAX:
         return None
     if g is None:  # out[n, co, y, z] = w[co] . window(n, y, z) of co's group, + bias[co]
         cols = F.unfold(x, (kh, kwd), dilation=(d0, d1), padding=(p0, p1), stride=(s0, s1))
-        a = w.reshape(groups, co_g, c_g * kk).repeat(n_img, 1, 1)
+        a = _per_image(w.reshape(groups, co_g, c_g * kk), n_img)
         b = cols.reshape(n_img * groups, c_g * kk, oh * ow)
         bias = kw["bias"]
 
@@ -433,7 +434,13 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int,
     def locate(ps: np.ndarray) -> tuple:
         n, ci, yz = np.unravel_index(ps, (n_img, c_in, h * wd))
         return n * groups + ci // c_g, ci % c_g, yz, None
-    return _views(a.repeat(n_img, 1, 1), b), locate
+    return _views(_per_image(a, n_img), b), locate
+
+
+def _per_image(t: torch.Tensor, n_img: int) -> torch.Tensor:
+    """A weight (G, R, K) as the (N G, R, K) batch of a matmul whose batch is (image, group): a broadcast
+    view for one group, else a copy per image."""
+    return t.expand(n_img, *t.shape[1:]) if t.shape[0] == 1 else t.repeat(n_img, 1, 1)
 
 
 def _matmul_at(as_matmul: tuple[tuple[np.ndarray, ...], Located], pos: np.ndarray, bits: int) -> np.ndarray:
