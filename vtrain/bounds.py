@@ -99,13 +99,19 @@ def _prod(xs: Any) -> int:
 
 # Float32 overflows past 2^128: operands whose products summed K times stay below this take the float32 path.
 _F32_SAFE = 2.0**120
-_F32_MIN_ELEMENTS = 1 << 15  # operands smaller than this in all take the float64 path
+# Ops with fewer products than this (outputs times their sums' lengths) take the float64 path: float32
+# saves on the op's work, not on its operands' size, and below this numba's and the casts' per-call cost
+# exceeds the saving. Measured (us, float32 against float64 path): the cnn example's second convolution,
+# 2.4 M products, 133 / 261, its backward 319 / 490, the first convolution's backward, 0.16 M, 124 / 64;
+# a 32x64 @ 64x64 addmm, 0.14 M, 35 / 19; a 256x10 @ 10x1024 mm, 2.6 M, 200 / 227.
+_F32_MIN_WORK = 1 << 20
 
 
-def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], dtype: torch.dtype) -> list:
-    """E for every output of `func`, bilinear in its tensor operands, output j a sum of at most ks[j]
-    products: gamma_k times `func` on the operands' absolute values (an upper bound of each output's exact
-    sum of |terms|), finished as `_finish` does, in the work dtype.
+def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], outs: Sequence[torch.Tensor | None]) -> list:
+    """E for every output of `func` (`outs`: the op's outputs, None where not computed), bilinear in its
+    tensor operands, output j a sum of at most ks[j] products: gamma_k times `func` on the operands'
+    absolute values (an upper bound of each output's exact sum of |terms|), finished as `_finish` does, in
+    the work dtype.
 
     Float64 work computes the absolute sums in float32 (a matmul or convolution ~2.3x faster) and inflates
     them to stay upper bounds: rounding |x| to float32 loses at most 2^-24 of it relative, or 2^-150
@@ -118,13 +124,12 @@ def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], dtype: t
     """
     from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
 
+    dtype = next(o.dtype for o in outs if o is not None)
     u = unit_roundoff(dtype)
     abskw = {key: _abs(val) for key, val in kwargs.items()} if kwargs else kwargs
     scale, floor = 1.0, 0.0
     out = None
-    # (small operands: numba's and the casts' per-call cost exceeds what float32 saves; measured 87 vs 35 us
-    # for a 32x64 @ 64x10 addmm)
-    if dtype is torch.float64 and sum(a.numel() for a in args if isinstance(a, torch.Tensor)) >= _F32_MIN_ELEMENTS:
+    if dtype is torch.float64 and sum(o.numel() * k for o, k in zip(outs, ks) if o is not None) >= _F32_MIN_WORK:
         prepared = [fused.abs32(a) if isinstance(a, torch.Tensor) else (_abs(a), 0.0) for a in args]
         largest = max(m for _, m in prepared)
         k = max(ks)
@@ -158,7 +163,7 @@ def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
     """The op itself on absolute values, times gamma of the dot length (+ extra roundings)."""
 
     def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        return abs_bounds(func, args, kwargs, [k_of(args) + terms], outs[0].dtype)
+        return abs_bounds(func, args, kwargs, [k_of(args) + terms], outs[:1])
 
     return bound
 
@@ -219,9 +224,8 @@ def _convolution_backward_ks(args: tuple) -> tuple[int, int, int]:
 
 def _convolution_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     grad, x, weight = args[0], args[1], args[2]
-    dtype = next(o.dtype for o in outs if o is not None)
     absvals = abs_bounds(aten.convolution_backward.default, (grad, x, weight, *args[3:]), {},
-                         _convolution_backward_ks(args), dtype)
+                         _convolution_backward_ks(args), outs)
     return [None if o is None else a for o, a in zip(outs, absvals)]
 
 

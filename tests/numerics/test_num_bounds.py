@@ -161,16 +161,17 @@ def test_float32_abs_sums_bound_the_exact_sums(scale: float, monkeypatch: pytest
     # abs_bounds runs float64 work's |A||B| in float32: E must still be at least gamma_K times the exact
     # sum of |terms|, also where products fall below float32's normal range (2^-140, 2^-75: every product
     # is subnormal or zero in float32) and for operands off the float32 grid.
-    monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)  # these small operands take float32 too
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)  # these small operands take float32 too
     gen = torch.Generator().manual_seed(5)
     a = torch.randn(6, 33, generator=gen, dtype=torch.float64) * scale
     b = torch.randn(33, 5, generator=gen, dtype=torch.float64)
     a[0, :5] = 0.0
     bias = torch.randn(5, generator=gen, dtype=torch.float64) * scale
     exact = _exact_abs_sum(a.numpy(), b.numpy())
-    (got,) = abs_bounds(aten.mm.default, (a, b), {}, [33], torch.float64)
-    (got_addmm,) = abs_bounds(aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 2.0}, [36], torch.float64)
-    (got_t,) = abs_bounds(aten.mm.default, (a.T.contiguous().T, b), {}, [33], torch.float64)  # transposed operand
+    out = [a @ b]  # (abs_bounds reads the outputs' dtype and sizes)
+    (got,) = abs_bounds(aten.mm.default, (a, b), {}, [33], out)
+    (got_addmm,) = abs_bounds(aten.addmm.default, (bias, a, b), {"beta": -0.5, "alpha": 2.0}, [36], out)
+    (got_t,) = abs_bounds(aten.mm.default, (a.T.contiguous().T, b), {}, [33], out)  # transposed operand
     assert got.dtype == torch.float64 and torch.equal(got, got_t)
     # at least what the float64 computation of E gives (gamma_K (1 + 2 gamma_K + 2^-20) times the sum, up to
     # float64 rounding): the float32 sums' inflation must cover their own error, not eat _finish's slack
@@ -184,15 +185,16 @@ def test_float32_abs_sums_bound_the_exact_sums(scale: float, monkeypatch: pytest
     if scale == 1.0:  # normal range: within float32's gamma of the float64 sums, not just above them
         want = (a.abs() @ b.abs()) * gamma(33, 2.0**-53)
         assert ((got - want) / want).max() < 64 * 2.0**-24
-        monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 30)
-        (f64,) = abs_bounds(aten.mm.default, (a, b), {}, [33], torch.float64)
+        monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 1 << 30)
+        (f64,) = abs_bounds(aten.mm.default, (a, b), {}, [33], out)
         assert not torch.equal(got, f64)  # the float32 path was the one tested above
 
 
-def test_float32_abs_sums_fall_back_to_float64_near_overflow() -> None:
+def test_float32_abs_sums_fall_back_to_float64_near_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)  # small as it is, the op tries float32 first
     a = torch.full((2, 3), 2.0**70, dtype=torch.float64)
     b = torch.full((3, 2), 2.0**70, dtype=torch.float64)
-    (got,) = abs_bounds(aten.mm.default, (a, b), {}, [3], torch.float64)
+    (got,) = abs_bounds(aten.mm.default, (a, b), {}, [3], [a @ b])
     g = gamma(3, 2.0**-53)
     # the float64 path: 3 * 2^140 is past float32's range, and float64 holds it exactly
     assert torch.equal(got, (a @ b) * (g * (1 + 2 * g + 2.0**-20)) + 3 * 2.0**-1022)

@@ -75,7 +75,7 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
 def everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small test operands take the pre-filter (and float64 work's float32 full bound)."""
     monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
-    monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)
 
 
 @pytest.mark.parametrize("kind", ["normal", "relu", "neg-relu", "flat", "tiny", "huge", "quant"])
@@ -89,9 +89,9 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
         pos = torch.arange(v.numel())
         gathered = prefilter.BOUNDS_AT[func](args, kwargs, [v], 0, pos)
         (full,) = BOUNDS[func](args, kwargs, [v])  # float64 work: its float32 path (see the fixture)
-        monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 1 << 40)
+        monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 1 << 40)
         (full64,) = BOUNDS[func](args, kwargs, [v])
-        monkeypatch.setattr("vtrain.bounds._F32_MIN_ELEMENTS", 0)
+        monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)
         if pre is None:  # only near float32 overflow (sums of 2^120 products), where the full bound may be
             assert kind == "huge" and dtype == torch.float32, name  # infinite, which no finite U covers
             continue
