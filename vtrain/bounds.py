@@ -105,6 +105,7 @@ _F32_SAFE = 2.0**120
 # 2.4 M products, 133 / 261, its backward 319 / 490, the first convolution's backward, 0.16 M, 124 / 64;
 # a 32x64 @ 64x64 addmm, 0.14 M, 35 / 19; a 256x10 @ 10x1024 mm, 2.6 M, 200 / 227.
 _F32_MIN_WORK = 1 << 20
+_F32_MAX_TERMS = 1 << 20
 
 
 def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], outs: Sequence[torch.Tensor | None]) -> list:
@@ -133,7 +134,9 @@ def abs_bounds(func: Any, args: tuple, kwargs: dict, ks: Sequence[int], outs: Se
         prepared = [fused.abs32(a) if isinstance(a, torch.Tensor) else (_abs(a), 0.0) for a in args]
         largest = max(m for _, m in prepared)
         k = max(ks)
-        if (k + 1) * max(largest, 1.0) ** 2 < _F32_SAFE:  # also False for inf and NaN
+        # (sums longer than _F32_MAX_TERMS: float32's gamma would inflate E by more than 7 %, and past 2^24
+        # terms make it infinite; vtrain.valuecode also counts on two devices' bounds differing by < 25 %)
+        if (k + 1) * max(largest, 1.0) ** 2 < _F32_SAFE and k < _F32_MAX_TERMS:  # also False for inf and NaN
             out = func(*[a for a, _ in prepared], **abskw)
             scale = (1 + gamma(k + 2, 2.0**-24)) * (1 + 2.0**-21)
             tensors = sum(isinstance(a, torch.Tensor) for a in args)

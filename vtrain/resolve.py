@@ -399,7 +399,9 @@ def _convolution_matmul(op: Any, args: tuple, kwargs: dict, i: int,
         terms, windows = co_g * kk, n_img * c_out * kk * h * wd
     else:
         terms, windows = c_g * kk if g is None else n_img * oh * ow, n_img * c_in * kk * oh * ow
-    copies = windows + (n_img * w.numel() if groups > 1 and i == 0 else 0)  # (and `_per_image`'s weights)
+    # the windows, a permuted copy of them (grad_weight) or of g, the float64 lines exactdot gathers from
+    # them, and `_per_image`'s weights
+    copies = 3 * windows + (n_img * w.numel() if groups > 1 and i == 0 else 0)
     if 2 * positions * terms < windows or copies > _WINDOWS_MAX:
         return None
     if g is None:  # out[n, co, y, z] = w[co] . window(n, y, z) of co's group, + bias[co]

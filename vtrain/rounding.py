@@ -658,6 +658,11 @@ class RoundedExecution(TorchDispatchMode):
             if where.size and where[-1] >= vf.numel():  # (sorted: the last is the largest)
                 raise IllegitimateLogEntryError(self.step, entry.site, op, int(where[-1]),
                                                 f"the op's output has {vf.numel()} elements")
+        if entry.dir_pos.size and entry.val_pos.size:  # (two claims on one value: which one wins would be up
+            twice = np.intersect1d(entry.dir_pos, entry.val_pos)  # to the device's scatter)
+            if twice.size:
+                raise IllegitimateLogEntryError(self.step, entry.site, op, int(twice[0]),
+                                                "a direction entry and a value entry at the same position")
         dev = r.device
         pos = torch.from_numpy(np.concatenate([entry.dir_pos, entry.val_pos])).to(dev)
         vv = vf[pos]

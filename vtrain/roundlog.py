@@ -190,7 +190,7 @@ class StepLog:
             sites = _decode_body(body, *(int(c) for c in counts), bits)
         except zstandard.ZstdError as exc:
             raise CorruptLogError(source, f"compressed body does not decode: {exc}") from None
-        except (struct.error, ValueError, IndexError) as exc:
+        except (struct.error, ValueError, IndexError, OverflowError) as exc:  # (Overflow: absurd counts)
             raise CorruptLogError(source, str(exc)) from None
         return cls(sites, POLICIES[policy], bits)
 

@@ -3,11 +3,14 @@
 Where the band is wide (w >= 1/8 of the grid spacing) the trainer logs which grid value it holds, not a
 direction. Number the grid in order (vtrain.grid.grid_index: -0 and +0 are two neighbours, since the log
 must reproduce a signed zero). The auditor's legitimate range, round(v' - w') .. round(v' + w'), lies in
-round(v - 2w) .. round(v + 2w) of the trainer's unrounded v: |v - v'| <= 2E < w, and w' is w up to the
-rounding of two devices' bounds, which MARGIN covers. Any 2^width consecutive indices differ modulo
-2^width, so the trainer writes its value's index modulo 2^width, the width the smallest that spans
-round(v -+ MARGIN w), and the residue names exactly one value of the auditor's range. On the scale models
-(bits = 19) that is ~2 bits a value, against the 3 bytes of the value itself (log format version 2).
+round(v - 2.25w) .. round(v + 2.25w) of the trainer's unrounded v: |v - v'| <= 2E < w, and w' <= 1.25 w.
+(Two honest devices' bounds are two upper bounds of the same sum of |terms|, each at most 1 + 3 gamma_k
+above it in the precision it was summed in: under 20 % for float32 sums of < 2^20 terms, which is where
+vtrain.bounds takes its float32 path for float64 work; float32 work with longer sums is outside this
+argument.) Any 2^width consecutive indices differ modulo 2^width, so the trainer writes its value's index
+modulo 2^width, the width the smallest that spans round(v -+ MARGIN w), and the residue names exactly one
+value of the auditor's range. On the scale models (bits = 19) that is ~2 bits a value, against the 3 bytes
+of the value itself (log format version 2).
 
 The auditor takes the smallest value of its own range with that residue; a residue that names none is
 illegitimate (no honest device could have produced it). The kernels run per op site on the few entries
@@ -26,7 +29,7 @@ from numba import njit
 from vtrain.fused import POW2, round_scalar
 from vtrain.grid import check_bits, grid_index, grid_max
 
-MARGIN = 2.25  # the trainer's code spans round(v -+ MARGIN * band); the auditor's range needs 2 (see above)
+MARGIN = 2.25  # the trainer's code spans round(v -+ MARGIN * band): 1 + 1.25 for the auditor's (see above)
 
 
 def encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:

@@ -190,6 +190,19 @@ def test_float32_abs_sums_bound_the_exact_sums(scale: float, monkeypatch: pytest
         assert not torch.equal(got, f64)  # the float32 path was the one tested above
 
 
+def test_long_sums_keep_the_float64_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # float32's gamma_k inflates E by 1 + gamma32_(k+2): 7 % at 2^20 terms, infinite at 2^24 (and NaN on zero
+    # sums); two devices' E must stay within 25 % of each other for vtrain.valuecode
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)
+    gen = torch.Generator().manual_seed(7)
+    a, b = torch.randn(3, 4, generator=gen, dtype=torch.float64), torch.randn(4, 2, generator=gen, dtype=torch.float64)
+    a[0] = 0.0
+    for k in (2**20, 2**24):
+        (got,) = abs_bounds(aten.mm.default, (a, b), {}, [k], [a @ b])
+        g = gamma(k, 2.0**-53)
+        assert torch.equal(got, (a.abs() @ b.abs()) * (g * (1 + 2 * g + 2.0**-20)) + k * 2.0**-1022), k
+
+
 def test_float32_abs_sums_fall_back_to_float64_near_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)  # small as it is, the op tries float32 first
     a = torch.full((2, 3), 2.0**70, dtype=torch.float64)

@@ -135,6 +135,20 @@ def test_flipped_entry_outside_the_band_is_illegitimate(trainer_runs: dict) -> N
     assert rx.stats["logged"] == log.num_entries() + 1
 
 
+def test_a_direction_and_a_value_entry_at_one_position_are_illegitimate(trainer_runs: dict) -> None:
+    log = trainer_runs["mlp"][1][0]
+    site = next(i for i, s in enumerate(log.sites) if s.dir_pos.size)
+    s = log.sites[site]
+    index = int(s.dir_pos[0])
+    where = int(np.searchsorted(s.val_pos, index))
+    sites = list(log.sites)
+    sites[site] = SiteLog(s.site, s.op, s.shape, s.dir_pos, s.dir_up, np.insert(s.val_pos, where, index),
+                          np.insert(s.val_res, where, 0), np.insert(s.val_bits, where, 1))
+    with pytest.raises(IllegitimateLogEntryError, match="same position") as err:
+        _one_step("mlp", StepLog(sites, log.policy, log.bits), "replay")
+    assert (err.value.site, err.value.index) == (site, index)
+
+
 def _pool_ties() -> torch.Tensor:
     """One 2x2 window per image whose mean is an exact float32 tie, 1 + 2^-24: in image 0 every term is a
     multiple of 2^-22 (a sum exact in float64 in any order: certified), in image 1 two terms of +-2^-60

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import sha3
 
-from vtrain.roundlog import VERSION, CorruptLogError, SiteLog, StepLog, dense_ternary_size, site_tag
+from vtrain.roundlog import VERSION, CorruptLogError, SiteLog, StepLog, _varint_encode, dense_ternary_size, site_tag
 
 
 def _log() -> StepLog:
@@ -77,6 +77,9 @@ def test_well_framed_but_inconsistent_bodies_are_named() -> None:
         "counts past the body": _framed(0, 32, bytes([1, 1, 9, 0]) + rest[4:]),
         "repeated position": _framed(0, 32, rest[:9] + bytes([1, 0]) + rest[11:]),
         "truncated counts": _framed(0, 32, bytes([0x80])),
+        # counts past any buffer: numpy's own reads would overflow, not just run short
+        "absurd value count": _framed(0, 19, _varint_encode(np.array([1, 1, 0, 2**63], np.uint64)) + bytes(16)),
+        "absurd site count": _framed(0, 19, _varint_encode(np.array([2**63, 0, 0, 0], np.uint64)) + bytes(16)),
     }
     for what, blob in bad_inputs.items():
         with pytest.raises(CorruptLogError, match="s.vlog"):
