@@ -688,7 +688,9 @@ class RoundedExecution(TorchDispatchMode):
                                                   entry.val_bits, self.bits)
             claims.append(values)
         claim = torch.from_numpy(np.concatenate(claims)).to(device=dev, dtype=r.dtype)
-        ok = (round_unchecked(vv - w, self.bits) <= claim) & (claim <= round_unchecked(vv + w, self.bits))
+        big = torch.finfo(vv.dtype).max  # (v' -+ w' past the work dtype: its rounding, not inf / inf = NaN)
+        ok = (round_unchecked((vv - w).clamp(-big, big), self.bits) <= claim) \
+            & (claim <= round_unchecked((vv + w).clamp(-big, big), self.bits))
         ok |= w == float("inf")  # no finite bound (e.g. an overflowing |A||B|): any grid value is possible
         ok &= torch.from_numpy(named).to(dev)  # a value entry's residue must name a value of that range
         if not bool(ok.all()):

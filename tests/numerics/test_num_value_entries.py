@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from vtrain.grid import grid_at_index, grid_index, grid_max, round_unchecked
-from vtrain.rounding import BAND_SLACK
+from vtrain.devices import get_device
+from vtrain.rounding import BAND_SLACK, RoundedExecution
+from vtrain.roundlog import SiteLog, StepLog
 from vtrain.valuecode import decode, encode
 
 
@@ -119,3 +121,16 @@ def test_codes_take_about_two_bits_on_moderate_bands() -> None:
     for spacings, most in ((0.2, 2), (1.0, 3), (8.0, 6)):
         _, widths = encode(v, _round(v, bits), np.full(v.size, spacings * 2.0**-10), bits)
         assert widths.max() <= most, spacings
+
+
+def test_an_auditor_applies_honest_codes_whose_band_passes_the_float32_range() -> None:
+    """Float32 work by the largest grid values: v' + w' overflows float32, and the legitimacy check rounds
+    the range's end instead of reading inf / inf = NaN (which rejected the honest entry)."""
+    v = torch.tensor([3.0e38, -3.0e38, 1.0], dtype=torch.float32)
+    r = round_unchecked(v, 19)
+    e = torch.tensor([5e37, 5e37, 1e-3], dtype=torch.float32)
+    res, widths = encode(v.numpy(), r.numpy(), (e * (2 * BAND_SLACK)).numpy(), 19)
+    entry = SiteLog(0, "aten.mm.default", (3,), val_pos=np.arange(3), val_res=res, val_bits=widths)
+    rx = RoundedExecution(bits=19, device=get_device("cpu"), mode="replay", replay_log=StepLog([entry], bits=19))
+    out = rx._apply_entries(entry, "aten.mm.default", v.clone(), r.clone(), lambda pos: e[pos])
+    assert torch.equal(out, r)
