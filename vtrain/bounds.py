@@ -242,16 +242,22 @@ def _convolution_at(func: Any) -> PositionBound:
         full bound at `pos`."""
         from vtrain.resolve import ResolveError, abs_sums  # noqa: PLC0415 (resolve pulls in mpmath: only ops that gather pay)
         v = outs[i]
-        k = _conv_k(args) + 1 if func is aten.convolution.default else _convolution_backward_ks(args)[i]
-        u = unit_roundoff(v.dtype)
         try:
             s = torch.from_numpy(abs_sums(func, args, kwargs, i, pos.cpu().numpy()))
         except ResolveError:
             return BOUNDS[func](args, kwargs, outs)[i].expand(v.shape).reshape(-1)[pos]
-        # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
-        return _finish(s.mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype).to(v.device)
+        return convolution_e(func, args, i, s, v.dtype).to(v.device)
 
     return bound_at
+
+
+def convolution_e(func: Any, args: tuple, i: int, sums: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """E of convolution output i from its positions' float64 sums of |terms| (`sums`, consumed), with the full
+    bound's term count (a forward's bias is one more term; any order: see `_finish`)."""
+    k = _conv_k(args) + 1 if func is aten.convolution.default else _convolution_backward_ks(args)[i]
+    u = unit_roundoff(dtype)
+    # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
+    return _finish(sums.mul_(gamma(k, u)).to(dtype), k, u, dtype)
 
 
 # -- reductions -------------------------------------------------------------------------------------

@@ -275,20 +275,16 @@ def _convolution_at(func: Any) -> PositionBound:
                             [*stride, *padding, *dilation, 1, v.shape[-1]], np.int64)
         if func is aten.convolution.default:
             bias = kw["bias"]
-            k = bounds._conv_k(args) + 1
             _conv_abs_forward(x, w, _NO_BIAS if bias is None else _numpy(bias.contiguous()), p, geometry, groups, s)
         else:
             g = _numpy((g.unsqueeze(2) if g.dim() == 3 else g).contiguous())
-            k = bounds._convolution_backward_ks(args)[i]
             if i == 0:
                 _conv_abs_input(g, w, p, geometry, groups, np.array(x.shape, np.int64), s)
             elif i == 1:
                 _conv_abs_weight(g, x, p, geometry, groups, np.array(w.shape, np.int64), s)
             else:  # grad_bias: channel co's |grad| summed
                 s = np.abs(g[:, p]).sum(axis=(0, 2, 3), dtype=np.float64)
-        u = unit_roundoff(v.dtype)
-        # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
-        return _finish(torch.from_numpy(s).mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype)
+        return bounds.convolution_e(func, args, i, torch.from_numpy(s), v.dtype)
 
     return bound_at
 

@@ -308,14 +308,6 @@ def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
     return rounded
 
 
-def _convolution(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
-    as_matmul = _convolution_matmul(aten.convolution.default, args, kwargs, i, len(pos))
-    if as_matmul is not None:
-        return _matmul_at(as_matmul, pos, bits)
-    width, part = _convolution_terms(args, kwargs, i)
-    return _chunked(pos, width, _rounded(part, bits))
-
-
 def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
     """`_convolution_terms` for output i of convolution_backward (grad_bias: b None, a sum of a)."""
     op = aten.convolution_backward.default
@@ -362,12 +354,22 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
     raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
 
 
-def _convolution_backward(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
-    as_matmul = _convolution_matmul(aten.convolution_backward.default, args, kwargs, i, len(pos))
-    if as_matmul is not None:
-        return _matmul_at(as_matmul, pos, bits)
-    width, part = _convolution_backward_terms(args, kwargs, i)
-    return _chunked(pos, width, _rounded(part, bits))
+# op -> its outputs' terms (the gathering the resolver falls back to, and the sums of |terms| bounds take)
+_CONVOLUTION_TERMS = {aten.convolution.default: _convolution_terms,
+                      aten.convolution_backward.default: _convolution_backward_terms}
+
+
+def _convolution(op: Any) -> Resolver:
+    """The resolver of a convolution or its backward: as a matmul over im2col columns where that applies
+    (`_convolution_matmul`), else each position's terms gathered."""
+    def resolve(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+        as_matmul = _convolution_matmul(op, args, kwargs, i, len(pos))
+        if as_matmul is not None:
+            return _matmul_at(as_matmul, pos, bits)
+        width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
+        return _chunked(pos, width, _rounded(part, bits))
+
+    return resolve
 
 
 Located = Callable[[np.ndarray], tuple]  # flat positions -> (batch, row, column, addend or None) of a matmul
@@ -454,8 +456,7 @@ def _matmul_at(as_matmul: tuple[tuple[np.ndarray, ...], Located], pos: np.ndarra
 def abs_sums(op: Any, args: tuple, kwargs: dict, i: int, pos: np.ndarray) -> np.ndarray:
     """Per flat position of output i of a convolution (or its backward), the sum of its terms' absolute
     values (and the addend's), in float64: what vtrain.bounds' gathered E scales."""
-    width, part = (_convolution_terms if op is aten.convolution.default else _convolution_backward_terms)(
-        args, kwargs, i)
+    width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
 
     def sums(ps: np.ndarray) -> np.ndarray:
         a, b, extra = part(ps)
@@ -734,8 +735,8 @@ RESOLVERS: dict[Any, Resolver] = {
     aten.dot.default: _dot,
     aten.mv.default: _mv,
     aten.addmm.default: _addmm,
-    aten.convolution.default: _convolution,
-    aten.convolution_backward.default: _convolution_backward,
+    aten.convolution.default: _convolution(aten.convolution.default),
+    aten.convolution_backward.default: _convolution(aten.convolution_backward.default),
     aten.sum.default: _reduce(aten.sum.default, mean=False),
     aten.sum.dim_IntList: _reduce(aten.sum.dim_IntList, mean=False),
     aten.mean.default: _reduce(aten.mean.default, mean=True),
