@@ -7,7 +7,8 @@ Side by side in one process, medians over interleaved repetitions (each repetiti
   plain64    native torch FP64, no dispatch mode
   plain32    native torch FP32, no dispatch mode
 Then, from one exact run: elements checked per step, the fraction near a boundary ("ambiguous") per
-op class, how many of those were certified exact (no recomputation), how many were recomputed exactly
+op class, how many of those were certified exact (no recomputation), how many the op in float64 settled
+(float32 work, vtrain.refine), how many were recomputed exactly
 and the time that took; and the log bytes per step of each resolution (0 for exact).
 
     .venv/bin/python benchmarks/bench_exact.py                        # logreg, mlp, cnn; 20 steps, 5 reps
@@ -52,7 +53,7 @@ def by_class(stats: list[dict]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for s in stats:
         for name, tally in s.get("by_op", {}).items():
-            acc = out.setdefault(op_class(name), [0, 0, 0, 0])
+            acc = out.setdefault(op_class(name), [0, 0, 0, 0, 0])
             for i, v in enumerate(tally):
                 acc[i] += v
     return out
@@ -86,6 +87,7 @@ def bench_example(name: str, steps: int, reps: int, changes: dict) -> dict:
         "checked_per_step": mean_stat(st, "checked"),
         "ambiguous_per_step": mean_stat(st, "ambiguous"),
         "certified_per_step": mean_stat(st, "certified"),
+        "refined_per_step": mean_stat(st, "refined"),
         "recomputed_per_step": mean_stat(st, "recomputed"),
         "exact_ms_per_step": round(mean_stat(st, "exact_seconds") * 1e3, 3),
         "by_class": by_class(st),
@@ -115,15 +117,16 @@ def main() -> None:
                      *(f"{r[k]}x" for k in ("exact_vs_plain64", "log_vs_plain64", "log_audit_vs_plain64",
                                             "exact_vs_log"))] for r in results])
     print()
-    markdown_table(["example", "checked/step", "ambiguous/step", "certified/step", "recomputed/step", "exact ms/step",
-                    "log B/step", "exact log B/step"],
+    markdown_table(["example", "checked/step", "ambiguous/step", "certified/step", "refined/step", "recomputed/step",
+                    "exact ms/step", "log B/step", "exact log B/step"],
                    [[r["example"], f"{r['checked_per_step']:.0f}", f"{r['ambiguous_per_step']:.1f}",
-                     f"{r['certified_per_step']:.1f}", f"{r['recomputed_per_step']:.1f}", r["exact_ms_per_step"],
+                     f"{r['certified_per_step']:.1f}", f"{r['refined_per_step']:.1f}", f"{r['recomputed_per_step']:.1f}",
+                     r["exact_ms_per_step"],
                      f"{r['log_bytes_per_step']:.0f}", 0] for r in results])
     print()
-    markdown_table(["example", "op class", "checked", "ambiguous fraction", "certified", "recomputed"],
-                   [[r["example"], cls, checked, f"{amb / max(checked, 1):.2e}", cert, rec]
-                    for r in results for cls, (checked, amb, cert, rec) in sorted(r["by_class"].items())])
+    markdown_table(["example", "op class", "checked", "ambiguous fraction", "certified", "refined", "recomputed"],
+                   [[r["example"], cls, checked, f"{amb / max(checked, 1):.2e}", cert, ref, rec]
+                    for r in results for cls, (checked, amb, cert, ref, rec) in sorted(r["by_class"].items())])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -53,6 +53,7 @@ class AuditReport:
     logged: list[int] = field(default_factory=list)        # per step: entries in the log replayed
     log_bytes: list[int] = field(default_factory=list)     # per step: size of the log replayed
     ambiguous: list[int] = field(default_factory=list)     # per step (resolution exact): elements near a boundary
+    refined: list[int] = field(default_factory=list)       # per step (exact, float32 work): settled in float64
     recomputed: list[int] = field(default_factory=list)    # per step (resolution exact): exact recomputations
 
     @property
@@ -148,6 +149,7 @@ def _audit(group: Group, run: Run, device: str, out: str | Path | None, ignore_l
         report.logged.append(int(result.stats.get("logged", 0)))
         report.log_bytes.append(len(result.log_bytes))
         report.ambiguous.append(int(result.stats.get("ambiguous", 0)))
+        report.refined.append(int(result.stats.get("refined", 0)))
         report.recomputed.append(int(result.stats.get("recomputed", 0)))
         if progress is not None:
             progress(t, result)

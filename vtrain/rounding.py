@@ -38,8 +38,9 @@ Resolution "exact" (DESIGN.md §1.3b) replaces the log: every device-dependent o
 RNE_grid(exact value), the same on every device with no log at all. An element whose value v lies
 farther than E from every rounding boundary already rounds to that (the exact value is within E of v);
 the others are "ambiguous". Of those, the ones vtrain.resolve certifies as computed exactly (every
-partial sum provably exact in any order) need nothing more; the rest are recomputed exactly by
-vtrain.resolve and correctly rounded. Composite ops are first decomposed into primitives
+partial sum provably exact in any order) need nothing more; under float32 work, a matmul's or
+convolution's are then settled by the same op in float64 where its far smaller error leaves no doubt
+(vtrain.refine, stats "refined"); the rest are recomputed exactly by vtrain.resolve and correctly rounded. Composite ops are first decomposed into primitives
 (vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
 Record mode computes the canonical values; replay has nothing to replay; plain skips the resolution
 (the ablation: rounding alone, which diverges).
@@ -55,7 +56,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from vtrain import spare, valuecode
+from vtrain import refine, spare, valuecode
 from vtrain.prefilter import Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
@@ -145,9 +146,10 @@ class RoundedExecution(TorchDispatchMode):
         self._sites: list[SiteLog] = []
         self._offsets: list[int] = []  # where each logged site starts in the step's stream of rounded values
         self._counts = {"rounded": 0, "logged": 0, "logged_values": 0, "corrections": 0, "sites": 0, "ops": 0,
-                        "checked": 0, "ambiguous": 0, "certified": 0, "recomputed": 0, "exact_sums": 0}
+                        "checked": 0, "ambiguous": 0, "certified": 0, "refined": 0, "recomputed": 0,
+                        "exact_sums": 0}
         self._exact_seconds = 0.0  # time spent in certificates and exact recomputation
-        self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, recomputed]
+        self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, refined, recomputed]
         self._seconds = 0.0
         self._t0 = 0.0
         self._derived: dict[str, int] | None = None
@@ -336,12 +338,13 @@ class RoundedExecution(TorchDispatchMode):
         op = spec.functional or func
         outs, floats = _outputs(out)
         bounds: list[torch.Tensor | None] | None = None
+        wide: list[torch.Tensor | None] | None = None  # the op in float64 (vtrain.refine), once for all outputs
         for i, v in enumerate(floats):
             if v is None:
                 continue
             self._counts["sites"] += 1
             self._counts["checked"] += v.numel()
-            tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0])
+            tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0, 0])
             tally[0] += v.numel()
             start = time.perf_counter()
             fused = self._fused_near(spec, args, kwargs, floats, i, BAND_SLACK, bounds)
@@ -377,7 +380,15 @@ class RoundedExecution(TorchDispatchMode):
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
-                    exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos)
+                    if refine.pays(op, v, pos.numel()):  # most in one float64 op; the few left as below
+                        if wide is None:
+                            wide = refine.recompute(op, args, kwargs)
+                        settled, grid = refine.settle(wide[i].reshape(-1)[pos], e_pos, self.bits)
+                        r.view(-1)[pos[settled]] = grid[settled].to(r.dtype) + 0.0
+                        self._counts["refined"] += int(settled.sum())
+                        tally[3] += int(settled.sum())
+                        pos, e_pos = pos[~settled], e_pos[~settled]
+                    exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos) if pos.numel() else None
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]
@@ -386,7 +397,7 @@ class RoundedExecution(TorchDispatchMode):
                         pos = pos[~exact]
                 if pos.numel():
                     self._counts["recomputed"] += pos.numel()
-                    tally[3] += pos.numel()
+                    tally[4] += pos.numel()
                     values = self._resolve(op, spec, args, kwargs, i, pos) + 0.0
                     r.view(-1)[pos] = torch.from_numpy(values).to(device=r.device, dtype=r.dtype)
                 self._exact_seconds += time.perf_counter() - start

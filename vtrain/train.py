@@ -60,7 +60,7 @@ class StepResult:
 
     def metrics(self) -> dict:
         keep = ("rounded", "logged", "logged_values", "corrections", "dense_bytes", "dense_zip_bytes",
-                "checked", "ambiguous", "certified", "recomputed", "exact_sums", "exact_seconds")
+                "checked", "ambiguous", "certified", "refined", "recomputed", "exact_sums", "exact_seconds")
         out = {k: self.stats[k] for k in keep if k in self.stats}
         loss = None if self.loss != self.loss else self.loss   # NaN (a skipped step) is not JSON
         return {"loss": loss, "seconds": round(self.seconds, 6), "log_bytes": len(self.log_bytes), **out}

@@ -186,7 +186,7 @@ def audit(run: Path, device: str, out: Path | None, ignore_log: bool, workers: i
     click.echo(f"log: entries/step={sum(report.logged) / n:.1f} bytes/step={sum(report.log_bytes) / n:.0f} "
                f"total_bytes={sum(report.log_bytes)}")
     if not r.has_logs:
-        click.echo(f"exact: ambiguous/step={sum(report.ambiguous) / n:.1f} "
+        click.echo(f"exact: ambiguous/step={sum(report.ambiguous) / n:.1f} refined/step={sum(report.refined) / n:.1f} "
                    f"recomputed/step={sum(report.recomputed) / n:.1f} total_recomputed={sum(report.recomputed)}")
     if report.matched:
         click.echo(f"MATCH root={report.root} size={report.size}")
@@ -273,7 +273,7 @@ def inspect(run: Path, verify: bool) -> None:
                    f"seconds/step={sum(x['seconds'] for x in m) / len(m):.4f}")
         if not r.has_logs:
             click.echo(f"exact:      checked={total('checked')} ambiguous={total('ambiguous')} "
-                       f"certified={total('certified')} recomputed={total('recomputed')} "
+                       f"certified={total('certified')} refined={total('refined')} recomputed={total('recomputed')} "
                        f"seconds/step={sum(x.get('exact_seconds', 0) for x in m) / len(m):.4f}")
     if verify:
         for t in range(r.size):

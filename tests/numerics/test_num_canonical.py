@@ -25,18 +25,21 @@ def _grid(shape, bits, seed, dtype=torch.float64, quantised=False):
     return round_to_grid(torch.randn(shape, generator=g, dtype=torch.float64), bits).to(dtype)
 
 
-def _near_midpoint(x, w, bits):
-    """Row 0 of x @ w (and of x's row sums) = 1 + half a grid spacing + a tiny term: the work dtype
-    sums it to the midpoint exactly on every device (ties-to-even: 1), the exact value rounds up."""
+def _near_midpoint(x, w, bits, tiny=41):
+    """Row 0 of x @ w (and of x's row sums) = 1 + half a grid spacing + 2^-(m + tiny): the work dtype
+    sums it to the midpoint exactly on every device (ties-to-even: 1), the exact value rounds up. With
+    tiny = 70 float64 sums it to the midpoint too, so float32 work's refinement in float64 must not
+    settle it (vtrain.refine)."""
     m = bits - 9
     x[0] = 0
-    x[0, :3] = torch.tensor([1.0, 2.0 ** -(m + 1), 2.0 ** -(m + 41)], dtype=x.dtype)
+    x[0, :3] = torch.tensor([1.0, 2.0 ** -(m + 1), 2.0 ** -(m + tiny)], dtype=x.dtype)
     w[:3, 0] = 1
     return x, w
 
 
 def _cases(bits, dtype):
     x, w = _near_midpoint(_grid((6, 40), bits, 1, dtype), _grid((40, 7), bits, 3, dtype), bits)
+    x70, w70 = _near_midpoint(_grid((6, 40), bits, 1, dtype), _grid((40, 7), bits, 3, dtype), bits, tiny=70)
     q = _grid((6, 40), bits, 2, dtype, quantised=True)
     bias = _grid((7,), bits, 4, dtype)
     img = _grid((2, 3, 8, 8), bits, 5, dtype, quantised=True)
@@ -44,6 +47,7 @@ def _cases(bits, dtype):
     grad = _grid((2, 4, 8, 8), bits, 7, dtype)
     return {
         "mm": (aten.mm.default, (x, w)),
+        "mm-below-float64": (aten.mm.default, (x70, w70)),
         "mm-quantised": (aten.mm.default, (q, w)),
         "addmm": (aten.addmm.default, (bias, q, w)),
         "conv": (aten.convolution.default, (img, ker, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)),
@@ -82,16 +86,17 @@ def test_every_element_is_the_correctly_rounded_exact_value_on_every_device(name
         assert not torch.signbit(o[o == 0]).any()
 
 
-def test_scale_grid_makes_elements_ambiguous_and_they_are_recomputed():
+def test_scale_grid_makes_elements_ambiguous_and_float64_settles_them():
     # FP32 work on a 10-bit grid: devices differ in the last float32 bits, so many elements are near a
     # boundary; the statistics show the resolution at work (the test above shows it is right)
     x, w = _grid((32, 64), 19, 11, torch.float32), _grid((64, 32), 19, 12, torch.float32)
     with RoundedExecution(bits=19, device=get_device("cpu"), resolution="exact") as rx:
         aten.mm.default(x, w)
     st = rx.stats
-    assert st["checked"] == 32 * 32 and st["ambiguous"] > 0 and st["recomputed"] > 0
-    assert st["ambiguous"] == st["certified"] + st["recomputed"]
-    assert st["by_op"]["aten.mm.default"] == [st["checked"], st["ambiguous"], st["certified"], st["recomputed"]]
+    assert st["checked"] == 32 * 32 and st["ambiguous"] > 0 and st["refined"] > 0
+    assert st["ambiguous"] == st["certified"] + st["refined"] + st["recomputed"]
+    assert st["by_op"]["aten.mm.default"] == [st["checked"], st["ambiguous"], st["certified"], st["refined"],
+                                              st["recomputed"]]
 
 
 def test_exact_resolution_has_no_replay_mode():
