@@ -12,7 +12,7 @@ import torch
 
 from vtrain import refine
 from vtrain.devices import get_device, list_devices
-from vtrain.grid import grid_max, round_to_grid
+from vtrain.grid import grid_max, neighbours, round_to_grid
 from vtrain.rounding import RoundedExecution
 
 aten = torch.ops.aten
@@ -90,3 +90,21 @@ def test_float64_work_is_never_refined():
     with RoundedExecution(bits=32, device=get_device("cpu"), resolution="exact") as rx:
         aten.mm.default(x, w)
     assert rx.stats["refined"] == 0
+
+
+def test_the_compiled_rule_equals_the_grid_functions():
+    # random values near midpoints, with bounds from far too small to far too wide
+    g = torch.Generator().manual_seed(3)
+    r0 = round_to_grid(torch.randn(20000, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(
+        -140, 120, (20000,), generator=g), BITS)
+    lower, upper = neighbours(r0, BITS)
+    mid = (r0 + upper) * 0.5
+    v = mid + (torch.rand(20000, generator=g, dtype=torch.float64) - 0.5) * (upper - r0) * 2.0**-30
+    e = (v.abs() * 2.0 ** torch.randint(-40, 0, (20000,), generator=g)).float()
+    settled, r = refine.settle(v, e, BITS)
+    ref_r = round_to_grid(v, BITS)
+    lo, hi = neighbours(ref_r, BITS)
+    dist = torch.minimum(v - (lo + ref_r) * 0.5, (ref_r + hi) * 0.5 - v)
+    ref = (dist > e.double() * (2.0**-29 * (1 + 2.0**-50))) & (ref_r.abs() < grid_max(BITS))
+    assert torch.equal(r, ref_r) and torch.equal(settled, ref)
+    assert 0 < int(settled.sum()) < settled.numel()
