@@ -64,10 +64,15 @@ from vtrain.bounds import PositionBound, _finish, _floor_unit, _mm_operands, gam
 
 aten = torch.ops.aten
 
-# Outputs x K below this: the full bound's extra matmul is cheap enough. (At 2^26, the 2048-wide MLP's first
-# weight gradient, 2048 x 64 outputs of K = 512, took U, the nonzero filter and then the full bound anyway, its
-# candidates too many to gather: 17 ms a step against 5 for the full bound alone.)
-MIN_PRODUCTS = 1 << 27
+# Outputs x K below this: the full bound's extra matmul is cheap enough. Float64 work's bands are ~2^-29 of a
+# grid spacing per term, so U leaves few candidates from small ops on: on GPT-2-tiny (256 x 64 @ 64 x 256 and
+# the like, 2^22 products) the steps took 0.95x the time of the old threshold, 2^27, with identical logs,
+# and the MLP and CNN examples, mlp-wide, mlp-xl and mlp-xxl none longer. (Session 6 had measured the
+# 2048-wide MLP's first weight gradient at 2^26 products taking U and then the full bound anyway, 17 against
+# 5 ms; since the kernels' later passes it runs no slower than the full bound alone.) Float32 work's bands
+# span a good part of a spacing once K reaches ~100, so its candidates are too many to gather below 2^27:
+# the scale MLP's steps took 1.16x as long at 2^16.
+MIN_PRODUCTS = {torch.float64: 1 << 18, torch.float32: 1 << 27}
 # Gathering E at one candidate (K products, gathered row and column) costs about this many times the share
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
 GATHER_COST = 128
@@ -112,7 +117,8 @@ def _matmul_upper(func: Any) -> Upper:
         or None where the full bound is cheap (a small op), a layout makes the filter cost more than it
         saves, or U would not be finite."""
         v = outs[0]
-        if v.numel() << 16 < MIN_PRODUCTS:  # a quick exit for small outputs (the full bound, unless K > 2^16)
+        least = MIN_PRODUCTS.get(v.dtype)
+        if least is None or v.numel() << 16 < least:  # a quick exit for small outputs (the full bound, unless K > 2^16)
             return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
@@ -121,7 +127,7 @@ def _matmul_upper(func: Any) -> Upper:
         forward = a.stride(2) == 1 and b.stride(1) == 1
         weight_grad = bias is None and a.stride(2) != 1
         input_grad = bias is None and a.stride(2) == 1 and b.stride(1) != 1
-        if v.numel() * k < MIN_PRODUCTS or not v.is_cpu:
+        if v.numel() * k < least or not v.is_cpu:
             return None
         if not (forward or weight_grad or input_grad):
             return None

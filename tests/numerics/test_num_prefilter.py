@@ -71,10 +71,15 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
     ]
 
 
+def products(monkeypatch: pytest.MonkeyPatch, least: int) -> None:
+    """Ops of at least `least` products (outputs times K) take the pre-filter, in either work dtype."""
+    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", {torch.float64: least, torch.float32: least})
+
+
 @pytest.fixture
 def everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """Small test operands take the pre-filter (and float64 work's float32 full bound)."""
-    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
+    products(monkeypatch, 0)
     monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)
 
 
@@ -116,9 +121,11 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     a = torch.randn(64, 256, generator=gen, dtype=torch.float64)
     b = torch.randn(64, 256, generator=gen, dtype=torch.float64).T
     upper = prefilter.UPPERS[aten.mm.default]
-    assert upper((a, b), {}, [a @ b]) is None  # 64 * 64 * 256 products: the full bound is cheap
-    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
-    assert upper((a, b), {}, [a @ b]) is not None
+    assert upper((a[:16], b[:, :16]), {}, [a[:16] @ b[:, :16]]) is None  # 16 * 16 * 256: the full bound is cheap
+    assert upper((a, b), {}, [a @ b]) is not None  # 64 * 64 * 256 products in float64 work
+    a32, b32 = a.float(), b.float()
+    assert upper((a32, b32), {}, [a32 @ b32]) is None  # float32 work's wide bands: too many candidates
+    products(monkeypatch, 0)
     # x @ W^T, g^T @ x and g @ W take it, not a left operand strided along K with an addend
     assert upper((a, b.contiguous()), {}, [a @ b]) is not None
     wa, wb = a.T.contiguous().T, b.contiguous()
@@ -205,9 +212,9 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
     # is compared here.
     monkeypatch.setattr(resolve, "CERTIFIERS", {})
     without_grains(monkeypatch)
-    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 1 << 60)
+    products(monkeypatch, 1 << 60)
     plain_out, plain = _record(fn, args, bits)  # no pre-filter: E everywhere
-    monkeypatch.setattr(prefilter, "MIN_PRODUCTS", 0)
+    products(monkeypatch, 0)
     monkeypatch.setattr(prefilter, "GATHER_COST", 1 << 60)
     fallback_out, fallback = _record(fn, args, bits)  # U's candidates, E from the full bound
     monkeypatch.setattr(prefilter, "GATHER_COST", 1)
@@ -240,8 +247,8 @@ def test_exact_resolution_is_the_same_with_and_without_the_prefilter(everywhere:
     grad = _operand((160, 160), torch.Generator().manual_seed(29), dtype, bits, "relu")
     without_grains(monkeypatch)  # (the quantised layer's ops are exact: with it, no op would have a band)
     outs = {}
-    for name, products, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
-        monkeypatch.setattr(prefilter, "MIN_PRODUCTS", products)
+    for name, least, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
+        products(monkeypatch, least)
         monkeypatch.setattr(prefilter, "GATHER_COST", cost)
         fwd, rx = _record(torch.addmm, args, bits, "exact")
         wgrad, rx2 = _record(torch.mm, (grad.T, x), bits, "exact")
