@@ -289,23 +289,31 @@ def _convolution_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor
     return lines_exact(_lines(g, 1), outs[2])  # grad_bias[co]: g[:, co] summed
 
 
-def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int) -> bool:
-    x = args[0]
-    dim = args[1] if len(args) > 1 else kwargs.get("dim")
-    nd = x.dim()
-    # Sums that vtrain.bounds takes in its one compiled pass keep the band: it costs about what this test does,
-    # and their few candidates less than the test (mlp-xl's 256 x 1024 bias gradients: 0.59 ms a call with the
-    # band, 0.87 with the test first). Smaller ones would pay torch's per-call cost for the band.
-    if not x.is_floating_point() or not nd or x.numel() >= _FUSED_SUM_ELEMENTS:
-        return False
-    red = sorted({d % nd for d in dim}) if dim else list(range(nd))
-    keep = [d for d in range(nd) if d not in red]
-    n = 1
-    for d in red:
-        n *= x.shape[d]
-    # (2-d: a view whichever dim is reduced; otherwise the reduced dims last, which may copy)
-    lines = x.permute(*keep, *red).reshape(-1, n) if nd > 2 or red != [1] else x
-    return lines_exact(lines, outs[0])
+def _reduce(mean: bool) -> ExactAll:
+    def exact_all(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None], i: int) -> bool:
+        x = args[0]
+        dim = args[1] if len(args) > 1 else kwargs.get("dim")
+        nd = x.dim()
+        # Sums that vtrain.bounds takes in its one compiled pass keep the band: it costs about what this test
+        # does, and their few candidates less than the test (mlp-xl's 256 x 1024 bias gradients: 0.59 ms a call
+        # with the band, 0.87 with the test first). Smaller ones would pay torch's per-call cost for the band.
+        if not x.is_floating_point() or not nd or x.numel() >= _FUSED_SUM_ELEMENTS:
+            return False
+        red = sorted({d % nd for d in dim}) if dim else list(range(nd))
+        keep = [d for d in range(nd) if d not in red]
+        n = 1
+        for d in red:
+            n *= x.shape[d]
+        # A mean divides by n: exact for a power of two (and the quotient's grain is tested against underflow).
+        # n >= 2 keeps this inside the element certificate, whose S, read back from the mean's E, carries
+        # the division's rounding u |mean| <= u S / n on top (vtrain.resolve._cert_reduce).
+        if mean and (n < 2 or n & (n - 1)):
+            return False
+        # (2-d: a view whichever dim is reduced; otherwise the reduced dims last, which may copy)
+        lines = x.permute(*keep, *red).reshape(-1, n) if nd > 2 or red != [1] else x
+        return lines_exact(lines, outs[0], n if mean else 1)
+
+    return exact_all
 
 
 def _avg_pool(op: Any) -> ExactAll:
@@ -327,8 +335,10 @@ EXACT_ALL: dict[Any, ExactAll] = {
     aten.addmm.default: _addmm,
     aten.convolution.default: _convolution,
     aten.convolution_backward.default: _convolution_backward,
-    aten.sum.default: _sum,
-    aten.sum.dim_IntList: _sum,
+    aten.sum.default: _reduce(mean=False),
+    aten.sum.dim_IntList: _reduce(mean=False),
+    aten.mean.default: _reduce(mean=True),
+    aten.mean.dim: _reduce(mean=True),
     aten.avg_pool2d.default: _avg_pool(aten.avg_pool2d.default),
     aten.avg_pool2d_backward.default: _avg_pool(aten.avg_pool2d_backward.default),
 }

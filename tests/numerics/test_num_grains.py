@@ -28,12 +28,12 @@ from vtrain.rounding import RoundedExecution
 
 aten = torch.ops.aten
 GRAIN_CASES = [c for c in CASES if c.op in grains.EXACT_ALL]
-# whole-op tests that quantised data passes: the others scale their terms (alpha, beta), divide windows by
-# counts that are no power of two, or add a bias per element (not one per column)
+# whole-op tests that quantised data passes: the others scale their terms (alpha, beta), divide means or
+# windows by counts that are no power of two, or add a bias per element (not one per column)
 PASSING = [c for c in GRAIN_CASES if c.name in {
     "mm", "addmm", "mm-k40", "addmm-k40", "conv2d-s2p1d2g2", "conv1d", "conv-backward", "conv-backward-s1",
-    "conv1d-backward", "sum", "sum-dims-keepdim",
-    "sum-dim-empty", "avgpool-k2", "avgpool-k2-backward", "avgpool-k2s1-backward"}]
+    "conv1d-backward", "sum", "sum-dims-keepdim", "sum-dim-empty", "mean-dim-pow2", "mean-dims-pow2-keepdim",
+    "avgpool-k2", "avgpool-k2-backward", "avgpool-k2s1-backward"}]
 
 
 def check_whole(case: Case, args: tuple, kwargs: dict) -> list[bool | None]:
@@ -128,6 +128,13 @@ def test_a_grain_near_underflow_fails_it() -> None:
     for scale, want in ((1.0, False), (2.0, True)):
         args = (x * scale, [2, 2], [2, 2], [0, 0], False, True, None)
         assert grains.EXACT_ALL[aten.avg_pool2d.default](args, {}, [aten.avg_pool2d.default(*args)], 0) == want
+
+
+def test_a_mean_of_one_element_fails_it() -> None:
+    # (n = 1 would leave the element certificate no room for the division's rounding in the mean's E)
+    x = torch.full((3, 1), 0.5, dtype=torch.float64)
+    assert grains.EXACT_ALL[aten.mean.dim]((x, [1]), {}, [x.mean(1)], 0) is False
+    assert grains.EXACT_ALL[aten.mean.dim]((x.expand(3, 2).contiguous(), [1]), {}, [x.mean(1)], 0) is True
 
 
 def test_zero_lines_and_a_zero_grained_bias_pass_it() -> None:

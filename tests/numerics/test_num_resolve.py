@@ -364,6 +364,10 @@ CASES = [
     Case("sum-dim-empty", aten.sum.dim_IntList, lambda *a: ((grid((3, 4), *a), []), {}), _ref_reduce(False)),
     Case("mean", aten.mean.default, _mm_like([(3, 5)]), _ref_reduce(True)),
     Case("mean-dim", aten.mean.dim, lambda *a: ((grid((3, 4, 6), *a), [2]), {}), _ref_reduce(True)),
+    # means over 8 and 16 elements: an exact division (vtrain.grains proves whole ops of these)
+    Case("mean-dim-pow2", aten.mean.dim, lambda *a: ((grid((3, 4, 8), *a), [2]), {}), _ref_reduce(True)),
+    Case("mean-dims-pow2-keepdim", aten.mean.dim,
+         lambda *a: ((grid((4, 3, 4), *a), [0, -1], True), {}), _ref_reduce(True)),
     *[Case(f"nll-forward-r{r}-{'w' if w else 'nw'}", aten.nll_loss_forward.default, _nll_args(r, w), _ref_nll_forward)
       for r in (0, 1, 2) for w in (False, True)],
     *[Case(f"nll-backward-r{r}-{'w' if w else 'nw'}", aten.nll_loss_backward.default, _nll_bwd_args(r, w),
