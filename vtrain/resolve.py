@@ -954,11 +954,11 @@ def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None,
     if a.shape[2] == 0 or a.shape[0] == 0:
         return None
     n, r, c = _coords(pos.cpu().numpy(), outs[0].shape)
-    rows, cols = a.shape[1], b.shape[2]
-    # lines a[n, r, :] and b[n, :, c], numbered n * rows + r and n * cols + c
-    qa = _per_key(n * rows + r, lambda u: _slices_min_lsb(a.reshape(-1, a.shape[2]), u))
-    qb = _per_key(n * cols + c, lambda u: _slices_min_lsb(b.transpose(1, 2).reshape(-1, b.shape[1]), u))
-    return _certify(qa * qb, e, a.shape[2], outs[0], pos)
+    (batch, rows, k), cols = a.shape, b.shape[2]
+    # as one matmul's: lines a[n, r, :] and b[n, :, c] are row n * rows + r of a as (B M, K) and column
+    # n * cols + c of b as (K, B N) (one compiled call for small operands, as a small matmul's certificate)
+    return _certify_grains(a.reshape(batch * rows, k), b.permute(1, 0, 2).reshape(k, batch * cols),
+                           n * rows + r, n * cols + c, None, e, outs[0], pos)
 
 
 def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
