@@ -356,6 +356,14 @@ def _softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> 
     x, dim = args[0], args[1]
     p = outs[0]
     u, t, n = unit_roundoff(p.dtype), _t(p.dtype), x.shape[dim] if x.dim() else 1
+    rows = _rows(dim, x, p)
+    if rows is not None:  # the expression below in one pass (vtrain.fused.softmax_bound)
+        from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+        e = torch.empty_like(p)
+        if fused.softmax_bound(*rows, fused.flat(e).reshape(rows[0].shape), u, 2 * t, gamma(n + 1, u),
+                               *_finish_factors(n, u, p.dtype)):
+            return [e]
     s, spread = _shifted(x, dim)
     # p = exp(s)/S: relative errors of exp(s) (t + u|s|), of S (gamma_n + t + u*spread), the division u.
     rel = u * (s.abs() + spread) + 2 * t + gamma(n + 1, u)
@@ -389,8 +397,18 @@ def _softmax_backward(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | N
     u, n = unit_roundoff(y.dtype), grad.shape[dim] if grad.dim() else 1
     gp = grad * out
     total = gp.sum(dim, keepdim=True)
+    sabs = gp.abs_().sum(dim, keepdim=True)  # (gp is a fresh temporary)
+    rows = _rows(dim, grad, out, y)
+    if rows is not None:  # the expression below after the sums, in one pass
+        from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+        e = torch.empty_like(y)
+        if fused.softmax_backward_bound(rows[0], rows[1], fused.flat(sabs), fused.flat(total), rows[2],
+                                        fused.flat(e).reshape(rows[0].shape), u, gamma(n + 1, u),
+                                        *_finish_factors(n, u, y.dtype)):
+            return [e]
     # y = p (g - sum(g p)): the products and the sum (gamma_(n+1) sum|g p|), the subtraction, the product.
-    e = out.abs() * (gamma(n + 1, u) * gp.abs().sum(dim, keepdim=True) + u * (grad - total).abs()) + u * y.abs()
+    e = out.abs() * (gamma(n + 1, u) * sabs + u * (grad - total).abs()) + u * y.abs()
     return [_finish(e, n, u, y.dtype)]
 
 

@@ -606,6 +606,50 @@ def log_softmax_bound(x: np.ndarray, y: np.ndarray, out: np.ndarray, u: float, t
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def softmax_bound(x: np.ndarray, p: np.ndarray, out: np.ndarray, u: float, t2: float, g: float, c: float,
+                  floor: float) -> bool:
+    """vtrain.bounds._softmax on (rows, n) arrays (the softmax dim last), finished: out = e * c + floor; t2 is
+    2 t, as the torch expression takes it."""
+    for r in range(x.shape[0]):
+        mx = -math.inf
+        for j in range(x.shape[1]):
+            v = x[r, j]
+            if v != v:
+                return False
+            mx = max(mx, v)
+        mn = mx
+        for j in range(x.shape[1]):  # -inf entries count as the max (masking)
+            v = x[r, j]
+            mn = min(mn, mx if v == -math.inf else v)
+        spread = mx - mn
+        for j in range(x.shape[1]):
+            v = x[r, j]
+            s = (mx if v == -math.inf else v) - mx
+            e = abs(p[r, j]) * (u * (abs(s) + spread) + t2 + g)
+            e = e * c + floor
+            if e != e:
+                return False
+            out[r, j] = e
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def softmax_backward_bound(grad: np.ndarray, p: np.ndarray, sabs: np.ndarray, total: np.ndarray, y: np.ndarray,
+                           out: np.ndarray, u: float, g: float, c: float, floor: float) -> bool:
+    """vtrain.bounds._softmax_backward on (rows, n) arrays given the row sums of |grad p| and grad p (torch's),
+    finished: out = e * c + floor."""
+    for r in range(p.shape[0]):
+        inner = g * sabs[r]
+        for j in range(p.shape[1]):
+            e = abs(p[r, j]) * (inner + u * abs(grad[r, j] - total[r])) + u * abs(y[r, j])
+            e = e * c + floor
+            if e != e:
+                return False
+            out[r, j] = e
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def log_softmax_backward_bound(p: np.ndarray, sabs: np.ndarray, total: np.ndarray, y: np.ndarray, out: np.ndarray,
                                u: float, tu: float, g: float, c: float, floor: float) -> bool:
     """vtrain.bounds._log_softmax_backward on (rows, n) arrays given p = exp(out) and the row sums of |grad|

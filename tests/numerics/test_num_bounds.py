@@ -262,21 +262,29 @@ def _softmax_inputs() -> list[tuple[torch.Tensor, int]]:
     return cases
 
 
-def test_log_softmax_kernels_give_the_torch_expressions_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+SOFTMAX_KERNELS = {  # family: (forward op, its kernel, backward op, its kernel)
+    "log_softmax": (aten._log_softmax.default, "log_softmax_bound", aten._log_softmax_backward_data.default,
+                    "log_softmax_backward_bound"),
+    "softmax": (aten._softmax.default, "softmax_bound", aten._softmax_backward_data.default, "softmax_backward_bound"),
+}
+
+
+@pytest.mark.parametrize("family", list(SOFTMAX_KERNELS))
+def test_softmax_kernels_give_the_torch_expressions_bits(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from vtrain import fused
 
+    forward, fwd_kernel, backward, bwd_kernel = SOFTMAX_KERNELS[family]
     taken = []
-    for name in ("log_softmax_bound", "log_softmax_backward_bound"):
+    for name in (fwd_kernel, bwd_kernel):
         real = getattr(fused, name)
         monkeypatch.setattr(fused, name, lambda *a, real=real, name=name: taken.append(name) or real(*a))
     gen = torch.Generator().manual_seed(13)
     n_cases = 0
     for x, dim in _softmax_inputs():
-        y = torch.log_softmax(x, dim)
+        y = forward(x, dim, False)
         grad = _grid(x.shape, gen, torch.float64, 32)
-        fwd = (aten._log_softmax.default, (x, dim, False), [y])
-        bwd = (aten._log_softmax_backward_data.default, (grad, y, dim, torch.float64),
-               [torch._log_softmax_backward_data(grad, y, dim, torch.float64)])
+        fwd = (forward, (x, dim, False), [y])
+        bwd = (backward, (grad, y, dim, torch.float64), [backward(grad, y, dim, torch.float64)])
         for func, args, outs in (fwd, bwd):
             monkeypatch.setattr(fused, "ENABLED", True)
             (fast,) = BOUNDS[func](args, {}, outs)
@@ -287,7 +295,7 @@ def test_log_softmax_kernels_give_the_torch_expressions_bits(monkeypatch: pytest
             n_cases += 1
     # every case with the softmax dim last went through a kernel (declined ones included)
     last = sum(dim % x.dim() == x.dim() - 1 for x, dim in _softmax_inputs())
-    assert taken.count("log_softmax_bound") == taken.count("log_softmax_backward_bound") == last
+    assert taken.count(fwd_kernel) == taken.count(bwd_kernel) == last
     assert n_cases == 2 * len(_softmax_inputs())
 
 
