@@ -213,8 +213,13 @@ def _matmul_at(func: Any) -> PositionBound:
 
 
 def _conv_k(args: tuple) -> int:
+    """The products an output element of aten.convolution sums at most: (Cin / groups) * kernel taps. A
+    transposed convolution's weight is (Cin, Cout / groups, kernel...), so its Cin / groups is
+    weight.shape[0] / groups (counting weight.shape[1] there made E too small wherever Cin > Cout)."""
     weight = args[1]
-    return _prod(weight.shape[1:])  # (Cin/groups) * kh * kw
+    if len(args) > 6 and args[6]:
+        return weight.shape[0] // (args[8] if len(args) > 8 else 1) * _prod(weight.shape[2:])
+    return _prod(weight.shape[1:])
 
 
 def _convolution_backward_ks(args: tuple) -> tuple[int, int, int]:

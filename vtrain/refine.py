@@ -20,8 +20,11 @@ precision, and one float64 op settles them all at once:
   sums that cancel), grid values at the largest magnitude (their upper boundary is the overflow threshold,
   not a midpoint), and anything not finite.
 
-The result is the same bits as recomputing every ambiguous element exactly; only the cost changes.
-Float64 work has no wider hardware type to do this with, so it always recomputes exactly.
+The result is the same bits as recomputing every ambiguous element exactly; only the cost changes. (One
+visible difference: ops that vtrain.resolve cannot recompute, such as transposed and 3-d convolutions, raise
+its ResolveError only when an element is still ambiguous after this step, not already when one is
+ambiguous before it.) Float64 work has no wider hardware type to do this with, so it always recomputes
+exactly.
 """
 
 from __future__ import annotations
@@ -58,10 +61,13 @@ def pays(op: Any, v: torch.Tensor, ambiguous: int) -> bool:
 def recompute(op: Any, args: tuple, kwargs: dict) -> list[torch.Tensor | None]:
     """The op's outputs computed natively in float64 from its float32 arguments (exact conversions). Not in
     an emulated device's order: E64 holds for every order, and the emulations cost several times the native
-    op. (Run it where no dispatch mode is active, as inside one's handler.)"""
+    op. cuDNN is off for it: its FFT and Winograd convolutions are not sums of the products, which is all
+    the argument allows (CPU float64 convolutions are im2col and GEMM). (Run it where no dispatch mode is
+    active, as inside one's handler.)"""
     wide = tuple(a.to(torch.float64) if isinstance(a, torch.Tensor) and a.dtype == torch.float32 else a
                  for a in args)
-    out = op(*wide, **kwargs)
+    with torch.backends.cudnn.flags(enabled=False):
+        out = op(*wide, **kwargs)
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 

@@ -87,6 +87,27 @@ def test_sum_reorderings_stay_within_the_band(dtype: torch.dtype, bits: int) -> 
                 assert ((r.double() - s.double()).abs() <= 2 * e.double()).all()
 
 
+def test_a_transposed_convolution_counts_its_input_channels() -> None:
+    # weight (Cin, Cout / groups, k...): an output sums Cin / groups products a tap, 64 here, not Cout = 1.
+    # float32 sums 1 + 2^-11 then 62 terms of 1.5 u one at a time, each rounding up by u / 2: 22 u above the
+    # midpoint 1 + 2^-11, whose exact value lies 8.5 u below it (review of 2026-12-02)
+    u = 2.0**-24
+    vals = [1.0, 2.0**-11] + [1.5 * u] * 61 + [-100 * u]
+    x = torch.tensor(vals, dtype=torch.float32).reshape(1, 64, 1, 1)
+    w = torch.ones(64, 1, 1, 1, dtype=torch.float32)
+    args = (x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1)
+    v = aten.convolution.default(*args)
+    (e,) = BOUNDS[aten.convolution.default](args, {}, [v])
+    err = abs(Fraction(v.item()) - sum(Fraction(t) for t in vals))
+    assert err > 16 * u and err <= Fraction(e.item())
+    # two groups of 32 input channels, one output channel each: at least gamma_32 of each group's sum of |terms|
+    args2 = (x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 2)
+    v2 = aten.convolution.default(*args2)
+    (e2,) = BOUNDS[aten.convolution.default](args2, {}, [v2])
+    for group in range(2):
+        assert e2[0, group].item() >= gamma(32, u) * float(x[0, 32 * group:32 * (group + 1)].abs().sum())
+
+
 def test_conv_softmax_and_loss_orders_stay_within_the_band() -> None:
     gen = torch.Generator().manual_seed(9)
     dtype, bits = torch.float32, 19
