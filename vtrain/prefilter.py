@@ -118,7 +118,8 @@ def _matmul_upper(func: Any) -> Upper:
         saves, or U would not be finite."""
         v = outs[0]
         least = MIN_PRODUCTS.get(v.dtype)
-        if least is None or v.numel() << 16 < least:  # a quick exit for small outputs (the full bound, unless K > 2^16)
+        # a quick exit for small ops, before the operands are unpacked (K: the last operand's rows)
+        if least is None or v.numel() * args[-1].shape[-2] < least:
             return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
