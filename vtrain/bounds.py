@@ -342,12 +342,12 @@ def _log_softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None])
     y = outs[0]
     u, t, n = unit_roundoff(y.dtype), _t(y.dtype), x.shape[dim] if x.dim() else 1
     rows = _rows(dim, x, y)
-    if rows is not None:  # the expression below in one pass (vtrain.fused.log_softmax_bound)
+    if rows is not None:  # the expression below in one pass (vtrain.fused.softmax_bound)
         from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
 
         e = torch.empty_like(y)
-        if fused.log_softmax_bound(*rows, fused.flat(e).reshape(rows[0].shape), u, t, gamma(n, u),
-                                   *_finish_factors(n, u, y.dtype)):
+        if fused.softmax_bound(*rows, True, fused.flat(e).reshape(rows[0].shape), u, t, gamma(n, u),
+                               *_finish_factors(n, u, y.dtype)):
             return [e]
     s, spread = _shifted(x, dim)  # s <= 0; spread bounds every exp argument's error
     lse = s - y  # log(sum exp(s)) up to rounding, >= 0
@@ -366,7 +366,7 @@ def _softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> 
         from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
 
         e = torch.empty_like(p)
-        if fused.softmax_bound(*rows, fused.flat(e).reshape(rows[0].shape), u, 2 * t, gamma(n + 1, u),
+        if fused.softmax_bound(*rows, False, fused.flat(e).reshape(rows[0].shape), u, 2 * t, gamma(n + 1, u),
                                *_finish_factors(n, u, p.dtype)):
             return [e]
     s, spread = _shifted(x, dim)

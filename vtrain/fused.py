@@ -576,60 +576,50 @@ def _affine(s: np.ndarray, out: np.ndarray, a: float, b: float) -> None:
 # torch's NaN-propagating max, are not worth matching): the caller then takes its torch expression.
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _finish_into(out: np.ndarray, r: int, j: int, e: float, c: float, floor: float) -> bool:
+    """out[r, j] = e * c + floor (bounds._finish), False for NaN (the kernel then declines: the torch path)."""
+    e = e * c + floor
+    out[r, j] = e
+    return e == e
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row_max_spread(x: np.ndarray, r: int) -> tuple[float, float, bool]:
+    """(max, max - min, no NaN) of row r of x, -inf entries counted as the max (masking), as bounds._shifted."""
+    mx = -math.inf
+    for j in range(x.shape[1]):
+        v = x[r, j]
+        if v != v:
+            return mx, mx, False
+        mx = max(mx, v)
+    mn = mx
+    for j in range(x.shape[1]):
+        v = x[r, j]
+        mn = min(mn, mx if v == -math.inf else v)
+    return mx, mx - mn, True
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def log_softmax_bound(x: np.ndarray, y: np.ndarray, out: np.ndarray, u: float, t: float, g: float, c: float,
-                      floor: float) -> bool:
-    """vtrain.bounds._log_softmax on (rows, n) arrays (the softmax dim last), finished: out = e * c + floor."""
+def softmax_bound(x: np.ndarray, y: np.ndarray, log: bool, out: np.ndarray, u: float, t: float, g: float, c: float,
+                  floor: float) -> bool:
+    """On (rows, n) arrays (the softmax dim last), finished (out = e * c + floor): vtrain.bounds._log_softmax
+    where `log` (y the log-softmax), else vtrain.bounds._softmax (y the softmax, t passed as 2 t, as its torch
+    expression takes it)."""
     for r in range(x.shape[0]):
-        mx = -math.inf
-        for j in range(x.shape[1]):
-            v = x[r, j]
-            if v != v:
-                return False
-            mx = max(mx, v)
-        mn = mx
-        for j in range(x.shape[1]):  # -inf entries count as the max (masking)
-            v = x[r, j]
-            mn = min(mn, mx if v == -math.inf else v)
-        spread = mx - mn
+        mx, spread, ok = _row_max_spread(x, r)
+        if not ok:
+            return False
         for j in range(x.shape[1]):
             v = x[r, j]
             s = (mx if v == -math.inf else v) - mx
             yv = y[r, j]
-            lse = s - yv
-            e = u * (abs(s) + abs(yv) + spread) + g + t * (1 + abs(lse))
-            e = e * c + floor
-            if e != e:
+            if log:
+                e = u * (abs(s) + abs(yv) + spread) + g + t * (1 + abs(s - yv))
+            else:
+                e = abs(yv) * (u * (abs(s) + spread) + t + g)
+            if not _finish_into(out, r, j, e, c, floor):
                 return False
-            out[r, j] = e
-    return True
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def softmax_bound(x: np.ndarray, p: np.ndarray, out: np.ndarray, u: float, t2: float, g: float, c: float,
-                  floor: float) -> bool:
-    """vtrain.bounds._softmax on (rows, n) arrays (the softmax dim last), finished: out = e * c + floor; t2 is
-    2 t, as the torch expression takes it."""
-    for r in range(x.shape[0]):
-        mx = -math.inf
-        for j in range(x.shape[1]):
-            v = x[r, j]
-            if v != v:
-                return False
-            mx = max(mx, v)
-        mn = mx
-        for j in range(x.shape[1]):  # -inf entries count as the max (masking)
-            v = x[r, j]
-            mn = min(mn, mx if v == -math.inf else v)
-        spread = mx - mn
-        for j in range(x.shape[1]):
-            v = x[r, j]
-            s = (mx if v == -math.inf else v) - mx
-            e = abs(p[r, j]) * (u * (abs(s) + spread) + t2 + g)
-            e = e * c + floor
-            if e != e:
-                return False
-            out[r, j] = e
     return True
 
 
@@ -642,10 +632,8 @@ def softmax_backward_bound(grad: np.ndarray, p: np.ndarray, sabs: np.ndarray, to
         inner = g * sabs[r]
         for j in range(p.shape[1]):
             e = abs(p[r, j]) * (inner + u * abs(grad[r, j] - total[r])) + u * abs(y[r, j])
-            e = e * c + floor
-            if e != e:
+            if not _finish_into(out, r, j, e, c, floor):
                 return False
-            out[r, j] = e
     return True
 
 
@@ -658,8 +646,6 @@ def log_softmax_backward_bound(p: np.ndarray, sabs: np.ndarray, total: np.ndarra
         inner = g * sabs[r] + tu * abs(total[r])
         for j in range(p.shape[1]):
             e = p[r, j] * inner + u * abs(y[r, j])
-            e = e * c + floor
-            if e != e:
+            if not _finish_into(out, r, j, e, c, floor):
                 return False
-            out[r, j] = e
     return True

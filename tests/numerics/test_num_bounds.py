@@ -284,7 +284,7 @@ def _softmax_inputs() -> list[tuple[torch.Tensor, int]]:
 
 
 SOFTMAX_KERNELS = {  # family: (forward op, its kernel, backward op, its kernel)
-    "log_softmax": (aten._log_softmax.default, "log_softmax_bound", aten._log_softmax_backward_data.default,
+    "log_softmax": (aten._log_softmax.default, "softmax_bound", aten._log_softmax_backward_data.default,
                     "log_softmax_backward_bound"),
     "softmax": (aten._softmax.default, "softmax_bound", aten._softmax_backward_data.default, "softmax_backward_bound"),
 }
