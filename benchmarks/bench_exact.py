@@ -120,7 +120,8 @@ def main() -> None:
     markdown_table(["example", "checked/step", "ambiguous/step", "certified/step", "refined/step", "recomputed/step",
                     "exact ms/step", "log B/step", "exact log B/step"],
                    [[r["example"], f"{r['checked_per_step']:.0f}", f"{r['ambiguous_per_step']:.1f}",
-                     f"{r['certified_per_step']:.1f}", f"{r['refined_per_step']:.1f}", f"{r['recomputed_per_step']:.1f}",
+                     f"{r['certified_per_step']:.1f}", f"{r['refined_per_step']:.1f}",
+                     f"{r['recomputed_per_step']:.1f}",
                      r["exact_ms_per_step"],
                      f"{r['log_bytes_per_step']:.0f}", 0] for r in results])
     print()

@@ -118,8 +118,8 @@ def _matmul_upper(func: Any) -> Upper:
         saves, or U would not be finite."""
         v = outs[0]
         least = MIN_PRODUCTS.get(v.dtype)
-        # a quick exit for small ops, before the operands are unpacked (K: the last operand's rows)
-        if least is None or v.numel() * args[-1].shape[-2] < least:
+        # small ops and other devices' tensors leave before the operands are unpacked (K: the last operand's rows)
+        if least is None or v.numel() * args[-1].shape[-2] < least or not v.is_cpu:
             return None
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         k = a.shape[-1]
@@ -128,8 +128,6 @@ def _matmul_upper(func: Any) -> Upper:
         forward = a.stride(2) == 1 and b.stride(1) == 1
         weight_grad = bias is None and a.stride(2) != 1
         input_grad = bias is None and a.stride(2) == 1 and b.stride(1) != 1
-        if v.numel() * k < least or not v.is_cpu:
-            return None
         if not (forward or weight_grad or input_grad):
             return None
         u, kk = unit_roundoff(v.dtype), k + terms

@@ -6,8 +6,9 @@ each of those exactly, one exact sum of K products per element. Almost none of t
 precision, and one float64 op settles them all at once:
 
 - The op recomputed from the same float32 inputs in float64 (natively, in any summation order, FMA or
-  not: the assumption E makes of every device's kernels, that they sum the products) is within E64 = gamma_K(2^-53) * sum|terms| of the exact value: products of float32 values are exact
-  in float64, and partial sums of them are multiples of 2^-298 that neither overflow nor underflow.
+  not: the assumption E makes of every device's kernels, that they sum the products) is within
+  E64 = gamma_K(2^-53) * sum|terms| of the exact value: products of float32 values are exact in float64,
+  and partial sums of them are multiples of 2^-298 that neither overflow nor underflow.
 - gamma_K(2^-53) / gamma_K(2^-24) = 2^-29 (1 - K 2^-24) / (1 - K 2^-53) < 2^-29, and E is at least
   gamma_K(2^-24) * sum|terms| whatever else it adds (the inflation that keeps a computed E an upper bound,
   the floor for underflow, the extra roundings of addmm's alpha and beta, which float64 makes as well with

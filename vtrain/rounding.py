@@ -40,8 +40,8 @@ farther than E from every rounding boundary already rounds to that (the exact va
 the others are "ambiguous". Of those, the ones vtrain.resolve certifies as computed exactly (every
 partial sum provably exact in any order) need nothing more; under float32 work, a matmul's or
 convolution's are then settled by the same op in float64 where its far smaller error leaves no doubt
-(vtrain.refine, stats "refined"); the rest are recomputed exactly by vtrain.resolve and correctly rounded. Composite ops are first decomposed into primitives
-(vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
+(vtrain.refine, stats "refined"); the rest are recomputed exactly by vtrain.resolve and correctly
+rounded. Composite ops are first decomposed into primitives (vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
 Record mode computes the canonical values; replay has nothing to replay; plain skips the resolution
 (the ablation: rounding alone, which diverges).
 """
@@ -385,8 +385,9 @@ class RoundedExecution(TorchDispatchMode):
                             wide = refine.recompute(op, args, kwargs)
                         settled, grid = refine.settle(wide[i].reshape(-1)[pos], e_pos, self.bits)
                         r.view(-1)[pos[settled]] = grid[settled].to(r.dtype) + 0.0
-                        self._counts["refined"] += int(settled.sum())
-                        tally[3] += int(settled.sum())
+                        n_settled = int(settled.sum())
+                        self._counts["refined"] += n_settled
+                        tally[3] += n_settled
                         pos, e_pos = pos[~settled], e_pos[~settled]
                     exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos) if pos.numel() else None
                     if exact is not None:
