@@ -35,10 +35,14 @@ U and the gathers, 36 ms (2048-wide MLP, batch 512, in the engine).
 Everything depends on the operands' layout and the candidate count only, a pure function of the op's
 inputs, so a run and its resumption decide alike.
 
-Convolutions have no U here (a bound from line statistics was measured: loose enough to leave a few
-candidates in every call, and so no cheaper than the full bound once E is gathered at them), but E at given
-positions (BOUNDS_AT) in compiled loops: the auditor needs E only at its log's entries, where the full bound
-is a second convolution over everything (the cnn example's auditor: 4.5 -> 4.1-4.4 ms a step).
+Convolutions (2-d and 1-d, not transposed) take the same two steps, with U from window norms: Cauchy-Schwarz
+over each output's window (forward), over the outputs whose windows cover a pixel (input gradient), or over
+whole channels (weight and bias gradients), in compiled passes that read each operand once for all the op's
+outputs (`_convolution_upper`). U is looser there (2-8x E at the median on the test cases, against 1.6-2x for
+matmuls), but float64 work's bands are so narrow that the resnet-tiny example's convolutions keep 0-4
+candidates a call, and E gathered at them (BOUNDS_AT, compiled loops; also the auditor's, at its log's
+entries) replaces a full bound that cost as much as the convolution itself. (An earlier bound from
+line statistics had measured no cheaper than the full bound, commit 63837b3.)
 
 U must bound the E that BOUNDS_AT computes in floating point, and the full bound's (the float32 path of
 `bounds.abs_bounds`), not only the exact one: see the factors in `_matmul_upper`. BOUNDS_AT's E is at
@@ -76,6 +80,10 @@ MIN_PRODUCTS = {torch.float64: 1 << 18, torch.float32: 1 << 27}
 # Gathering E at one candidate (K products, gathered row and column) costs about this many times the share
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)
 GATHER_COST = 128
+# and in a convolution's, whose float32 full bound runs far below a matmul's speed: on the resnet-tiny
+# example's layers a backward's full bound took 560-900 us for 4.7 M products (~0.15 ns each), gathering
+# ~1 ns a product plus ~40 us a call (a weight gradient's 8,192 products a candidate: 32 in 265-300 us)
+CONV_GATHER_COST = 16
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ class Prefilter:
     # the bitsets `nonzero` reads: (B, M, words) of a's rows and (B, N, words) of b's columns, bit k of a
     # line set where its k-th value is nonzero (for fused.round_near_outer, which drops those sums itself)
     support: tuple[np.ndarray, np.ndarray] | None = None
+    gather_cost: int | None = None  # `gather_pays`' cost for this op (None: GATHER_COST)
 
     def upper(self) -> torch.Tensor:
         """U in the output's shape and dtype, for the filters that do not build it as they go. (float32
@@ -103,16 +112,39 @@ class Prefilter:
         return (rows[:, :, None] * cols[:, None, :] + add[:, None, :]).to(self.dtype).view(self.shape)
 
 
-Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "Prefilter | None"]
+# (args, kwargs, outputs) -> U of each output (None: that output takes the full bound), or None for all
+Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "list[Prefilter | None] | None"]
 
 
-def gather_pays(candidates: int, outputs: int) -> bool:
-    """Whether gathering E at `candidates` of an op's `outputs` elements is cheaper than the full bound."""
-    return candidates * GATHER_COST <= outputs
+def gather_pays(candidates: int, outputs: int, cost: int | None = None) -> bool:
+    """Whether gathering E at `candidates` of an op's `outputs` elements is cheaper than the full bound, at
+    `cost` (default GATHER_COST, a matmul's) per candidate relative to an output's share of the full bound."""
+    return candidates * (GATHER_COST if cost is None else cost) <= outputs
+
+
+def _envelope(kk: int, k: int, largest: float, dtype: torch.dtype) -> tuple[float, float]:
+    """(factor, floor): U = factor * (a product of norms that bounds an output's sum of |terms|) + floor lies
+    above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute kk floor units) and the full bound's
+    float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may exceed
+    the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so that U's
+    candidates are a superset of either's. kk: the output's term count (its gamma); k >= the sum lengths the
+    float32 path sees; largest >= every |operand|."""
+    u = unit_roundoff(dtype)
+    g = gamma(kk, u)
+    c = g * (1 + 2 * g + 2.0**-20)
+    g32 = gamma(k + 4, 2.0**-24)
+    factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
+    floor = (max(kk, k) + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
+        + 8 * (kk + 1) * _floor_unit(dtype)
+    return factor, floor
 
 
 def _matmul_upper(func: Any) -> Upper:
-    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Prefilter | None:
+    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[Prefilter | None] | None:
+        pre = _one(args, kwargs, outs)
+        return None if pre is None else [pre]
+
+    def _one(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Prefilter | None:
         """U >= E at every element of the output (the output's dtype and shape) and the nonzero-term filter,
         or None where the full bound is cheap (a small op), a layout makes the filter cost more than it
         saves, or U would not be finite."""
@@ -151,16 +183,7 @@ def _matmul_upper(func: Any) -> Upper:
         # not cover) once its float32 sums pass 2^128
         if not (g < 1 and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
             return None
-        # Above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute k floor units) and the full bound's
-        # float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may
-        # exceed the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so
-        # that U's candidates are a superset of either's. The factor goes into the (short) row norms, the
-        # addend and the floor into `add`.
-        c = g * (1 + 2 * g + 2.0**-20)
-        g32 = gamma(k + 4, 2.0**-24)
-        factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
-        floor = (kk + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
-            + 8 * (kk + 1) * _floor_unit(v.dtype)
+        factor, floor = _envelope(kk, k, largest, v.dtype)  # (the factor goes into the short row norms)
         rows *= factor * abs(alpha)
         add = np.full(cols.shape, floor)
         if bias_abs is not None:
@@ -545,8 +568,188 @@ def _matmul_at(func: Any) -> PositionBound:
     return bound_at
 
 
+# -- convolutions: U from window norms ---------------------------------------------------------------------
+# Cauchy-Schwarz over each output's window, as for matmuls over lines: a forward output's terms are its
+# window's inputs times one filter, so sum |x| |w| <= ||window|| ||w_co||, and a window's squared norm is a sum
+# of per-pixel squares (all channels: a group's are fewer, so this bounds it) over the window's taps. An input
+# gradient's terms are the output gradients whose windows cover the pixel times a channel's weights, the
+# same way round. A weight gradient sums grad_co times input channel ci shifted by one tap over images and
+# positions: each shifted plane is a subset of the channel's values, so ||grad_co|| ||x_ci|| bounds it, and a
+# bias gradient's sum of n values is at most sqrt(n) ||grad_co||. Measured against E on the resnet-tiny
+# example's layers: see docs/benchmarks.md (session 13).
+
+
+@njit(cache=True, nogil=True)
+def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray) -> tuple[int, int]:
+    """pixel[a, y, z] = sum over b of x[a, b, y, z]^2 and plane[a, b] = sum over y, z of it, in float64 (an
+    empty pixel or plane: not wanted); the largest |x| as float64 bits and the count of tiny nonzero values
+    (see _TINY_LINE). Per plane, one pass for the extremes and the pixels (no dependent chain: vectorised),
+    one for the plane's sum in four partial sums, as _norms_rows."""
+    top, tiny = 0, 0
+    size = x.shape[2] * x.shape[3]
+    if pixel.size:
+        pixel[:] = 0.0
+    for a in range(x.shape[0]):
+        for b in range(x.shape[1]):
+            line = x[a, b].reshape(size)
+            if pixel.size:
+                pix = pixel[a].reshape(size)
+                for k in range(size):
+                    v = np.float64(line[k])
+                    top = max(top, _abs_bits(v))
+                    tiny += _is_tiny(v)
+                    pix[k] += v * v
+            else:
+                for k in range(size):
+                    v = np.float64(line[k])
+                    top = max(top, _abs_bits(v))
+                    tiny += _is_tiny(v)
+            if plane.size:
+                s0 = s1 = s2 = s3 = 0.0
+                k = 0
+                while k + 4 <= size:
+                    v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
+                    v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
+                    s0 += v0 * v0
+                    s1 += v1 * v1
+                    s2 += v2 * v2
+                    s3 += v3 * v3
+                    k += 4
+                while k < size:
+                    v = np.float64(line[k])
+                    s0 += v * v
+                    k += 1
+                plane[a, b] = (s0 + s1) + (s2 + s3)
+    return top, tiny
+
+
+@njit(cache=True, nogil=True)
+def _window_norms(sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, out: np.ndarray) -> None:
+    """out[n, oy * OW + oz] = the root of sq[n] summed over output (oy, oz)'s window (padding skipped). The
+    taps are the outer loops, so the inner one runs along a row of outputs."""
+    s0, s1, p0, p1, d0, d1, oh, ow = geometry
+    out[:] = 0.0
+    for n in range(sq.shape[0]):
+        for oy in range(oh):
+            row = out[n, oy * ow:(oy + 1) * ow]
+            for a in range(kh):
+                y = oy * s0 - p0 + a * d0
+                if y < 0 or y >= sq.shape[1]:
+                    continue
+                for b in range(kw):
+                    for oz in range(ow):
+                        z = oz * s1 - p1 + b * d1
+                        if 0 <= z < sq.shape[2]:
+                            row[oz] += sq[n, y, z]
+    for t in range(out.size):
+        out.flat[t] = math.sqrt(out.flat[t])
+
+
+@njit(cache=True, nogil=True)
+def _cover_norms(sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int, wd: int, out: np.ndarray) -> None:
+    """out[n, y * W + z] = the root of sq[n] (output-gradient squares) summed over the outputs whose windows
+    cover input pixel (y, z): each output's square added to the pixels its taps reach (as _conv_abs_input
+    finds them, without its divisions)."""
+    s0, s1, p0, p1, d0, d1 = geometry[:6]
+    out[:] = 0.0
+    for n in range(sq.shape[0]):
+        for oy in range(sq.shape[1]):
+            for a in range(kh):
+                y = oy * s0 - p0 + a * d0
+                if y < 0 or y >= h:
+                    continue
+                row = out[n, y * wd:(y + 1) * wd]
+                for b in range(kw):
+                    for oz in range(sq.shape[2]):
+                        z = oz * s1 - p1 + b * d1
+                        if 0 <= z < wd:
+                            row[z] += sq[n, oy, oz]
+    for t in range(out.size):
+        out.flat[t] = math.sqrt(out.flat[t])
+
+
+_NONE = np.empty((0, 0, 0)), np.empty((0, 0))
+
+
+def _convolution_upper(func: Any) -> Upper:
+    forward = func is aten.convolution.default
+
+    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[Prefilter | None] | None:
+        """U >= E at every element of each convolution output (forward: the output; backward: grad_input,
+        grad_weight, grad_bias), None for an output not computed or whose U would not be finite; None for
+        all where the full bound is cheap or the convolution transposed or 3-d. Each operand is read once."""
+        from vtrain.resolve import ResolveError, _bind, _conv_geometry  # noqa: PLC0415 (as in _convolution_at)
+        v = next(o for o in outs if o is not None)
+        least = MIN_PRODUCTS.get(v.dtype)
+        ks = (bounds._conv_k(args) + 1,) if forward else bounds._convolution_backward_ks(args)
+        if least is None or not v.is_cpu or sum(o.numel() * k for o, k in zip(outs, ks) if o is not None) < least:
+            return None
+        kw = _bind(func, args, kwargs)
+        try:
+            x, w, stride, padding, dilation, groups = _conv_geometry(func, kw)
+        except ResolveError:
+            return None
+        g, bias = kw.get("grad_output"), kw.get("bias") if forward else None
+        if any(t.dtype not in (torch.float64, torch.float32) or not t.is_cpu for t in (x, w, g, bias) if t is not None):
+            return None
+        want = [o is not None for o in outs] + [False] * (3 - len(outs))
+        x, w = _numpy(x.contiguous()), _numpy(w.contiguous())
+        n_img, c_out, c_g, kh, kwd = x.shape[0], *w.shape
+        w_plane = np.empty((c_out, c_g))
+        # forward: the input's pixels; grad_weight: its planes; grad_input: only its largest value
+        x_pixel = np.empty((n_img, *x.shape[2:])) if forward else _NONE[0]
+        x_plane = np.empty(x.shape[:2]) if want[1] else _NONE[1]
+        tops = [_squares(w, _NONE[0], w_plane), _squares(x, x_pixel, x_plane)]
+        if g is not None:  # grad_input: its pixels; grad_weight and grad_bias: its planes
+            g = _numpy((g.unsqueeze(2) if g.dim() == 3 else g).contiguous())
+            g_pixel = np.empty((n_img, *g.shape[2:])) if want[0] else _NONE[0]
+            g_plane = np.empty(g.shape[:2]) if want[1] or want[2] else _NONE[1]
+            tops.append(_squares(g, g_pixel, g_plane))
+        bias_max = float(bias.abs().max()) if bias is not None and bias.numel() else 0.0
+        top = max(t for t, _ in tops)  # the largest |operand| as float64 bits (NaN's above infinity's)
+        if top >= 0x7FF0000000000000 or any(n for _, n in tops) or not math.isfinite(bias_max):
+            return None
+        largest = max(float(np.array(top, np.int64).view(np.float64)), bias_max)
+        result: list[Prefilter | None] = []
+        for i, o in enumerate(outs):
+            if o is None:
+                result.append(None)
+                continue
+            if forward:  # (N, Co, OH * OW): the filter's norm times its window's
+                geometry = np.array([*stride, *padding, *dilation, *o.shape[-2:]] if o.dim() == 4 else
+                                    [*stride, *padding, *dilation, 1, o.shape[-1]], np.int64)
+                cols = np.empty((n_img, int(geometry[6] * geometry[7])))
+                _window_norms(x_pixel, geometry, kh, kwd, cols)
+                rows = np.broadcast_to(np.sqrt(w_plane.sum(1)), (n_img, c_out))
+            elif i == 0:  # grad_input (N, Cin, H * W): a channel's weights (every group's: a bound) times its cover's
+                cols = np.empty((n_img, x.shape[2] * x.shape[3]))
+                _cover_norms(g_pixel, np.array([*stride, *padding, *dilation], np.int64), kh, kwd, x.shape[2],
+                             x.shape[3], cols)
+                rows = np.broadcast_to(np.tile(np.sqrt(w_plane.sum(0)), groups), (n_img, x.shape[1]))
+            elif i == 1:  # grad_weight (1, Co, Cg * KH * KW): a gradient channel's norm times an input channel's
+                x_norm = np.sqrt(x_plane.sum(0)).reshape(groups, c_g).max(0)
+                rows, cols = np.sqrt(g_plane.sum(0))[None], np.repeat(x_norm, kh * kwd)[None]
+            else:  # grad_bias (1, Co, 1)
+                rows, cols = np.sqrt(g_plane.sum(0))[None], np.array([[math.sqrt(g.shape[0] * g.shape[2] * g.shape[3])]])
+            scale = rows.max(initial=0.0) * cols.max(initial=0.0) * (1 + 2.0**-8) + bias_max  # >= every sum of |terms|
+            if not (gamma(ks[i], unit_roundoff(o.dtype)) < 1 and largest < 2.0**400
+                    and (o.dtype == torch.float64 or scale < 2.0**126)):
+                result.append(None)
+                continue
+            factor, floor = _envelope(ks[i], max(ks), largest, o.dtype)
+            add = np.full(cols.shape, floor + bias_max * factor)
+            result.append(Prefilter(np.ascontiguousarray(rows * factor), cols, add, o.shape, o.dtype,
+                                    gather_cost=CONV_GATHER_COST))
+        return result
+
+    return upper
+
+
 BOUNDS_AT: dict[Any, PositionBound] = {
     **{op: _matmul_at(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)},
     **{op: _convolution_at(op) for op in (aten.convolution.default, aten.convolution_backward.default)},
 }
-UPPERS: dict[Any, Upper] = {op: _matmul_upper(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)}
+UPPERS: dict[Any, Upper] = {
+    **{op: _matmul_upper(op) for op in (aten.mm.default, aten.bmm.default, aten.addmm.default)},
+    **{op: _convolution_upper(op) for op in (aten.convolution.default, aten.convolution_backward.default)},
+}

@@ -149,6 +149,7 @@ class RoundedExecution(TorchDispatchMode):
                         "checked": 0, "ambiguous": 0, "certified": 0, "refined": 0, "recomputed": 0,
                         "exact_sums": 0}
         self._exact_seconds = 0.0  # time spent in certificates and exact recomputation
+        self._uppers: tuple[int, list | None] = (-1, None)  # (op count, its outputs' pre-filters): `_prefilter`
         self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, refined, recomputed]
         self._seconds = 0.0
         self._t0 = 0.0
@@ -454,7 +455,7 @@ class RoundedExecution(TorchDispatchMode):
                     return None
                 self._counts["rounded"] += v.numel()
                 return out, torch.from_numpy(cand[:count].copy()), torch.from_numpy(e_cand[:count].copy()), None
-            pre = _prefilter(spec, args, kwargs, floats)
+            pre = self._prefilter(spec, args, kwargs, floats, i)
             if pre is not None:  # the matmul pre-filter (vtrain.prefilter)
                 out, cand, bad = self._kernel_near(v, pre, factor)
                 if bad >= 0:
@@ -524,6 +525,17 @@ class RoundedExecution(TorchDispatchMode):
                                       fused.flat(out), cand, self._plus)
         return out, cand[:count].copy(), bad
 
+    def _prefilter(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int) -> Prefilter | None:
+        """Output i's norm pre-filter (vtrain.prefilter), where the op has one and it applies: built for all
+        the op's outputs at the first one asked, so that a convolution's backward reads its operands once."""
+        if spec.bound_upper is None:
+            return None
+        op = self._counts["ops"]  # (one count per dispatched op: the key of this op's pre-filters)
+        if self._uppers[0] != op:
+            self._uppers = (op, spec.bound_upper(args, kwargs, floats))
+        pres = self._uppers[1]
+        return None if pres is None else pres[i]
+
     def _cast32(self, v: torch.Tensor) -> bool:
         """Float64 work at bits = 32, rounded by the hardware cast: where the kernels that build the band as
         they go take v (fused.round_near_outer for the pre-filter, fused.round_near_mm for small matmuls)."""
@@ -545,7 +557,7 @@ class RoundedExecution(TorchDispatchMode):
         the full bound: the exact ties of quantised and few-term sums are candidates whatever the bound.)"""
         v = floats[i]
         if bounds is None:
-            pre = _prefilter(spec, args, kwargs, floats)
+            pre = self._prefilter(spec, args, kwargs, floats, i)
             if pre is not None:
                 cand = self._candidates(v, r, pre.upper().reshape(-1) * factor)
                 return self._settle(spec, args, kwargs, floats, i, cand, pre)
@@ -568,7 +580,7 @@ class RoundedExecution(TorchDispatchMode):
         v = floats[i]
         if cand.numel() == 0:  # nothing near a boundary: no E to gather
             return cand, torch.zeros(0, dtype=v.dtype, device=v.device), None
-        if gather_pays(cand.numel(), v.numel()):
+        if gather_pays(cand.numel(), v.numel(), pre.gather_cost):
             return cand, spec.bound_at(args, kwargs, floats, i, cand), None
         bounds = spec.bound(args, kwargs, floats)
         return cand, bounds[i].expand(v.shape).reshape(-1)[cand], bounds
@@ -719,11 +731,6 @@ def active_rounding() -> RoundedExecution | None:
     """The RoundedExecution the current code runs under (the innermost dispatch mode), if any."""
     mode = _get_current_dispatch_mode()
     return mode if isinstance(mode, RoundedExecution) else None
-
-
-def _prefilter(spec: OpSpec, args: tuple, kwargs: dict, floats: list) -> Prefilter | None:
-    """The op's line-norm pre-filter (vtrain.prefilter), where it has one and it applies."""
-    return spec.bound_upper(args, kwargs, floats) if spec.bound_upper is not None else None
 
 
 def _at(t: torch.Tensor, idx: np.ndarray) -> np.ndarray:

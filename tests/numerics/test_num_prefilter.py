@@ -71,6 +71,12 @@ def _cases(gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> li
     ]
 
 
+def prefilter_of(func: object, args: tuple, kwargs: dict, outs: list, i: int = 0) -> prefilter.Prefilter | None:
+    """The pre-filter of output i (UPPERS gives every output's, or None for all)."""
+    pres = prefilter.UPPERS[func](args, kwargs, outs)
+    return None if pres is None else pres[i]
+
+
 def products(monkeypatch: pytest.MonkeyPatch, least: int) -> None:
     """Ops of at least `least` products (outputs times K) take the pre-filter, in either work dtype."""
     monkeypatch.setattr(prefilter, "MIN_PRODUCTS", {torch.float64: least, torch.float32: least})
@@ -90,7 +96,7 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
     gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}/{bits}".encode()))
     for name, func, args, kwargs in _cases(gen, dtype, bits, kind):
         v = func(*args, **kwargs)
-        pre = prefilter.UPPERS[func](args, kwargs, [v])
+        pre = prefilter_of(func, args, kwargs, [v])
         pos = torch.arange(v.numel())
         gathered = prefilter.BOUNDS_AT[func](args, kwargs, [v], 0, pos)
         (full,) = BOUNDS[func](args, kwargs, [v])  # float64 work: its float32 path (see the fixture)
@@ -120,23 +126,23 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     gen = torch.Generator().manual_seed(3)
     a = torch.randn(64, 256, generator=gen, dtype=torch.float64)
     b = torch.randn(64, 256, generator=gen, dtype=torch.float64).T
-    upper = prefilter.UPPERS[aten.mm.default]
-    assert upper((a[:16], b[:, :16]), {}, [a[:16] @ b[:, :16]]) is None  # 16 * 16 * 256: the full bound is cheap
-    assert upper((a, b), {}, [a @ b]) is not None  # 64 * 64 * 256 products in float64 work
+    mm = aten.mm.default
+    assert prefilter_of(mm, (a[:16], b[:, :16]), {}, [a[:16] @ b[:, :16]]) is None  # 16 * 16 * 256: the full bound is cheap
+    assert prefilter_of(mm, (a, b), {}, [a @ b]) is not None  # 64 * 64 * 256 products in float64 work
     a32, b32 = a.float(), b.float()
-    assert upper((a32, b32), {}, [a32 @ b32]) is None  # float32 work's wide bands: too many candidates
+    assert prefilter_of(mm, (a32, b32), {}, [a32 @ b32]) is None  # float32 work's wide bands: too many candidates
     products(monkeypatch, 0)
     # x @ W^T, g^T @ x and g @ W take it, not a left operand strided along K with an addend
-    assert upper((a, b.contiguous()), {}, [a @ b]) is not None
+    assert prefilter_of(mm, (a, b.contiguous()), {}, [a @ b]) is not None
     wa, wb = a.T.contiguous().T, b.contiguous()
-    assert upper((wa, wb), {}, [wa @ wb]) is not None
+    assert prefilter_of(mm, (wa, wb), {}, [wa @ wb]) is not None
     bias = torch.zeros(64, dtype=torch.float64)
-    assert prefilter.UPPERS[aten.addmm.default]((bias, wa, wb), {}, [wa @ wb]) is None
-    assert prefilter.UPPERS[aten.addmm.default]((bias, a, b.contiguous()), {}, [a @ b]) is None
+    assert prefilter_of(aten.addmm.default, (bias, wa, wb), {}, [wa @ wb]) is None
+    assert prefilter_of(aten.addmm.default, (bias, a, b.contiguous()), {}, [a @ b]) is None
     for bad in (float("inf"), float("nan"), 2.0**500, 2.0**-600):  # (a square of 2^-600 underflows)
         b2 = b.clone(memory_format=torch.preserve_format)
         b2[5, 7] = bad
-        assert upper((a, b2), {}, [a @ b2]) is None, bad
+        assert prefilter_of(mm, (a, b2), {}, [a @ b2]) is None, bad
 
 
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
@@ -206,7 +212,7 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
         func, fn, args = aten.mm.default, torch.mm, (grad, args[2].T.contiguous())
     else:
         func, fn = aten.addmm.default, torch.addmm
-    assert prefilter.UPPERS[func](args, {}, [func(*args)]) is not None  # the case takes the pre-filter
+    assert prefilter_of(func, args, {}, [func(*args)]) is not None  # the case takes the pre-filter
     # The quantised sums are exact, so their ties would be certified and not logged (test_num_rounding), and
     # whole ops would need no band at all (vtrain.grains): with both off they are the entries whose selection
     # is compared here.
@@ -335,3 +341,144 @@ def test_convolutions_without_gathering_take_the_full_bound_at_positions(transpo
     pos = torch.randperm(v.numel(), generator=gen)[:20]
     for at in (prefilter.BOUNDS_AT, TORCH_BOUNDS_AT):
         assert torch.equal(at[aten.convolution.default](args, {}, [v], 0, pos), full.reshape(-1)[pos])
+
+
+def _conv_operands(case: Case, gen: torch.Generator, dtype: torch.dtype, bits: int, kind: str) -> tuple:
+    """(args, kwargs, outputs) of a convolution case: "relu" zeroes the input's negative values (and a whole
+    channel), "tiny" and "huge" scale its first operand (the input, or the output gradient) far down or up."""
+    args, kwargs = case.make(gen, dtype, bits, kind if kind == "quant" else "normal")
+    args = list(args)
+    scale = {"tiny": 2.0**-70, "huge": 2.0**60}.get(kind, 1.0)
+    args[0] = args[0] * scale
+    if kind == "relu":
+        j = 0 if case.op is aten.convolution.default else 1
+        args[j] = args[j].clamp_min(0)
+        args[j][:, 0] = 0
+    args = tuple(args)
+    outs = case.op(*args, **kwargs)
+    floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None
+              for o in (outs if isinstance(outs, tuple) else (outs,))]
+    return args, kwargs, floats
+
+
+@pytest.mark.parametrize("kind", ["normal", "relu", "quant", "tiny", "huge"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+@pytest.mark.parametrize("case", CONV_CASES, ids=[c.name for c in CONV_CASES])
+def test_convolution_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, case: Case, dtype: torch.dtype,
+                                                                  bits: int, kind: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/conv-upper".encode()))
+    args, kwargs, floats = _conv_operands(case, gen, dtype, bits, kind)
+    pres = prefilter.UPPERS[case.op](args, kwargs, floats)
+    assert pres is not None and len(pres) == len(floats)
+    full = BOUNDS[case.op](args, kwargs, floats)  # float64 work: its float32 path (see the fixture)
+    monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 1 << 40)
+    full64 = BOUNDS[case.op](args, kwargs, floats)
+    for i, v in enumerate(floats):
+        if v is None:
+            assert pres[i] is None
+            continue
+        u = pres[i].upper()
+        assert u.dtype == v.dtype and u.shape == v.shape, (case.name, i)
+        u = u.reshape(-1)
+        gathered = prefilter.BOUNDS_AT[case.op](args, kwargs, floats, i, torch.arange(v.numel()))
+        for e in (gathered, full[i].expand(v.shape).reshape(-1), full64[i].expand(v.shape).reshape(-1)):
+            assert (u >= e).all(), (case.name, i, kind, float((e - u).max()))
+        if kind == "normal":  # and not uselessly loose where E has terms (not its floor alone)
+            real = gathered > 2.0**-100
+            assert torch.median(u[real] / gathered[real]) <= 16, (case.name, i)
+
+
+def test_convolution_upper_leaves_small_transposed_and_non_finite_ops_to_the_full_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(8, 8, 32, 32, generator=gen, dtype=torch.float64)
+    w = torch.randn(8, 8, 3, 3, generator=gen, dtype=torch.float64)
+    conv = aten.convolution.default
+
+    def args(x: torch.Tensor, w: torch.Tensor, transposed: bool = False) -> tuple:
+        return (x, w, None, [1, 1], [1, 1], [1, 1], transposed, [0, 0], 1)
+
+    assert prefilter_of(conv, args(x, w), {}, [conv(*args(x, w))]) is not None  # 8 * 8 * 32 * 32 * 73 products
+    small = args(x[:1, :, :4, :4], w)
+    assert prefilter_of(conv, small, {}, [conv(*small)]) is None  # 128 outputs: the full bound is cheap
+    x32, w32 = x.float(), w.float()
+    assert prefilter_of(conv, args(x32, w32), {}, [conv(*args(x32, w32))]) is None  # float32 work's wide bands
+    products(monkeypatch, 0)
+    assert prefilter_of(conv, args(x, w, True), {}, [conv(*args(x, w, True))]) is None  # transposed: no windows here
+    for bad in (float("inf"), float("nan"), 2.0**500, 2.0**-600):  # (a square of 2^-600 underflows)
+        x2 = x.clone()
+        x2[1, 2, 3, 4] = bad
+        assert prefilter_of(conv, args(x2, w), {}, [conv(*args(x2, w))]) is None, bad
+
+
+# the cases whose quantised sums tie on the 5-bit grid (log entries to lose), forward and backward
+LOG_CONV_CASES = [c for c in CONV_CASES if c.name in ("conv2d-s2p1d2g2", "conv-backward", "conv-backward-s1")]
+
+
+def _record_op(func: object, args: tuple, kwargs: dict, bits: int, resolution: str = "log",
+               device: str = "cpu", log: object = None) -> tuple[list, RoundedExecution]:
+    mode = "replay" if log is not None else "record"
+    with RoundedExecution(bits=bits, device=get_device(device), mode=mode, replay_log=log,
+                          resolution=resolution) as rx:
+        outs = func(*args, **kwargs)
+    return list(outs) if isinstance(outs, tuple) else [outs], rx
+
+
+@pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
+@pytest.mark.parametrize("case", LOG_CONV_CASES, ids=[c.name for c in LOG_CONV_CASES])
+def test_engine_logs_convolutions_as_their_band_defines_on_both_paths(everywhere: None, case: Case,
+                                                                      dtype: torch.dtype, bits: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/conv-log".encode()))
+    args, kwargs, floats = _conv_operands(case, gen, dtype, bits, "quant")
+    assert prefilter.UPPERS[case.op](args, kwargs, floats) is not None  # the case takes the pre-filter
+    monkeypatch.setattr(resolve, "CERTIFIERS", {})  # (as in the matmul test above: ties stay entries)
+    without_grains(monkeypatch)
+    products(monkeypatch, 1 << 60)
+    plain_out, plain = _record_op(case.op, args, kwargs, bits)  # no pre-filter: E everywhere
+    products(monkeypatch, 0)
+    monkeypatch.setattr(prefilter, "CONV_GATHER_COST", 1 << 60)
+    fallback_out, fallback = _record_op(case.op, args, kwargs, bits)  # U's candidates, E from the full bound
+    monkeypatch.setattr(prefilter, "CONV_GATHER_COST", 1)
+    gathered_out, gathered = _record_op(case.op, args, kwargs, bits)  # U's candidates, E gathered at them
+    for want, got, also in zip(plain_out, fallback_out, gathered_out):
+        assert (want is None and got is None and also is None) or (torch.equal(want, got) and torch.equal(want, also))
+    assert sum(site.num_entries for site in plain.log.sites) > 0  # the case has entries to lose
+    assert fallback.log.to_bytes() == plain.log.to_bytes()
+    # the gathered path logs what the band of the gathered E at every position defines
+    computed = [(i, v) for i, v in enumerate(floats) if v is not None]
+    assert len(gathered.log.sites) == len(computed)
+    for site, (i, v) in zip(gathered.log.sites, computed):
+        everything = torch.arange(v.numel())
+        e = prefilter.BOUNDS_AT[case.op](args, kwargs, floats, i, everything)
+        want = gathered._find_entries(site.site, site.op, tuple(v.shape), v, gathered_out[i], everything,
+                                      e * (2 * BAND_SLACK))
+        for field in ("dir_pos", "dir_up", "val_pos", "val_res", "val_bits"):
+            assert np.array_equal(getattr(site, field), getattr(want, field)), (i, field)
+    # and an auditor accepts either log and lands on the trainer's values (on cpu: the emulated devices
+    # convolve with groups = 1 only)
+    for log in (fallback.log, gathered.log):
+        replayed, rx = _record_op(case.op, args, kwargs, bits, log=log)
+        for want, got in zip(plain_out, replayed):
+            assert want is None or torch.equal(want, got)
+        assert rx.stats["logged"] == sum(site.num_entries for site in log.sites)
+
+
+@pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
+@pytest.mark.parametrize("case", LOG_CONV_CASES, ids=[c.name for c in LOG_CONV_CASES])
+def test_exact_convolutions_are_the_same_with_and_without_the_prefilter(everywhere: None, case: Case,
+                                                                        dtype: torch.dtype, bits: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/conv-exact".encode()))
+    args, kwargs, _ = _conv_operands(case, gen, dtype, bits, "quant")
+    without_grains(monkeypatch)  # (the quantised sums are exact: with it, no op would have a band)
+    outs = {}
+    for name, least, cost in (("full", 1 << 60, 1), ("fallback", 0, 1 << 60), ("gathered", 0, 1)):
+        products(monkeypatch, least)
+        monkeypatch.setattr(prefilter, "CONV_GATHER_COST", cost)
+        outs[name], rx = _record_op(case.op, args, kwargs, bits, "exact")
+        assert rx.stats["ambiguous"] > 0, name
+    for name in ("fallback", "gathered"):
+        for want, got in zip(outs["full"], outs[name]):
+            assert (want is None and got is None) or torch.equal(want, got), name
