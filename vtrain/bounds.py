@@ -172,9 +172,9 @@ def _bilinear(func: Any, k_of: Callable[[tuple], int], terms: int = 0) -> Bound:
 
 
 # The auditor needs E only at the logged positions: for matmuls, sum_k |a_ik b_kj| gathered at those
-# positions costs K per entry instead of a second matmul. (The trainer needs E everywhere to decide what
-# to log. A Cauchy-Schwarz pre-filter, gamma_K ||a_i|| ||b_j|| from row and column norms, was measured
-# slower overall: relu-sparse operands make it loose, so too many candidates remain.)
+# positions costs K per entry instead of a second matmul. (The trainer needs E wherever a value lies near a
+# boundary: for large matmuls and convolutions vtrain.prefilter finds those from norms of the operands'
+# lines or windows, and gathers E there too.)
 
 # (args, kwargs, outputs, i, flat positions of output i) -> E of output i there
 PositionBound = Callable[[tuple, dict, Sequence["torch.Tensor | None"], int, torch.Tensor], torch.Tensor]
