@@ -7,9 +7,8 @@ Side by side in one process, medians over interleaved repetitions (each repetiti
   plain64    native torch FP64, no dispatch mode
   plain32    native torch FP32, no dispatch mode
 Then, from one exact run: elements checked per step, the fraction near a boundary ("ambiguous") per
-op class, how many of those were certified exact (no recomputation), how many the op in float64 settled
-(float32 work, vtrain.refine), how many were recomputed exactly
-and the time that took; and the log bytes per step of each resolution (0 for exact).
+op class, how many of those were certified exact (no recomputation), how many were recomputed exactly and
+the time that took, and how many outputs float32 work computed in float64 (vtrain.refine, "refined"); and the log bytes per step of each resolution (0 for exact).
 
     .venv/bin/python benchmarks/bench_exact.py                        # logreg, mlp, cnn; 20 steps, 5 reps
     .venv/bin/python benchmarks/bench_exact.py --examples scale/cnn --steps 12 --reps 3

@@ -53,7 +53,7 @@ class AuditReport:
     logged: list[int] = field(default_factory=list)        # per step: entries in the log replayed
     log_bytes: list[int] = field(default_factory=list)     # per step: size of the log replayed
     ambiguous: list[int] = field(default_factory=list)     # per step (resolution exact): elements near a boundary
-    refined: list[int] = field(default_factory=list)       # per step (exact, float32 work): settled in float64
+    refined: list[int] = field(default_factory=list)       # per step (exact, float32 work): outputs computed in float64
     recomputed: list[int] = field(default_factory=list)    # per step (resolution exact): exact recomputations
 
     @property

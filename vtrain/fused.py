@@ -446,28 +446,6 @@ def _classify(vv: np.ndarray, rr: np.ndarray, idx: np.ndarray, ww: np.ndarray, s
         wide[t] = ww[t] >= np.minimum(down, up) * fraction
 
 
-def settle(v: np.ndarray, e: np.ndarray, m: int, scale: float, limit: float) -> tuple[np.ndarray, np.ndarray]:
-    """For float64 values v (with the bound e there): (whether v lies farther than e * scale from both
-    rounding boundaries around its grid rounding r, and below `limit` in magnitude; r), as vtrain.refine
-    states it, in one compiled pass."""
-    settled, r = np.empty(v.size, np.bool_), np.empty(v.size, np.float64)
-    _settle(v, e, m, scale, limit, POW2, 1.0 - 2.0 ** -(m + 1), 2.0**-m, settled, r)
-    return settled, r
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _settle(v: np.ndarray, e: np.ndarray, m: int, scale: float, limit: float, pow2: np.ndarray, shrink: float,
-            q: float, settled: np.ndarray, r: np.ndarray) -> None:
-    for t in range(v.size):
-        x = v[t]
-        rr = round_scalar(x, m, False, pow2)  # (NaN stays NaN and fails every test; |x| >= 2^128 stays x)
-        down, up = _spacings(rr, shrink, q)
-        # (rr -+ half a spacing is exact: a midpoint of two grid values; each distance is one rounding)
-        dist = min(x - (rr - down * 0.5), (rr + up * 0.5) - x)
-        settled[t] = dist > np.float64(e[t]) * scale and abs(rr) < limit
-        r[t] = rr
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _binade(x: float) -> float:
     """max(2^floor(log2 |x|), MIN_NORMAL), inf for inf and NaN: what spacings_np reads from x's exponent bits

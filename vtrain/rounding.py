@@ -38,10 +38,10 @@ Resolution "exact" (DESIGN.md §1.3b) replaces the log: every device-dependent o
 RNE_grid(exact value), the same on every device with no log at all. An element whose value v lies
 farther than E from every rounding boundary already rounds to that (the exact value is within E of v);
 the others are "ambiguous". Of those, the ones vtrain.resolve certifies as computed exactly (every
-partial sum provably exact in any order) need nothing more; under float32 work, a matmul's or
-convolution's are then settled by the same op in float64 where its far smaller error leaves no doubt
-(vtrain.refine, stats "refined"); the rest are recomputed exactly by vtrain.resolve and correctly
-rounded. Composite ops are first decomposed into primitives (vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
+partial sum provably exact in any order) need nothing more; the rest are recomputed exactly by
+vtrain.resolve and correctly rounded. Under float32 work, matmuls and convolutions are computed in float64
+from the start, whose far smaller error leaves almost nothing ambiguous (vtrain.refine, stats "refined":
+the outputs computed so). Composite ops are first decomposed into primitives (vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
 Record mode computes the canonical values; replay has nothing to replay; plain skips the resolution
 (the ablation: rounding alone, which diverges).
 """
@@ -278,7 +278,16 @@ class RoundedExecution(TorchDispatchMode):
             decomposed = DECOMPOSITIONS.get(func)
             if decomposed is not None:
                 return decomposed(self.call, *args, **kwargs)
-        out = self.device.execute(spec.functional or func, args, kwargs)
+        op = spec.functional or func
+        if self.exact and refine.widens(op, args):  # float32 work's linear ops, in float64 (vtrain.refine)
+            wide = refine.widen(args)
+            # (cuDNN off: its FFT and Winograd convolutions are not sums of the products, which E64 assumes)
+            with torch.backends.cudnn.flags(enabled=False):
+                out = self.device.execute(op, wide, kwargs)
+            # the correctly rounded values are grid values at bits <= 32: float32s
+            return _map_floats(self._canonical(func, spec, wide, kwargs, out, widened=True),
+                               lambda t: t.to(torch.float32))
+        out = self.device.execute(op, args, kwargs)
         if self.exact:
             return self._canonical(func, spec, args, kwargs, out)
         outs, floats = _outputs(out)
@@ -335,11 +344,12 @@ class RoundedExecution(TorchDispatchMode):
 
     # -- exact resolution ---------------------------------------------------------------------------
 
-    def _canonical(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, out: Any) -> Any:
+    def _canonical(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, out: Any, widened: bool = False) -> Any:
+        """The op's outputs `out` (computed in float64 from float32 work's inputs where `widened`), each element
+        the correctly rounded exact value."""
         op = spec.functional or func
         outs, floats = _outputs(out)
         bounds: list[torch.Tensor | None] | None = None
-        wide: list[torch.Tensor | None] | None = None  # the op in float64 (vtrain.refine), once for all outputs
         for i, v in enumerate(floats):
             if v is None:
                 continue
@@ -347,6 +357,9 @@ class RoundedExecution(TorchDispatchMode):
             self._counts["checked"] += v.numel()
             tally = self.by_op.setdefault(spec.name, [0, 0, 0, 0, 0])
             tally[0] += v.numel()
+            if widened:
+                self._counts["refined"] += v.numel()
+                tally[3] += v.numel()
             start = time.perf_counter()
             fused = self._fused_near(spec, args, kwargs, floats, i, BAND_SLACK, bounds)
             any_bad = False
@@ -381,16 +394,7 @@ class RoundedExecution(TorchDispatchMode):
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
-                    if refine.pays(op, v, pos.numel()):  # most in one float64 op; the few left as below
-                        if wide is None:
-                            wide = refine.recompute(op, args, kwargs)
-                        settled, grid = refine.settle(wide[i].reshape(-1)[pos], e_pos, self.bits)
-                        r.view(-1)[pos[settled]] = grid[settled].to(r.dtype) + 0.0
-                        n_settled = int(settled.sum())
-                        self._counts["refined"] += n_settled
-                        tally[3] += n_settled
-                        pos, e_pos = pos[~settled], e_pos[~settled]
-                    exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos) if pos.numel() else None
+                    exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos)
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]

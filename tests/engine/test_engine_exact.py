@@ -19,7 +19,7 @@ from vtrain.spec import to_toml
 
 MODELS = ("logreg", "mlp", "cnn")
 SCALE = ("scale/logreg", "scale/mlp", "scale/cnn")
-SCALE_STEPS = 20   # enough steps for the ablation to diverge; scale/cnn (~12k exact recomputations a step) only in the slow matrix
+SCALE_STEPS = 20   # enough steps for the ablation to diverge; scale/cnn (the slowest steps) only in the slow matrix
 
 
 def _exact(example_name: str, **changes):
@@ -54,8 +54,10 @@ def test_exact_scale_models_match_where_rounding_alone_diverges(runs, model):
     emu = emulated_devices()[0]
     path = runs.get(spec, "cpu")
     metrics = Run.open(path).metrics()
-    # the resolution really works on these: ambiguous elements every step, some recomputed exactly
-    assert all(m["ambiguous"] > 0 for m in metrics)
+    # the resolution really works on these: every step computes the linear ops in float64 (vtrain.refine),
+    # which leaves ambiguous elements in most steps, some recomputed exactly
+    assert all(m["refined"] > 0 for m in metrics)
+    assert sum(m["ambiguous"] > 0 for m in metrics) >= len(metrics) // 2
     assert sum(m["recomputed"] for m in metrics) > 0
     _check_pair(runs, spec, "cpu", emu)
     if model != "scale/logreg":   # (64-term dot products: rounding alone happens to agree there, as in the log ablation)

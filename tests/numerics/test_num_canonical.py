@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from vtrain import refine
 from vtrain.devices import get_device, list_devices
 from vtrain.grid import round_to_grid
 from vtrain.resolve import resolver_for
@@ -28,8 +29,8 @@ def _grid(shape, bits, seed, dtype=torch.float64, quantised=False):
 def _near_midpoint(x, w, bits, tiny=41):
     """Row 0 of x @ w (and of x's row sums) = 1 + half a grid spacing + 2^-(m + tiny): the work dtype
     sums it to the midpoint exactly on every device (ties-to-even: 1), the exact value rounds up. With
-    tiny = 70 float64 sums it to the midpoint too, so float32 work's refinement in float64 must not
-    settle it (vtrain.refine)."""
+    tiny = 70 float64 sums it to the midpoint too, so float32 work's matmul computed in float64
+    (vtrain.refine) must still leave it to the exact resolver."""
     m = bits - 9
     x[0] = 0
     x[0, :3] = torch.tensor([1.0, 2.0 ** -(m + 1), 2.0 ** -(m + tiny)], dtype=x.dtype)
@@ -86,15 +87,22 @@ def test_every_element_is_the_correctly_rounded_exact_value_on_every_device(name
         assert not torch.signbit(o[o == 0]).any()
 
 
-def test_scale_grid_makes_elements_ambiguous_and_float64_settles_them():
+def test_scale_grid_makes_elements_ambiguous_and_float64_settles_them(monkeypatch: pytest.MonkeyPatch):
     # FP32 work on a 10-bit grid: devices differ in the last float32 bits, so many elements are near a
-    # boundary; the statistics show the resolution at work (the test above shows it is right)
+    # boundary; computed in float64 (vtrain.refine) almost none are. The statistics show the resolution at
+    # work (the test above shows it is right).
     x, w = _grid((32, 64), 19, 11, torch.float32), _grid((64, 32), 19, 12, torch.float32)
-    with RoundedExecution(bits=19, device=get_device("cpu"), resolution="exact") as rx:
-        aten.mm.default(x, w)
-    st = rx.stats
-    assert st["checked"] == 32 * 32 and st["ambiguous"] > 0 and st["refined"] > 0
-    assert st["ambiguous"] == st["certified"] + st["refined"] + st["recomputed"]
+    stats = {}
+    for widen in (False, True):
+        monkeypatch.setattr(refine, "ENABLED", widen)
+        with RoundedExecution(bits=19, device=get_device("cpu"), resolution="exact") as rx:
+            aten.mm.default(x, w)
+        stats[widen] = rx.stats
+    assert stats[False]["ambiguous"] > 0 and stats[False]["refined"] == 0
+    assert stats[True]["refined"] == 32 * 32 and stats[True]["ambiguous"] < stats[False]["ambiguous"]
+    st = stats[False]
+    assert st["checked"] == 32 * 32
+    assert st["ambiguous"] == st["certified"] + st["recomputed"]
     assert st["by_op"]["aten.mm.default"] == [st["checked"], st["ambiguous"], st["certified"], st["refined"],
                                               st["recomputed"]]
 
