@@ -39,7 +39,7 @@ RNE_grid(exact value), the same on every device with no log at all. An element w
 farther than E from every rounding boundary already rounds to that (the exact value is within E of v);
 the others are "ambiguous". Of those, the ones vtrain.resolve certifies as computed exactly (every
 partial sum provably exact in any order) need nothing more; the rest are recomputed exactly by
-vtrain.resolve and correctly rounded. Under float32 work, matmuls and convolutions are computed in float64
+vtrain.resolve and correctly rounded. Under float32 work, the device-dependent ops are computed in float64
 from the start, whose far smaller error leaves almost nothing ambiguous (vtrain.refine, stats "refined":
 the outputs computed so). Composite ops are first decomposed into primitives (vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
 Record mode computes the canonical values; replay has nothing to replay; plain skips the resolution
@@ -279,7 +279,7 @@ class RoundedExecution(TorchDispatchMode):
             if decomposed is not None:
                 return decomposed(self.call, *args, **kwargs)
         op = spec.functional or func
-        if self.exact and refine.widens(op, args):  # float32 work's linear ops, in float64 (vtrain.refine)
+        if self.exact and not spec.inplace and refine.widens(args, kwargs):  # float32 work's, in float64 (vtrain.refine)
             wide = refine.widen(args)
             # (cuDNN off: its FFT and Winograd convolutions are not sums of the products, which E64 assumes)
             with torch.backends.cudnn.flags(enabled=False):

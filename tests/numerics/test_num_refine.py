@@ -1,4 +1,4 @@
-"""vtrain.refine: float32 work's matmuls and convolutions computed in float64 under the exact resolution.
+"""vtrain.refine: float32 work's device-dependent ops computed in float64 under the exact resolution.
 
 Widening may only change the cost, never a bit: the outputs equal those of the float32 op with every
 ambiguous element resolved exactly, on every device (test_num_canonical.py compares every element with the
@@ -27,6 +27,8 @@ def _ops():
         return round_to_grid(torch.randn(shape, generator=g, dtype=torch.float64), BITS).float()
 
     img, ker, grad = grid(4, 3, 8, 8), grid(6, 3, 3, 3), grid(4, 6, 8, 8)
+    big = grid(64, 300) * 4
+    pool = ([2, 2], [2, 2], [0, 0], False, True, None)
     return {
         "mm": (aten.mm.default, (grid(32, 256), grid(256, 24))),
         "bmm": (aten.bmm.default, (grid(3, 16, 128), grid(3, 128, 8))),
@@ -34,7 +36,19 @@ def _ops():
         "conv": (aten.convolution.default, (img, ker, grid(6), [1, 1], [1, 1], [1, 1], False, [0, 0], 1)),
         "conv-backward": (aten.convolution_backward.default,
                           (grad, img, ker, [6], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True])),
+        # the other device-dependent ops: reductions, pooling, transcendental functions, the loss
+        "sum": (aten.sum.dim_IntList, (big, [1])),
+        "mean": (aten.mean.dim, (big, [0], True)),
+        "avg-pool": (aten.avg_pool2d.default, (grad, *pool)),
+        "avg-pool-backward": (aten.avg_pool2d_backward.default, (grid(4, 6, 4, 4), grad, *pool)),
+        "exp": (aten.exp.default, (big,)),
+        "tanh": (aten.tanh.default, (big,)),
+        "log": (aten.log.default, (big.abs() + 2.0**-10,)),
+        "nll-loss": (aten.nll_loss_forward.default, (big, torch.randint(300, (64,), generator=g), None, 1, -100)),
     }
+
+
+LINEAR = ("mm", "bmm", "addmm", "conv", "conv-backward")
 
 
 def _run(op, args, device, enabled, monkeypatch):
@@ -55,7 +69,9 @@ def test_widened_outputs_equal_the_exactly_resolved_float32_ones_bit_for_bit(nam
         assert torch.equal(a, b) and torch.equal(torch.signbit(a), torch.signbit(b))
     assert st_on["refined"] == st_on["checked"] == st_off["checked"] and st_off["refined"] == 0
     # float64 leaves a small fraction of the float32 op's ambiguous elements (the point: fewer to resolve)
-    assert st_off["ambiguous"] > 0 and st_on["ambiguous"] * 4 < st_off["ambiguous"]
+    assert st_on["ambiguous"] <= st_off["ambiguous"]
+    if name in LINEAR:
+        assert st_off["ambiguous"] > 0 and st_on["ambiguous"] * 4 < st_off["ambiguous"]
     for st in (st_on, st_off):
         assert st["ambiguous"] == st["certified"] + st["recomputed"]
         assert sum(t[3] for t in st["by_op"].values()) == st["refined"]
@@ -67,7 +83,7 @@ def test_float64_work_and_the_log_policy_are_never_widened():
     with RoundedExecution(bits=32, device=get_device("cpu"), resolution="exact") as rx:
         aten.mm.default(x, w)
     assert rx.stats["refined"] == 0
-    assert not refine.widens(aten.mm.default, (x, w)) and refine.widens(aten.mm.default, (x.float(), w.float()))
+    assert not refine.widens((x, w), {}) and refine.widens((x.float(), w.float()), {})
     # the log policy rounds what the device's float32 op computed: a float64 op would change its values
     x32, w32 = x.float(), w.float()
     with RoundedExecution(bits=BITS, device=get_device("cpu")) as rx:
