@@ -355,11 +355,31 @@ def _is_tiny(x: float) -> int:
     return (x != 0) & (abs(np.float64(x)) < _TINY_LINE)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _sum_squares(line: np.ndarray) -> float:
+    """The sum of line's squares in float64, in four interleaved partial sums (one chain of dependent
+    additions would wait on each)."""
+    s0 = s1 = s2 = s3 = 0.0
+    k = 0
+    while k + 4 <= line.size:
+        v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
+        v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
+        s0 += v0 * v0
+        s1 += v1 * v1
+        s2 += v2 * v2
+        s3 += v3 * v3
+        k += 4
+    while k < line.size:
+        v = np.float64(line[k])
+        s0 += v * v
+        k += 1
+    return (s0 + s1) + (s2 + s3)
+
+
 @njit(cache=True, nogil=True)
 def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
     # Per line, the largest magnitude and the tiny values in one pass (integer reductions: vectorised), then
-    # the sum of squares in four interleaved partial sums (one chain of dependent additions would wait on
-    # each): 2.6x faster than one loop doing all three.
+    # the sum of squares (_sum_squares): 2.6x faster than one loop doing all three.
     top, tiny = 0, 0
     for i in range(x.shape[0]):
         line = x[i]
@@ -367,21 +387,7 @@ def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
             v = np.float64(line[k])
             top = max(top, _abs_bits(v))
             tiny += _is_tiny(v)
-        s0 = s1 = s2 = s3 = 0.0
-        k = 0
-        while k + 4 <= line.size:
-            v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
-            v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
-            s0 += v0 * v0
-            s1 += v1 * v1
-            s2 += v2 * v2
-            s3 += v3 * v3
-            k += 4
-        while k < line.size:
-            v = np.float64(line[k])
-            s0 += v * v
-            k += 1
-        out[i] = math.sqrt((s0 + s1) + (s2 + s3))
+        out[i] = math.sqrt(_sum_squares(line))
     return top, tiny
 
 
@@ -584,7 +590,7 @@ def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray) -> tuple[int, 
     """pixel[a, y, z] = sum over b of x[a, b, y, z]^2 and plane[a, b] = sum over y, z of it, in float64 (an
     empty pixel or plane: not wanted); the largest |x| as float64 bits and the count of tiny nonzero values
     (see _TINY_LINE). Per plane, one pass for the extremes and the pixels (no dependent chain: vectorised),
-    one for the plane's sum in four partial sums, as _norms_rows."""
+    one for the plane's sum (_sum_squares)."""
     top, tiny = 0, 0
     size = x.shape[2] * x.shape[3]
     if pixel.size:
@@ -605,21 +611,7 @@ def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray) -> tuple[int, 
                     top = max(top, _abs_bits(v))
                     tiny += _is_tiny(v)
             if plane.size:
-                s0 = s1 = s2 = s3 = 0.0
-                k = 0
-                while k + 4 <= size:
-                    v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
-                    v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
-                    s0 += v0 * v0
-                    s1 += v1 * v1
-                    s2 += v2 * v2
-                    s3 += v3 * v3
-                    k += 4
-                while k < size:
-                    v = np.float64(line[k])
-                    s0 += v * v
-                    k += 1
-                plane[a, b] = (s0 + s1) + (s2 + s3)
+                plane[a, b] = _sum_squares(line)
     return top, tiny
 
 
