@@ -126,15 +126,18 @@ def _envelope(kk: int, k: int, largest: float, dtype: torch.dtype) -> tuple[floa
     """(factor, floor): U = factor * (a product of norms that bounds an output's sum of |terms|) + floor lies
     above both E of BOUNDS_AT (factor g c (1 + 2 gamma_(k+4)), absolute kk floor units) and the full bound's
     float32 path (bounds.abs_bounds: g c (1 + gamma32_(k+2)) (1 + 2^-21) over float32 sums that may exceed
-    the exact one by gamma32_(k+2), absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c), so that U's
-    candidates are a superset of either's. kk: the output's term count (its gamma); k >= the sum lengths the
-    float32 path sees; largest >= every |operand|."""
+    the exact one by gamma32_(k+2) relative and by 2^-150 for each product or partial sum that float32
+    rounds up below its normal range, absolute (k + 1) 2^-148 (1 + 3 max|operand|) g c; so U's floor takes
+    (k + 1) 2^-147 (1 + 3 max|operand|) g c), so that U's candidates are a superset of either's. kk: the
+    output's term count (its gamma); k >= the sum lengths the float32 path sees; largest >= every |operand|.
+    (A review found U below the full bound with 2^-148 where products of operands near 2^-72 fell below
+    float32's normal range.)"""
     u = unit_roundoff(dtype)
     g = gamma(kk, u)
     c = g * (1 + 2 * g + 2.0**-20)
     g32 = gamma(k + 4, 2.0**-24)
     factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
-    floor = (max(kk, k) + 1) * 2.0**-148 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
+    floor = (max(kk, k) + 1) * 2.0**-147 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
         + 8 * (kk + 1) * _floor_unit(dtype)
     return factor, floor
 
@@ -162,8 +165,7 @@ def _matmul_upper(func: Any) -> Upper:
         input_grad = bias is None and a.stride(2) == 1 and b.stride(1) != 1
         if not (forward or weight_grad or input_grad):
             return None
-        u, kk = unit_roundoff(v.dtype), k + terms
-        g = gamma(kk, u)
+        kk = k + terms
         rows = np.empty((a.shape[0], a.shape[1]))  # the norms of a's rows
         cols = np.empty((b.shape[0], b.shape[2]))  # and of b's columns
         if not (_line_norms(_numpy(a), rows) and _line_norms(_numpy(b.transpose(1, 2)), cols)):
@@ -181,9 +183,10 @@ def _matmul_upper(func: Any) -> Upper:
             scale += abs(beta) * bias_max
         # float64 holds U below 2^1000; float32 work's full bound overflows (to an infinite E, which U would
         # not cover) once its float32 sums pass 2^128
-        if not (g < 1 and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
-            return None
         factor, floor = _envelope(kk, k, largest, v.dtype)  # (the factor goes into the short row norms)
+        # (an infinite factor: a gamma of 2^24 terms or more in float32's, of 2^53 in float64's)
+        if not (math.isfinite(factor) and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
+            return None
         rows *= factor * abs(alpha)
         add = np.full(cols.shape, floor)
         if bias_abs is not None:
@@ -724,11 +727,10 @@ def _convolution_upper(func: Any) -> Upper:
             else:  # grad_bias (1, Co, 1)
                 rows, cols = np.sqrt(g_plane.sum(0))[None], np.array([[math.sqrt(g.shape[0] * g.shape[2] * g.shape[3])]])
             scale = rows.max(initial=0.0) * cols.max(initial=0.0) * (1 + 2.0**-8) + bias_max  # >= every sum of |terms|
-            if not (gamma(ks[i], unit_roundoff(o.dtype)) < 1 and largest < 2.0**400
-                    and (o.dtype == torch.float64 or scale < 2.0**126)):
-                result.append(None)
-                continue
             factor, floor = _envelope(ks[i], max(ks), largest, o.dtype)
+            if not (math.isfinite(factor) and largest < 2.0**400 and (o.dtype == torch.float64 or scale < 2.0**126)):
+                result.append(None)  # (an infinite gamma: 2^24 terms or more)
+                continue
             add = np.full(cols.shape, floor + bias_max * factor)
             result.append(Prefilter(np.ascontiguousarray(rows * factor), cols, add, o.shape, o.dtype,
                                     gather_cost=CONV_GATHER_COST))

@@ -20,8 +20,9 @@ So the outputs are the same bits as from the float32 op with every ambiguous ele
 computing the float64 op instead also saves the float32 op, its full bound (float32 work's wide bands leave
 too many candidates for the pre-filter) and the classification of ~13,600 candidates a step on the scale CNN,
 and settles the other ops' elements too (docs/benchmarks.md). The stats count the outputs computed this way
-as "refined". Not widened: float64 work (no wider hardware type), the log policy (it rounds what the device's
-float32 op computed), in-place ops (they write their float32 operand) and calls that name an output dtype.
+as "refined". An in-place op computes its functional form so and writes the result into its operand. Not
+widened: float64 work (no wider hardware type), the log policy (it rounds what the device's float32 op
+computed), calls that name an output dtype or mix float32 and float64 tensors.
 The single IEEE ops (+ - x / sqrt) stay float32: at bits <= 19 their double rounding is exact already.
 """
 
@@ -34,9 +35,10 @@ ENABLED = True  # tests turn it off to compare against the float32 op with every
 
 def widens(args: tuple, kwargs: dict) -> bool:
     """Whether the exact resolution computes a device-dependent op on these arguments in float64: float32
-    work's, unless the call asks for an output dtype of its own."""
-    return (ENABLED and kwargs.get("dtype") is None
-            and any(isinstance(a, torch.Tensor) and a.dtype == torch.float32 for a in args))
+    work's (every floating-point tensor argument float32: a call mixing dtypes keeps the error torch gives
+    it), unless the call asks for an output dtype of its own."""
+    floats = [a.dtype for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    return ENABLED and kwargs.get("dtype") is None and bool(floats) and all(d == torch.float32 for d in floats)
 
 
 def widen(args: tuple) -> tuple:

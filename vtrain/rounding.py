@@ -279,14 +279,15 @@ class RoundedExecution(TorchDispatchMode):
             if decomposed is not None:
                 return decomposed(self.call, *args, **kwargs)
         op = spec.functional or func
-        if self.exact and not spec.inplace and refine.widens(args, kwargs):  # float32 work's, in float64 (vtrain.refine)
+        if self.exact and refine.widens(args, kwargs):  # float32 work's, in float64 (vtrain.refine)
             wide = refine.widen(args)
             # (cuDNN off: its FFT and Winograd convolutions are not sums of the products, which E64 assumes)
             with torch.backends.cudnn.flags(enabled=False):
                 out = self.device.execute(op, wide, kwargs)
-            # the correctly rounded values are grid values at bits <= 32: float32s
-            return _map_floats(self._canonical(func, spec, wide, kwargs, out, widened=True),
-                               lambda t: t.to(torch.float32))
+            # the correctly rounded values are grid values at bits <= 32: float32s (an in-place op's result
+            # lands in the float64 copy of its operand, and from there in the operand)
+            out = self._canonical(func, spec, wide, kwargs, out, widened=True)
+            return args[0].copy_(out) if spec.inplace else _map_floats(out, lambda t: t.to(torch.float32))
         out = self.device.execute(op, args, kwargs)
         if self.exact:
             return self._canonical(func, spec, args, kwargs, out)

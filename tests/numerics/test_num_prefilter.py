@@ -482,3 +482,20 @@ def test_exact_convolutions_are_the_same_with_and_without_the_prefilter(everywhe
     for name in ("fallback", "gathered"):
         for want, got in zip(outs["full"], outs[name]):
             assert (want is None and got is None) or torch.equal(want, got), name
+
+
+def test_upper_covers_float32_products_below_the_normal_range(everywhere: None) -> None:
+    # float64 work's full bound sums |a| |b| in float32, which rounds a product below 2^-126 up by as much as
+    # 2^-150: U's floor must cover that too (found by a review: with 2^-148 a term it did not), for matmuls
+    # and convolutions alike
+    x = torch.full((1, 1, 1, 64), 2.0**-76, dtype=torch.float64)
+    w = torch.full((1, 1, 1, 1), 2.0**-74 * 1.125, dtype=torch.float64)
+    conv_args = (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    a, b = x.reshape(64, 1), w.reshape(1, 1).expand(1, 64).contiguous()
+    for func, args in ((aten.convolution.default, conv_args), (aten.mm.default, (a, b))):
+        v = func(*args)
+        u = prefilter_of(func, args, {}, [v]).upper().reshape(-1)
+        (full,) = BOUNDS[func](args, {}, [v])  # the float32 path (see the fixture)
+        gathered = prefilter.BOUNDS_AT[func](args, {}, [v], 0, torch.arange(v.numel()))
+        assert (full.reshape(-1) > gathered).all()  # the float32 path's rounding up shows
+        assert (u >= full.reshape(-1)).all() and (u >= gathered).all(), func

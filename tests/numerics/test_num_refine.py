@@ -7,10 +7,11 @@ dtypes, and that it does the work it is there for."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from vtrain import refine
+from vtrain import exactmath, refine
 from vtrain.devices import get_device, list_devices
 from vtrain.grid import round_to_grid
 from vtrain.rounding import RoundedExecution
@@ -90,3 +91,34 @@ def test_float64_work_and_the_log_policy_are_never_widened():
         out = aten.mm.default(x32, w32)
     assert rx.stats.get("refined", 0) == 0
     assert torch.equal(out, round_to_grid(x32 @ w32, BITS))
+
+
+def test_in_place_ops_are_widened_like_their_functional_forms():
+    # pow with an exponent float32 cannot hold (float32's op would use float32(1.7)) and sigmoid below -88.7
+    # (float32's exp(-x) overflows to a 0 that lies outside float32's own bound): the float32 op is wrong
+    # there, the float64 op resolved is the correctly rounded value, and an in-place call must give the same
+    x = round_to_grid(torch.linspace(-104, 6, 2001, dtype=torch.float64), BITS).float()
+    cases = [("pow", aten.pow.Tensor_Scalar, aten.pow_.Scalar, (x.abs() * 2.0**20 + 1,), {"exponent": 1.7}),
+             ("sigmoid", aten.sigmoid.default, aten.sigmoid_.default, (x,), {}),
+             ("exp", aten.exp.default, aten.exp_.default, (x / 64,), {})]
+    for name, op, op_, (t,), extra in cases:
+        t = round_to_grid(t.double(), BITS).float()
+        args = (t, extra["exponent"]) if extra else (t,)
+        with RoundedExecution(bits=BITS, device=get_device("cpu"), resolution="exact") as rx:
+            out = op(*args)
+            inplace = t.clone()
+            returned = op_(inplace, *args[1:])
+        assert returned is inplace and inplace.dtype == torch.float32, name
+        assert torch.equal(out, inplace), name
+        assert rx.stats["refined"] == 2 * t.numel(), name
+        want = exactmath.correctly_rounded(name, BITS, t.double().numpy(), **extra)
+        assert np.array_equal(out.double().numpy(), want), name
+
+
+def test_a_call_mixing_float32_and_float64_keeps_torchs_error():
+    g32 = torch.ones(4, dtype=torch.float32)
+    g64 = torch.ones(4, dtype=torch.float64)
+    assert not refine.widens((g32, g64), {}) and not refine.widens((g32,), {"dtype": torch.float64})
+    with pytest.raises(RuntimeError):
+        with RoundedExecution(bits=BITS, device=get_device("cpu"), resolution="exact"):
+            aten.dot.default(g32, g64)
