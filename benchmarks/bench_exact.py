@@ -8,7 +8,8 @@ Side by side in one process, medians over interleaved repetitions (each repetiti
   plain32    native torch FP32, no dispatch mode
 Then, from one exact run: elements checked per step, the fraction near a boundary ("ambiguous") per
 op class, how many of those were certified exact (no recomputation), how many were recomputed exactly and
-the time that took, and how many outputs float32 work computed in float64 (vtrain.refine, "refined"); and the log bytes per step of each resolution (0 for exact).
+the time that took, and how many outputs float32 work computed in float64 (vtrain.refine, "refined"); and
+the log bytes per step of each resolution (0 for exact).
 
     .venv/bin/python benchmarks/bench_exact.py                        # logreg, mlp, cnn; 20 steps, 5 reps
     .venv/bin/python benchmarks/bench_exact.py --examples scale/cnn --steps 12 --reps 3
@@ -120,8 +121,7 @@ def main() -> None:
                     "exact ms/step", "log B/step", "exact log B/step"],
                    [[r["example"], f"{r['checked_per_step']:.0f}", f"{r['ambiguous_per_step']:.1f}",
                      f"{r['certified_per_step']:.1f}", f"{r['refined_per_step']:.1f}",
-                     f"{r['recomputed_per_step']:.1f}",
-                     r["exact_ms_per_step"],
+                     f"{r['recomputed_per_step']:.1f}", r["exact_ms_per_step"],
                      f"{r['log_bytes_per_step']:.0f}", 0] for r in results])
     print()
     markdown_table(["example", "op class", "checked", "ambiguous fraction", "certified", "refined", "recomputed"],

@@ -592,8 +592,8 @@ def _matmul_at(func: Any) -> PositionBound:
 def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray) -> tuple[int, int]:
     """pixel[a, y, z] = sum over b of x[a, b, y, z]^2 and plane[a, b] = sum over y, z of it, in float64 (an
     empty pixel or plane: not wanted); the largest |x| as float64 bits and the count of tiny nonzero values
-    (see _TINY_LINE). Per plane, one pass for the extremes and the pixels (no dependent chain: vectorised),
-    one for the plane's sum (_sum_squares)."""
+    (see _TINY_LINE). Per plane, one pass each for the extremes, the pixels and the plane's sum (each without a
+    dependent chain, or in _sum_squares' partial sums: vectorised; the plane stays in cache between them)."""
     top, tiny = 0, 0
     size = x.shape[2] * x.shape[3]
     if pixel.size:
@@ -601,18 +601,15 @@ def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray) -> tuple[int, 
     for a in range(x.shape[0]):
         for b in range(x.shape[1]):
             line = x[a, b].reshape(size)
+            for k in range(size):
+                v = np.float64(line[k])
+                top = max(top, _abs_bits(v))
+                tiny += _is_tiny(v)
             if pixel.size:
                 pix = pixel[a].reshape(size)
                 for k in range(size):
                     v = np.float64(line[k])
-                    top = max(top, _abs_bits(v))
-                    tiny += _is_tiny(v)
                     pix[k] += v * v
-            else:
-                for k in range(size):
-                    v = np.float64(line[k])
-                    top = max(top, _abs_bits(v))
-                    tiny += _is_tiny(v)
             if plane.size:
                 plane[a, b] = _sum_squares(line)
     return top, tiny
@@ -726,7 +723,8 @@ def _convolution_upper(func: Any) -> Upper:
                 rows, cols = np.sqrt(g_plane.sum(0))[None], np.repeat(x_norm, kh * kwd)[None]
             else:  # grad_bias (1, Co, 1)
                 rows, cols = np.sqrt(g_plane.sum(0))[None], np.array([[math.sqrt(g.shape[0] * g.shape[2] * g.shape[3])]])
-            scale = rows.max(initial=0.0) * cols.max(initial=0.0) * (1 + 2.0**-8) + bias_max  # >= every sum of |terms|
+            # >= every sum of |terms|
+            scale = rows.max(initial=0.0) * cols.max(initial=0.0) * (1 + 2.0**-8) + bias_max
             factor, floor = _envelope(ks[i], max(ks), largest, o.dtype)
             if not (math.isfinite(factor) and largest < 2.0**400 and (o.dtype == torch.float64 or scale < 2.0**126)):
                 result.append(None)  # (an infinite gamma: 2^24 terms or more)

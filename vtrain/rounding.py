@@ -41,7 +41,8 @@ the others are "ambiguous". Of those, the ones vtrain.resolve certifies as compu
 partial sum provably exact in any order) need nothing more; the rest are recomputed exactly by
 vtrain.resolve and correctly rounded. Under float32 work, the device-dependent ops are computed in float64
 from the start, whose far smaller error leaves almost nothing ambiguous (vtrain.refine, stats "refined":
-the outputs computed so). Composite ops are first decomposed into primitives (vtrain.canonical). Zeros are made +0: the sign of an exact zero sum depends on the summation order.
+the outputs computed so). Composite ops are first decomposed into primitives (vtrain.canonical). Zeros
+are made +0: the sign of an exact zero sum depends on the summation order.
 Record mode computes the canonical values; replay has nothing to replay; plain skips the resolution
 (the ablation: rounding alone, which diverges).
 """

@@ -127,7 +127,8 @@ def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: py
     a = torch.randn(64, 256, generator=gen, dtype=torch.float64)
     b = torch.randn(64, 256, generator=gen, dtype=torch.float64).T
     mm = aten.mm.default
-    assert prefilter_of(mm, (a[:16], b[:, :16]), {}, [a[:16] @ b[:, :16]]) is None  # 16 * 16 * 256: the full bound is cheap
+    # 16 * 16 * 256: the full bound is cheap
+    assert prefilter_of(mm, (a[:16], b[:, :16]), {}, [a[:16] @ b[:, :16]]) is None
     assert prefilter_of(mm, (a, b), {}, [a @ b]) is not None  # 64 * 64 * 256 products in float64 work
     a32, b32 = a.float(), b.float()
     assert prefilter_of(mm, (a32, b32), {}, [a32 @ b32]) is None  # float32 work's wide bands: too many candidates
