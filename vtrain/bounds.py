@@ -12,7 +12,8 @@ gamma_n = n*u / (1 - n*u):
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
 - transcendental functions (exp, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf): TRANSCENDENTAL_ULPS
-  ulps of the work dtype; GELU and its backward a few of those ulps of (|y| + |x|), see below;
+  ulps of the work dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows);
+  GELU and its backward a few of those ulps of (|y| + |x|), see below;
 - embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|. We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
   document <= 2 ulps for these functions in double precision.
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
@@ -485,6 +486,17 @@ def _transcendental(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | Non
     return [_finish(_t(y.dtype) * y.abs(), 1, u, y.dtype)]
 
 
+def _sigmoid(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+    y = outs[0]
+    u = unit_roundoff(y.dtype)
+    # 1 / (1 + exp(-x)), as torch's own CPU kernels compute it, is 0 where exp(-x) overflows: where sigmoid(x)
+    # lies below 1 / (the dtype's largest value) < its smallest normal (float32: x < -88.7, true values up to
+    # 2^-128, which a device computing e^x / (1 + e^x) returns as subnormals). Float64's floor covers this
+    # already; float32's (one subnormal unit) does not.
+    tiny = torch.finfo(y.dtype).tiny
+    return [_finish(_t(y.dtype) * y.abs() + tiny, 1, u, y.dtype)]
+
+
 def _gelu(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     y, x = outs[0], args[0]
     u = unit_roundoff(y.dtype)
@@ -558,7 +570,7 @@ BOUNDS: dict[Any, Bound] = {
     aten.exp.default: _transcendental,
     aten.log.default: _transcendental,
     aten.tanh.default: _transcendental,
-    aten.sigmoid.default: _transcendental,
+    aten.sigmoid.default: _sigmoid,
     aten.expm1.default: _transcendental,
     aten.log1p.default: _transcendental,
     aten.rsqrt.default: _transcendental,
