@@ -103,7 +103,6 @@ class Prefilter:
     # the bitsets `nonzero` reads: (B, M, words) of a's rows and (B, N, words) of b's columns, bit k of a
     # line set where its k-th value is nonzero (for fused.round_near_outer, which drops those sums itself)
     support: tuple[np.ndarray, np.ndarray] | None = None
-    gather_cost: int | None = None  # `gather_pays`' cost for this op (None: GATHER_COST)
 
     def upper(self) -> torch.Tensor:
         """U in the output's shape and dtype, for the filters that do not build it as they go. (float32
@@ -116,10 +115,14 @@ class Prefilter:
 Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "list[Prefilter | None] | None"]
 
 
-def gather_pays(candidates: int, outputs: int, cost: int | None = None) -> bool:
-    """Whether gathering E at `candidates` of an op's `outputs` elements is cheaper than the full bound, at
-    `cost` (default GATHER_COST, a matmul's) per candidate relative to an output's share of the full bound."""
-    return candidates * (GATHER_COST if cost is None else cost) <= outputs
+_CONVOLUTIONS = frozenset(str(op) for op in (aten.convolution.default, aten.convolution_backward.default))
+
+
+def gather_pays(op: str, candidates: int, outputs: int) -> bool:
+    """Whether gathering E at `candidates` of the op named `op`'s `outputs` elements is cheaper than the full
+    bound, at GATHER_COST (CONV_GATHER_COST for a convolution) per candidate relative to an output's share of
+    the full bound. The trainer's pre-filter and the auditor's entries ask alike."""
+    return candidates * (CONV_GATHER_COST if op in _CONVOLUTIONS else GATHER_COST) <= outputs
 
 
 def _envelope(kk: int, k: int, largest: float, dtype: torch.dtype) -> tuple[float, float]:
@@ -730,8 +733,7 @@ def _convolution_upper(func: Any) -> Upper:
                 result.append(None)  # (an infinite gamma: 2^24 terms or more)
                 continue
             add = np.full(cols.shape, floor + bias_max * factor)
-            result.append(Prefilter(np.ascontiguousarray(rows * factor), cols, add, o.shape, o.dtype,
-                                    gather_cost=CONV_GATHER_COST))
+            result.append(Prefilter(np.ascontiguousarray(rows * factor), cols, add, o.shape, o.dtype))
         return result
 
     return upper

@@ -333,7 +333,7 @@ class RoundedExecution(TorchDispatchMode):
                     if self.policy == "bound":
                         # E at the entries only where gathering pays; else the full bound, once for all outputs
                         if bounds is None and not (spec.bound_at is not None
-                                                   and gather_pays(entry.num_entries, v.numel())):
+                                                   and gather_pays(spec.name, entry.num_entries, v.numel())):
                             bounds = spec.bound(args, kwargs, floats)
                         bound_at = functools.partial(self._bound_at, spec, args, kwargs, floats, i, full=bounds)
                     r = self._apply_entries(entry, spec.name, v, r, bound_at, certify)
@@ -586,7 +586,7 @@ class RoundedExecution(TorchDispatchMode):
         v = floats[i]
         if cand.numel() == 0:  # nothing near a boundary: no E to gather
             return cand, torch.zeros(0, dtype=v.dtype, device=v.device), None
-        if gather_pays(cand.numel(), v.numel(), pre.gather_cost):
+        if gather_pays(spec.name, cand.numel(), v.numel()):
             return cand, spec.bound_at(args, kwargs, floats, i, cand), None
         bounds = spec.bound(args, kwargs, floats)
         return cand, bounds[i].expand(v.shape).reshape(-1)[cand], bounds
@@ -612,7 +612,7 @@ class RoundedExecution(TorchDispatchMode):
                   full: list | None = None) -> torch.Tensor:
         """The error bound E of output i at flat positions `pos` (gathered when that is much cheaper)."""
         v = floats[i]
-        if full is None and spec.bound_at is not None and gather_pays(pos.numel(), v.numel()):
+        if full is None and spec.bound_at is not None and gather_pays(spec.name, pos.numel(), v.numel()):
             return spec.bound_at(args, kwargs, floats, i, pos)
         full = full if full is not None else spec.bound(args, kwargs, floats)
         if full[i] is None:  # an output without an error bound (an exact count): nothing is ambiguous
