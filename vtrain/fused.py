@@ -473,8 +473,8 @@ def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
 def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
     """The sum of |x| over `dims` (float64, the kept dims' elements in order) in one pass, with no |x| in
     memory (torch's x.abs() writes a tensor as large as x: on a 512 x 2048 bias gradient, fresh pages cost
-    more than the sum), for a contiguous CPU tensor reduced over its leading or its trailing dims; None
-    otherwise. Accumulated in float64 in its own order: vtrain.bounds' slack covers any order."""
+    more than the sum), for a contiguous CPU tensor that keeps one block of consecutive dims (none, leading,
+    trailing or inner ones: batch norm's channels); None otherwise. Accumulated in float64 in its own order: vtrain.bounds' slack covers any order."""
     if not (usable(x) and x.dim() and x.numel()):
         return None
     red = sorted({d % x.dim() for d in dims})
@@ -487,27 +487,44 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
         out = np.empty(inner)
         _abs_column_sums(flat(x).reshape(-1, inner), out)
     else:
-        return None
+        kept = [d for d in range(x.dim()) if d not in red]
+        if kept != list(range(kept[0], kept[-1] + 1)):
+            return None
+        # kept dims in one block between reduced ones (batch norm's channels of (N, C, H, W)): an
+        # (outer, kept, inner) array, a sum per line of its inner lines added to the kept element's
+        out = np.zeros(math.prod(x.shape[kept[0]:kept[-1] + 1]))
+        _abs_middle_sums(flat(x).reshape(math.prod(x.shape[:kept[0]]), out.size, -1), out)
     return torch.from_numpy(out)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _abs_line_sum(line: np.ndarray) -> float:
+    # four interleaved partial sums: one chain of dependent additions would wait on each
+    s0 = s1 = s2 = s3 = 0.0
+    k = 0
+    while k + 4 <= line.size:
+        s0 += abs(np.float64(line[k]))
+        s1 += abs(np.float64(line[k + 1]))
+        s2 += abs(np.float64(line[k + 2]))
+        s3 += abs(np.float64(line[k + 3]))
+        k += 4
+    while k < line.size:
+        s0 += abs(np.float64(line[k]))
+        k += 1
+    return (s0 + s1) + (s2 + s3)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _abs_line_sums(lines: np.ndarray, out: np.ndarray) -> None:
-    # four interleaved partial sums: one chain of dependent additions would wait on each
     for i in range(lines.shape[0]):
-        line = lines[i]
-        s0 = s1 = s2 = s3 = 0.0
-        k = 0
-        while k + 4 <= line.size:
-            s0 += abs(np.float64(line[k]))
-            s1 += abs(np.float64(line[k + 1]))
-            s2 += abs(np.float64(line[k + 2]))
-            s3 += abs(np.float64(line[k + 3]))
-            k += 4
-        while k < line.size:
-            s0 += abs(np.float64(line[k]))
-            k += 1
-        out[i] = (s0 + s1) + (s2 + s3)
+        out[i] = _abs_line_sum(lines[i])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _abs_middle_sums(x: np.ndarray, out: np.ndarray) -> None:
+    for a in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            out[c] += _abs_line_sum(x[a, c])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

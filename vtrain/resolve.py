@@ -1125,6 +1125,8 @@ def _cert_reduce(op: Any, mean: bool) -> Certifier:
             return None
         if not keep:  # one output: the whole tensor is its slice
             q = float(lsb(x).amin())
+        elif len(keep) == 1 and keep[0]:  # (batch norm's channels: the asked slices only, not a permuted copy)
+            q = _per_key(pos.cpu().numpy(), lambda u: _slices_min_lsb(x, u, keep[0]))
         else:  # position p reduces line p of x with the kept dims first, the reduced ones flattened
             lines = x.permute(*keep, *red).reshape(-1, n)
             q = _per_key(pos.cpu().numpy(), lambda u: _min_lsb(lines, u, 0))
