@@ -1066,6 +1066,46 @@ def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[np.ndarray,
     return p // (shape[1] * inner), (p // inner) % shape[1]
 
 
+# Convolutions whose sliced operands hold more values than this (in all) sample the slices first
+# (`_certify_slices`); below, the extra pass costs more Python than the reading it saves.
+_SAMPLED_SLICES = 1 << 18
+
+
+def _slice_sample(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """(t.shape[dim], <= _SAMPLE): the first values of the first line of each slice t.select(dim, k), a view.
+    A slice's minimum lsb is at most theirs."""
+    v = t.detach().movedim(dim, 0)
+    return v[(slice(None),) + (0,) * (v.dim() - 2) + (slice(0, _SAMPLE),)]
+
+
+def _certify_slices(factors: Sequence[tuple[torch.Tensor, int, np.ndarray]], extra: np.ndarray | None,
+                    e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+    """`_certify` for sums whose terms' grain at each position is the product over `factors` (t, dim, keys) of
+    the smallest lsb over t.select(dim, keys[position]), and at most `extra` (per position). As
+    `_certify_grains` does for matmuls: on large operands the slices' samples first (an upper bound of the
+    grain, and the test is monotone in it), then the slices in full only at the positions that bound
+    certifies (on the weight gradients of a 32 x 32 batch of 32 channels, none: reading every asked
+    channel cost 6 ms a call). The result is the same."""
+    def grain(sel: np.ndarray, sample: bool) -> np.ndarray:
+        q = np.ones(sel.size)
+        for t, dim, keys in factors:
+            src, d = (_slice_sample(t, dim), 0) if sample else (t, dim)
+            q *= _per_key(keys[sel], lambda u, src=src, d=d: _slices_min_lsb(src, u, d))
+        return q if extra is None else np.minimum(q, extra[sel])
+
+    everything = np.arange(pos.numel())
+    if sum(t.numel() for t, _, _ in factors) <= _SAMPLED_SLICES:
+        return _certify(grain(everything, False), e, k, out, pos)
+    q = grain(everything, True)
+    maybe = _certified(q, e, k, out)
+    if maybe is None:
+        return None
+    sel = np.flatnonzero(maybe)
+    if sel.size:
+        q[sel] = grain(sel, False)
+    return _certify(q, e, k, out, pos)
+
+
 def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
                       pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.convolution.default, args, kwargs)
@@ -1077,10 +1117,8 @@ def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor
         return None
     # out[n, co] sums x[n] * w[co] terms (plus bias[co]): grain qin[n] * qw[co]
     n, co = _image_channel(pos, outs[0].shape)
-    q = _per_key(n, lambda u: _slices_min_lsb(x, u)) * _per_key(co, lambda u: _slices_min_lsb(w, u))
-    if kw["bias"] is not None:
-        q = np.minimum(q, _lsb_np(kw["bias"])[co])
-    return _certify(q, e, w[0].numel(), outs[0], pos)
+    extra = None if kw["bias"] is None else _lsb_np(kw["bias"])[co]
+    return _certify_slices([(x, 0, n), (w, 0, co)], extra, e, w[0].numel(), outs[0], pos)
 
 
 def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
@@ -1098,20 +1136,14 @@ def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: tor
     c_out, c_g = w.shape[:2]
     per_pixel = (c_out // groups) * w[0, 0].numel()  # grad_input terms: (co in the group, kernel tap)
     per_weight = g.shape[0] * g[0, 0].numel()  # grad_weight and grad_bias terms: (n, output position)
-
-    def gcol(u: np.ndarray) -> np.ndarray:
-        return _slices_min_lsb(g, u, 1)  # per output channel
-
     if i == 0:  # grad_input[n, ci]: grad[n] * w[:, ci mod Cg]
         n, ci = _image_channel(pos, outs[0].shape)
-        q = _per_key(n, lambda u: _slices_min_lsb(g, u)) * _per_key(ci % c_g, lambda u: _slices_min_lsb(w, u, 1))
-        return _certify(q, e, per_pixel, outs[0], pos)
+        return _certify_slices([(g, 0, n), (w, 1, ci % c_g)], None, e, per_pixel, outs[0], pos)
     if i == 1:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
         co, cl = _image_channel(pos, outs[1].shape)
         ci = (co // (c_out // groups)) * c_g + cl
-        q = _per_key(co, gcol) * _per_key(ci, lambda u: _slices_min_lsb(x, u, 1))
-        return _certify(q, e, per_weight, outs[1], pos)
-    return _certify(_per_key(pos.cpu().numpy(), gcol), e, per_weight, outs[2], pos)
+        return _certify_slices([(g, 1, co), (x, 1, ci)], None, e, per_weight, outs[1], pos)
+    return _certify_slices([(g, 1, pos.cpu().numpy())], None, e, per_weight, outs[2], pos)  # grad_bias: grad[:, co]
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:

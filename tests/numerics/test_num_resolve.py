@@ -696,6 +696,37 @@ def test_a_spiked_slice_is_refused_where_it_is_read(case: Case, seed: int) -> No
             assert any(c.any() for c in certs), (case.name, j)
 
 
+CONV_CERT_CASES = [c for c in CERT_CASES if c.op in (aten.convolution.default, aten.convolution_backward.default)]
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant", "spiked"])
+@pytest.mark.parametrize("case", CONV_CERT_CASES, ids=[c.name for c in CONV_CERT_CASES])
+def test_sampled_slices_certify_as_the_whole_slices(case: Case, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Large convolutions bound each slice's grain by its first values before reading it (resolve._certify_slices):
+    # forced here on small ones, the certificates must be those of the whole slices. Quantised data passes
+    # the samples, so the slices are then read in full; spiked, a full significand sits after the samples
+    # (the last value of every input) and the full reading must refuse what the samples let through.
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{kind}/sampled".encode()))
+    args, kwargs = case.make(gen, torch.float32, 19, "normal" if kind == "normal" else "quant")
+    if kind == "spiked":
+        for j, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.is_floating_point():
+                args = spiked(args, j, a.numel() - 1)
+    certs = {}
+    for name, limit in (("whole", 1 << 62), ("sampled", 0)):
+        monkeypatch.setattr(resolve, "_SAMPLED_SLICES", limit)
+        certs[name] = _certify(case, args, kwargs)[1]
+    for whole, sampled in zip(certs["whole"], certs["sampled"]):
+        assert (whole is None) == (sampled is None), case.name
+        if whole is not None:
+            assert whole.tolist() == sampled.tolist(), case.name
+    got = [c for c in certs["sampled"] if c is not None]
+    if kind == "quant":  # (the slices were read in full: the samples alone certify nothing)
+        assert got and all(c.any() for c in got), case.name
+    if kind == "spiked":  # some of them refused after the samples had passed
+        assert got and any(c.any() for c in got) and not all(c.all() for c in got), case.name
+
+
 @pytest.mark.parametrize("kind", ["normal", "quant"])
 @pytest.mark.parametrize("case", CERT_CASES, ids=[c.name for c in CERT_CASES])
 def test_certificate_at_a_few_positions_is_the_certificate_at_all(case: Case, kind: str) -> None:
