@@ -12,6 +12,9 @@
 Data: the generated CIFAR-10-format batches and text corpus of tests/families (no download here).
 
     .venv/bin/python benchmarks/bench_families.py --steps 20 --fig-steps 50 --png docs/families-divergence.png
+    # the trainer's overhead as the models grow (timing only, auditor on cpu):
+    .venv/bin/python benchmarks/bench_families.py --family gpt2-tiny --set d_model=256 --set context=128 \
+        --set batch_size=8 --steps 8 --auditor cpu --no-figure
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ FAMILIES = ("gpt2-tiny", "resnet-tiny")
 AUDITOR = "emu:splitk8-tree"
 
 
-def timing(spec, steps: int) -> dict:
+def timing(spec, steps: int, auditor: str = AUDITOR) -> dict:
     sessions = {"plain32": TrainingSession(dataclasses.replace(spec, dtype="float32")),
                 "plain64": TrainingSession(spec), "trainer": TrainingSession(spec),
-                "auditor": TrainingSession(spec, AUDITOR)}
+                "auditor": TrainingSession(spec, auditor)}
     secs = {k: [] for k in sessions}
     stats, replay = [], []
     for t in range(1, steps + 1):
@@ -146,7 +149,14 @@ def main() -> None:
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "families-divergence.png")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     ap.add_argument("--only-allreduce", action="store_true", help="only measure the all-reduce orders")
+    ap.add_argument("--family", action="append", choices=FAMILIES, default=[],
+                    help="time this family only (repeatable; default: all)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                    help="change an integer spec field of the timed families, e.g. width=32 (repeatable)")
+    ap.add_argument("--auditor", default=AUDITOR, help=f"the auditor's device (default {AUDITOR})")
+    ap.add_argument("--no-figure", action="store_true", help="skip the divergence figure")
     args = ap.parse_args()
+    changes = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
     torch.set_num_threads(1)
     if args.only_allreduce:
         fractions = allreduce_orders()
@@ -156,10 +166,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
         results, curves = {}, {}
-        for family in FAMILIES:
-            results[family] = timing(family_spec(family, data, steps=max(args.steps, 10)), args.steps)
-            curves[family] = divergence(family_spec(f"scale/{family}", data, steps=args.fig_steps), args.fig_steps)
-    plot(curves, args.png)
+        for family in args.family or FAMILIES:
+            name = family + "".join(f" {k}={v}" for k, v in changes.items())
+            results[name] = timing(family_spec(family, data, steps=max(args.steps, 10), **changes), args.steps,
+                                   args.auditor)
+            if not args.no_figure:
+                curves[family] = divergence(family_spec(f"scale/{family}", data, steps=args.fig_steps),
+                                            args.fig_steps)
+    if curves:
+        plot(curves, args.png)
     print("| model | plain32 ms | plain64 ms | trainer ms | auditor ms | trainer/plain64 | auditor/plain64 | "
           "trainer/plain32 | auditor/plain32 |")
     print("|---|---|---|---|---|---|---|---|---|")

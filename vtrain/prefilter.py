@@ -171,7 +171,11 @@ def _matmul_upper(func: Any) -> Upper:
         kk = k + terms
         rows = np.empty((a.shape[0], a.shape[1]))  # the norms of a's rows
         cols = np.empty((b.shape[0], b.shape[2]))  # and of b's columns
-        if not (_line_norms(_numpy(a), rows) and _line_norms(_numpy(b.transpose(1, 2)), cols)):
+        usable_a, zeros_a = _line_norms(_numpy(a), rows)
+        if not usable_a:
+            return None
+        usable_b, zeros_b = _line_norms(_numpy(b.transpose(1, 2)), cols)
+        if not usable_b:
             return None
         a_max, b_max = rows.max(), cols.max()
         largest = max(a_max, b_max)  # >= every |operand|
@@ -195,8 +199,10 @@ def _matmul_upper(func: Any) -> Upper:
         if bias_abs is not None:
             add += (bias_abs * (abs(beta) * factor)).numpy()
         # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and
-        # its bitsets would read W down its strided columns.
-        if bias is None and not input_grad:
+        # its bitsets would read W down its strided columns. Nor where neither operand holds a zero (every
+        # product is nonzero): attention's products, a GELU network's weight gradients (building the bitsets
+        # took 0.4 of GPT-2's 0.57 ms pre-filter of a 16 x 128 x 128 batched product).
+        if bias is None and not input_grad and (zeros_a or zeros_b):
             support, nonzero = _nonzero_terms(a, b)
             return Prefilter(rows, cols, add, v.shape, v.dtype, nonzero, support)
         return Prefilter(rows, cols, add, v.shape, v.dtype)
@@ -338,15 +344,16 @@ def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
 _TINY_LINE = 2.0**-500
 
 
-def _line_norms(x: np.ndarray, out: np.ndarray) -> bool:
+def _line_norms(x: np.ndarray, out: np.ndarray) -> tuple[bool, bool]:
     """out[n, i] = the Euclidean norm of x[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
-    2^-53 below the exact norm); whether every value was finite and none below _TINY_LINE but zero."""
-    top, tiny = 0, 0
+    2^-53 below the exact norm); (whether every value was finite and none below _TINY_LINE but zero, whether
+    some value was zero)."""
+    top, tiny, zeros = 0, 0, 0
     for n in range(x.shape[0]):
         lines, transposed = _lines(x, n)
-        t, s = (_norms_t if transposed else _norms_rows)(lines, out[n])
-        top, tiny = max(top, t), tiny + s
-    return top < 0x7FF0000000000000 and tiny == 0
+        t, s, z = (_norms_t if transposed else _norms_rows)(lines, out[n])
+        top, tiny, zeros = max(top, t), tiny + s, zeros + z
+    return top < 0x7FF0000000000000 and tiny == 0, zeros > 0
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -359,6 +366,11 @@ def _abs_bits(x: float) -> int:
 @njit(cache=True, nogil=True, inline="always")
 def _is_tiny(x: float) -> int:
     return (x != 0) & (abs(np.float64(x)) < _TINY_LINE)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _is_zero(x: float) -> int:
+    return np.int64(x == 0)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -383,24 +395,25 @@ def _sum_squares(line: np.ndarray) -> float:
 
 
 @njit(cache=True, nogil=True)
-def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int]:
-    # Per line, the largest magnitude and the tiny values in one pass (integer reductions: vectorised), then
-    # the sum of squares (_sum_squares): 2.6x faster than one loop doing all three.
-    top, tiny = 0, 0
+def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
+    # Per line, the largest magnitude, the tiny values and the zeros in one pass (integer reductions:
+    # vectorised), then the sum of squares (_sum_squares): 2.6x faster than one loop doing all of it.
+    top, tiny, zeros = 0, 0, 0
     for i in range(x.shape[0]):
         line = x[i]
         for k in range(line.size):
             v = np.float64(line[k])
             top = max(top, _abs_bits(v))
             tiny += _is_tiny(v)
+            zeros += _is_zero(v)
         out[i] = math.sqrt(_sum_squares(line))
-    return top, tiny
+    return top, tiny, zeros
 
 
 @njit(cache=True, nogil=True)
-def _norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+def _norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
     # xt[k, i]: a line's values run down a column, so all lines advance together, one row of xt at a time
-    top, tiny = 0, 0
+    top, tiny, zeros = 0, 0, 0
     sq = np.zeros(xt.shape[1])
     for k in range(xt.shape[0]):
         for i in range(xt.shape[1]):
@@ -408,9 +421,10 @@ def _norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int]:
             sq[i] += v * v
             top = max(top, _abs_bits(v))
             tiny += _is_tiny(v)
+            zeros += _is_zero(v)
     for i in range(xt.shape[1]):
         out[i] = math.sqrt(sq[i])
-    return top, tiny
+    return top, tiny, zeros
 
 
 @njit(cache=True, nogil=True)
