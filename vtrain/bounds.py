@@ -480,21 +480,36 @@ def _few_roundings(k: int) -> Bound:
     return bound
 
 
-def _transcendental(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
-    y = outs[0]
-    u = unit_roundoff(y.dtype)
-    return [_finish(_t(y.dtype) * y.abs(), 1, u, y.dtype)]
+# A transcendental function's E depends on its output y alone: ((k |y|) + a) c + f, with k its ulps of the
+# work dtype, a an absolute term and (c, f) `_finish`'s for one term. The rounding pass of float64 work at
+# bits = 32 computes it as it goes (vtrain.fused.round_near_relative: no E in memory, the same operations in
+# the same order, so the same bits); `BOUNDS` writes it out in torch.
+Relative = Callable[[torch.dtype], tuple[float, float, float, float]]
 
 
-def _sigmoid(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
-    y = outs[0]
-    u = unit_roundoff(y.dtype)
-    # 1 / (1 + exp(-x)), as torch's own CPU kernels compute it, is 0 where exp(-x) overflows: where sigmoid(x)
-    # lies below 1 / (the dtype's largest value) < its smallest normal (float32: x < -88.7, true values up to
-    # 2^-128, which a device computing e^x / (1 + e^x) returns as subnormals). Float64's floor covers this
-    # already; float32's (one subnormal unit) does not.
-    tiny = torch.finfo(y.dtype).tiny
-    return [_finish(_t(y.dtype) * y.abs() + tiny, 1, u, y.dtype)]
+def _relative(absolute: Callable[[torch.dtype], float]) -> Relative:
+    def terms(dtype: torch.dtype) -> tuple[float, float, float, float]:
+        return (_t(dtype), absolute(dtype), *_finish_factors(1, unit_roundoff(dtype), dtype))
+
+    return terms
+
+
+def _relative_bound(terms: Relative) -> Bound:
+    def bound(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
+        y = outs[0]
+        k, a, c, f = terms(y.dtype)
+        e = y.abs().mul_(k)
+        return [(e.add_(a) if a else e).mul_(c).add_(f)]
+
+    return bound
+
+
+_TRANSCENDENTAL = _relative(lambda dtype: 0.0)
+# 1 / (1 + exp(-x)), as torch's own CPU kernels compute sigmoid, is 0 where exp(-x) overflows: where sigmoid(x)
+# lies below 1 / (the dtype's largest value) < its smallest normal (float32: x < -88.7, true values up to
+# 2^-128, which a device computing e^x / (1 + e^x) returns as subnormals). Float64's floor covers this
+# already; float32's (one subnormal unit) does not.
+_SIGMOID = _relative(lambda dtype: torch.finfo(dtype).tiny)
 
 
 def _gelu(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
@@ -546,6 +561,13 @@ def _addmm_k(args: tuple) -> int:
     return args[1].shape[-1]
 
 
+RELATIVE: dict[Any, Relative] = {
+    **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.log.default, aten.tanh.default,
+                                      aten.expm1.default, aten.log1p.default, aten.rsqrt.default,
+                                      aten.pow.Tensor_Scalar, aten.erf.default)},
+    aten.sigmoid.default: _SIGMOID,
+}
+
 BOUNDS: dict[Any, Bound] = {
     aten.mm.default: _bilinear(aten.mm.default, _mm_k),
     aten.bmm.default: _bilinear(aten.bmm.default, _mm_k),
@@ -567,15 +589,7 @@ BOUNDS: dict[Any, Bound] = {
     aten.avg_pool2d.default: _pool(aten.avg_pool2d.default, 1),
     aten.avg_pool2d_backward.default: _pool(aten.avg_pool2d_backward.default, 2),
     aten.max_pool2d_with_indices_backward.default: _pool(aten.max_pool2d_with_indices_backward.default, 2),
-    aten.exp.default: _transcendental,
-    aten.log.default: _transcendental,
-    aten.tanh.default: _transcendental,
-    aten.sigmoid.default: _sigmoid,
-    aten.expm1.default: _transcendental,
-    aten.log1p.default: _transcendental,
-    aten.rsqrt.default: _transcendental,
-    aten.pow.Tensor_Scalar: _transcendental,
-    aten.erf.default: _transcendental,
+    **{op: _relative_bound(terms) for op, terms in RELATIVE.items()},
     aten.gelu.default: _gelu,
     aten.gelu_backward.default: _gelu_backward,
     aten.embedding_dense_backward.default: _embedding_dense_backward,

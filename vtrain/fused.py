@@ -100,6 +100,19 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
     return _round_near(v, vi, mant, emask, bias, e, factor, m, limit, out, oi, cand, POW2, plus)
 
 
+def round_near_relative(v: np.ndarray, k: float, a: float, c: float, f: float, factor: float, limit: float,
+                        out: np.ndarray, cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
+    """`round_near` for float64 work at bits = 32 with the band e = ((k |v|) + a) c + f computed as it goes (a
+    transcendental function's, vtrain.bounds.RELATIVE: on GPT-2's 1M-value tanh, E in torch wrote a tensor as
+    large as the output in four passes)."""
+    return _round_near32_relative(v, k, a, c, f, factor, limit, out, cand, plus)
+
+
+def relative_at(v: np.ndarray, idx: np.ndarray, k: float, a: float, c: float, f: float) -> np.ndarray:
+    """The band e of `round_near_relative` at positions idx: the same operations in the same order."""
+    return ((k * np.abs(v[idx])) + a) * c + f
+
+
 _NO_SUPPORT = np.zeros((0, 0, 0), dtype=np.uint64)
 
 
@@ -233,6 +246,24 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
         stop = min(start + NEAR_BLOCK, v.size)
         eb = fill if e.size == 1 else e[start:stop]
         nflag, bad = _near_block32(v[start:stop], eb, factor, limit, out[start:stop], flags, plus)
+        nbad += bad
+        if nflag:
+            count = _gather_flags(flags, stop - start, start, cand, count)
+    return count, _first_bad(out, limit) if nbad else -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_near32_relative(v: np.ndarray, k: float, a: float, c: float, f: float, factor: float, limit: float,
+                           out: np.ndarray, cand: np.ndarray, plus: float) -> tuple[int, int]:
+    count = nbad = 0
+    flags = np.empty(NEAR_BLOCK, np.bool_)
+    eb = np.empty(NEAR_BLOCK)  # a block's band, in cache
+    for start in range(0, v.size, NEAR_BLOCK):
+        stop = min(start + NEAR_BLOCK, v.size)
+        vb = v[start:stop]
+        for j in range(vb.size):
+            eb[j] = ((k * abs(vb[j])) + a) * c + f
+        nflag, bad = _near_block32(vb, eb[:vb.size], factor, limit, out[start:stop], flags, plus)
         nbad += bad
         if nflag:
             count = _gather_flags(flags, stop - start, start, cand, count)

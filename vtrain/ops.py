@@ -35,7 +35,7 @@ import torch
 from vtrain.grains import EXACT_ALL, ExactAll
 from vtrain.inline import INLINE, InlineBound
 from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
-from vtrain.bounds import BOUNDS, Bound, PositionBound
+from vtrain.bounds import BOUNDS, RELATIVE, Bound, PositionBound, Relative
 from vtrain.errors import VtrainError
 
 aten = torch.ops.aten
@@ -71,6 +71,7 @@ class OpSpec:
     bound_at: PositionBound | None = None  # class 3 matmuls: `bound` at given flat positions only
     bound_upper: Upper | None = None  # class 3 matmuls: a cheap upper bound of `bound` (vtrain.prefilter)
     bound_inline: InlineBound | None = None  # class 3 small matmuls: `bound` computed as they round (vtrain.inline)
+    bound_relative: Relative | None = None  # class 3 functions of one output: `bound`'s terms (vtrain.bounds.RELATIVE)
     exact_all: ExactAll | None = None  # class 3 sums: whether every output is exact on any device (vtrain.grains)
     decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
 
@@ -219,9 +220,10 @@ def _build() -> dict[Any, OpSpec]:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op), bound_upper=UPPERS.get(op),
-                           bound_inline=INLINE.get(op), exact_all=EXACT_ALL.get(op))
+                           bound_inline=INLINE.get(op), bound_relative=RELATIVE.get(op), exact_all=EXACT_ALL.get(op))
     for op, functional in _DEVICE_INPLACE.items():
-        table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional])
+        table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional],
+                           bound_relative=RELATIVE.get(functional))
     for op, (fn, inplace) in _DECOMPOSED.items():
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=inplace, decomposed=fn)
     return table

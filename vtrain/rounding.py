@@ -461,6 +461,17 @@ class RoundedExecution(TorchDispatchMode):
                     return None
                 self._counts["rounded"] += v.numel()
                 return out, torch.from_numpy(cand[:count].copy()), torch.from_numpy(e_cand[:count].copy()), None
+            if spec.bound_relative is not None and self._cast32(v):  # a function's E, computed as it rounds
+                k, a, c, f = spec.bound_relative(v.dtype)
+                out, cand = spare.take(v), np.empty(v.numel(), dtype=np.int64)
+                count, bad = fused.round_near_relative(fused.flat(v), k, a, c, f, factor, self._limit, fused.flat(out),
+                                                       cand, self._plus)
+                if bad >= 0:
+                    return None
+                self._counts["rounded"] += v.numel()
+                cand = cand[:count].copy()
+                e_cand = fused.relative_at(fused.flat(v), cand, k, a, c, f)
+                return out, torch.from_numpy(cand), torch.from_numpy(e_cand), None
             pre = self._prefilter(spec, args, kwargs, floats, i)
             if pre is not None:  # the matmul pre-filter (vtrain.prefilter)
                 out, cand, bad = self._kernel_near(v, pre, factor)

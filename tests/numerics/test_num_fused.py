@@ -155,6 +155,72 @@ def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, i
         assert 0 < got[0] < x.size  # the bands leave both candidates and others
 
 
+RELATIVE_OPS = [torch.ops.aten.tanh.default, torch.ops.aten.exp.default, torch.ops.aten.sigmoid.default,
+                torch.ops.aten.log.default]
+
+
+@pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)
+def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -> None:
+    # A function's band built inside the rounding pass from its output, ((k |v|) + a) c + f (sigmoid's a
+    # nonzero), against the torch bound in memory (vtrain.bounds.BOUNDS): the same bits of E at the candidates,
+    # the same candidates, rounding and first off-grid value. Factors up to 2^28 make bands of up to ~a
+    # spacing, so that blocks hold both candidates and others; signed zeros, subnormals and huge values too.
+    from vtrain.bounds import BOUNDS, RELATIVE
+
+    x = torch.from_numpy(_values(32, np.float64))
+    y = func(x.abs() if func is torch.ops.aten.log.default else x)
+    y = y[torch.isfinite(y) & (y.abs() <= grid_max(32))].contiguous()
+    k, a, c, f = RELATIVE[func](torch.float64)
+    (e,) = BOUNDS[func]((x,), {}, [y])
+    v, top = y.numpy(), grid_max(32)
+    for factor, bad in ((2.0, None), (2.0**20, None), (2.0**28, 17), (2.0**28, v.size - 1)):
+        vv = v.copy()
+        if bad is not None:
+            vv[bad] = np.nan
+        want_out, want_cand = np.empty_like(vv), np.empty(vv.size, np.int64)
+        want = fused.round_near(vv, e.numpy(), factor, 23, top, want_out, want_cand)
+        out, cand = np.empty_like(vv), np.empty(vv.size, np.int64)
+        got = fused.round_near_relative(vv, k, a, c, f, factor, top, out, cand)
+        assert got == want and got[1] == (-1 if bad is None else bad)
+        assert np.array_equal(out.view(np.int64), want_out.view(np.int64), equal_nan=True)
+        assert np.array_equal(cand[:got[0]], want_cand[:want[0]])
+        at = fused.relative_at(vv, cand[:got[0]], k, a, c, f)
+        assert np.array_equal(at.view(np.int64), e.numpy()[cand[:got[0]]].view(np.int64))
+        if factor == 2.0**28:
+            assert 0 < got[0] < vv.size
+
+
+INVERSES = {torch.ops.aten.tanh.default: torch.atanh, torch.ops.aten.exp.default: torch.log,
+            torch.ops.aten.sigmoid.default: torch.logit, torch.ops.aten.log.default: torch.exp}
+
+
+@pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)
+def test_functions_log_the_same_with_the_band_built_in_the_kernel(func: object,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # The engine on inputs whose outputs land within a few ulps of FP32 rounding boundaries (the inverse
+    # function at midpoints between float32 values, and at float32 values): the same log, values and
+    # replay whether the band comes from the kernel or from torch.
+    from vtrain import ops
+    from vtrain.roundlog import StepLog
+
+    gen = torch.Generator().manual_seed(5)
+    grid = (torch.rand(2000, generator=gen, dtype=torch.float64) * 0.8 + 0.1).float().double()
+    half = (torch.nextafter(grid.float(), torch.tensor(2.0)).double() - grid) / 2
+    x = INVERSES[func](torch.cat([grid + half, grid]))
+    logs, outs = [], []
+    for relative in (True, False):
+        if not relative:
+            monkeypatch.setitem(ops._TABLE, func, dataclasses.replace(ops._TABLE[func], bound_relative=None))
+        with RoundedExecution(bits=32, device=get_device("cpu")) as rx:
+            outs.append(func(x))
+        logs.append(rx.log.to_bytes())
+    assert torch.equal(outs[0], outs[1]) and logs[0] == logs[1]
+    assert StepLog.from_bytes(logs[0]).sites[0].num_entries > 100
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="replay", replay_log=StepLog.from_bytes(logs[0])):
+        replayed = func(x)
+    assert torch.equal(replayed, outs[0])
+
+
 def test_round_near_outer_drops_zero_sums_with_no_nonzero_term() -> None:
     # Sparse operands (a relu layer's gradients and activations): many outputs are exact zeros because no
     # product has both factors nonzero; those go. Zeros from products that cancel exactly, and tiny
