@@ -14,7 +14,7 @@ Data: the generated CIFAR-10-format batches and text corpus of tests/families (n
     .venv/bin/python benchmarks/bench_families.py --steps 20 --fig-steps 50 --png docs/families-divergence.png
     # the trainer's overhead as the models grow (timing only, auditor on cpu):
     .venv/bin/python benchmarks/bench_families.py --family gpt2-tiny --set d_model=256 --set context=128 \
-        --set batch_size=8 --steps 8 --auditor cpu --no-figure
+        --set batch_size=8 --steps 8 --auditor cpu --no-figure [--exact]
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ AUDITOR = "emu:splitk8-tree"
 
 
 def timing(spec, steps: int, auditor: str = AUDITOR) -> dict:
-    sessions = {"plain32": TrainingSession(dataclasses.replace(spec, dtype="float32")),
+    # (the plain sessions round nothing: their spec's resolution is moot, and float32 work's exact needs bits <= 19)
+    sessions = {"plain32": TrainingSession(dataclasses.replace(spec, dtype="float32", resolution="log")),
                 "plain64": TrainingSession(spec), "trainer": TrainingSession(spec),
                 "auditor": TrainingSession(spec, auditor)}
     secs = {k: [] for k in sessions}
     stats, replay = [], []
     for t in range(1, steps + 1):
         for name, s in sessions.items():   # interleaved: machine load hits every mode alike
-            if name == "auditor":
-                r = s.step(t, "replay", replay_log=StepLog.from_bytes(trainer_log))
+            if name == "auditor":  # (resolution exact: no log, the auditor computes what the trainer did)
+                r = s.step(t, "replay", replay_log=StepLog.from_bytes(trainer_log) if trainer_log else None)
                 replay.append(r.stats)
             else:
                 r = s.step(t, "record" if name == "trainer" else "none")
@@ -155,6 +156,7 @@ def main() -> None:
                     help="change an integer spec field of the timed families, e.g. width=32 (repeatable)")
     ap.add_argument("--auditor", default=AUDITOR, help=f"the auditor's device (default {AUDITOR})")
     ap.add_argument("--no-figure", action="store_true", help="skip the divergence figure")
+    ap.add_argument("--exact", action="store_true", help='time resolution "exact" (no log) instead of the log')
     args = ap.parse_args()
     changes = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
     torch.set_num_threads(1)
@@ -168,8 +170,10 @@ def main() -> None:
         results, curves = {}, {}
         for family in args.family or FAMILIES:
             name = family + "".join(f" {k}={v}" for k, v in changes.items())
-            results[name] = timing(family_spec(family, data, steps=max(args.steps, 10), **changes), args.steps,
-                                   args.auditor)
+            spec = family_spec(family, data, steps=max(args.steps, 10), **changes)
+            if args.exact:
+                spec, name = dataclasses.replace(spec, resolution="exact"), name + " exact"
+            results[name] = timing(spec, args.steps, args.auditor)
             if not args.no_figure:
                 curves[family] = divergence(family_spec(f"scale/{family}", data, steps=args.fig_steps),
                                             args.fig_steps)

@@ -338,7 +338,14 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
 
         return co_g * kh * kwd, part
     if i == 1:  # grad_weight[co, cl, a, b] = sum over (n, oh, ow) of grad * input tap
+        views = _views(g, x)
+
         def part(ps: np.ndarray) -> tuple:
+            if views is not None:  # (compiled: torch's indexing took 20 of 28 ms on 45 positions of 32,768 terms)
+                ga, xb = np.empty((ps.size, n_img * oh * ow)), np.empty((ps.size, n_img * oh * ow))
+                _weight_taps(*views, ps.astype(np.int64), np.array([s0, s1, p0, p1, d0, d1], np.int64),
+                             np.array(w.shape, np.int64), co_g, ga, xb)
+                return torch.from_numpy(ga), torch.from_numpy(xb), None
             co, cl, a, b = _unravel(ps, tuple(w.shape))
             ci = (co // co_g) * c_g + cl
             hh = torch.arange(oh) * s0 - p0 + a[:, None] * d0  # (P, OH)
@@ -352,6 +359,31 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
     if i == 2:  # grad_bias[co] = sum of grad over (n, oh, ow)
         return n_img * oh * ow, lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
     raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
+
+
+@njit(cache=True, nogil=True)
+def _weight_taps(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, shape: np.ndarray, co_g: int,
+                 ga: np.ndarray, xb: np.ndarray) -> None:
+    """ga[t], xb[t]: the factors of the N OH OW terms of grad_weight position pos[t] (shape: Co, Cg, KH, KW),
+    g[n, co, oy, oz] and its input tap x[n, ci, y, z], in float64 (exact), an exact zero where the window
+    reaches into the padding."""
+    s0, s1, p0, p1, d0, d1 = geometry
+    c_g, kh, kw = shape[1], shape[2], shape[3]
+    for t in range(pos.size):
+        q = pos[t]
+        b, q = q % kw, q // kw
+        a, q = q % kh, q // kh
+        co, cl = q // c_g, q % c_g
+        ci, k = (co // co_g) * c_g + cl, 0
+        for n in range(g.shape[0]):
+            for oy in range(g.shape[2]):
+                y = oy * s0 - p0 + a * d0
+                inside = 0 <= y < x.shape[2]
+                for oz in range(g.shape[3]):
+                    z = oz * s1 - p1 + b * d1
+                    ga[t, k] = g[n, co, oy, oz]
+                    xb[t, k] = x[n, ci, y, z] if inside and 0 <= z < x.shape[3] else 0.0
+                    k += 1
 
 
 # op -> its outputs' terms (the gathering the resolver falls back to, and the sums of |terms| bounds take)

@@ -855,6 +855,25 @@ def test_convolutions_as_matmuls_round_as_the_gathered_terms(name: str, i: int, 
     assert got.view(np.int64).tolist() == resolve._rounded(part, bits)(pos).view(np.int64).tolist()
 
 
+@pytest.mark.parametrize("dtype,bits", [(torch.float64, 32), (torch.float32, 19)], ids=["f64-b32", "f32-b19"])
+@pytest.mark.parametrize("name", ["conv-backward", "conv-backward-s1", "conv1d-backward"])
+def test_weight_gradient_terms_gathered_compiled_as_by_torch(name: str, dtype: torch.dtype, bits: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # a few weight-gradient positions gather their terms (resolve._weight_taps on CPU tensors): the same
+    # factors in the same order as torch's indexing, the padding's taps exact zeros
+    case = next(c for c in CASES if c.name == name)
+    args, kwargs = case.make(torch.Generator().manual_seed(zlib.crc32(name.encode())), dtype, bits, "normal")
+    pos = np.array([0, 1, 5, args[2].numel() // 2, args[2].numel() - 1])
+    compiled = resolve._convolution_backward_terms(args, kwargs, 1)[1](pos)
+    monkeypatch.setattr(resolve, "_views", lambda *ts: None)
+    by_torch = resolve._convolution_backward_terms(args, kwargs, 1)[1](pos)
+    for got, want in zip(compiled[:2], by_torch[:2]):
+        want = want.to(torch.float64).reshape(len(pos), -1)
+        assert got.dtype == torch.float64 and torch.equal(got.view(torch.int64), want.contiguous().view(torch.int64))
+    assert compiled[2] is None and by_torch[2] is None
+    assert bool((compiled[1] == 0).any())  # (the cases pad: some taps read the padding)
+
+
 def test_a_convolution_whose_windows_pass_the_memory_cap_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
     case = next(c for c in CASES if c.name == "conv-backward-s1")
     args, kwargs = case.make(torch.Generator().manual_seed(5), torch.float64, 32, "normal")
