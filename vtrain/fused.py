@@ -505,7 +505,8 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
     """The sum of |x| over `dims` (float64, the kept dims' elements in order) in one pass, with no |x| in
     memory (torch's x.abs() writes a tensor as large as x: on a 512 x 2048 bias gradient, fresh pages cost
     more than the sum), for a contiguous CPU tensor that keeps one block of consecutive dims (none, leading,
-    trailing or inner ones: batch norm's channels); None otherwise. Accumulated in float64 in its own order: vtrain.bounds' slack covers any order."""
+    trailing or inner ones: batch norm's channels); None otherwise. Accumulated in float64 in its own order:
+    vtrain.bounds' slack covers any order."""
     if not (usable(x) and x.dim() and x.numel()):
         return None
     red = sorted({d % x.dim() for d in dims})
