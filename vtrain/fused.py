@@ -510,22 +510,19 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
     if not (usable(x) and x.dim() and x.numel()):
         return None
     red = sorted({d % x.dim() for d in dims})
-    if red == list(range(x.dim() - len(red), x.dim())):  # trailing (also all dims): one sum per line
-        lines = flat(x).reshape(-1, math.prod(x.shape[x.dim() - len(red):]))
-        out = np.empty(lines.shape[0])
-        _abs_line_sums(lines, out)
-    elif red == list(range(len(red))):  # leading: one sum per column of the (reduced, kept) matrix
-        inner = math.prod(x.shape[len(red):])
+    kept = [d for d in range(x.dim()) if d not in red]
+    first = kept[0] if kept else 0
+    if kept and red == list(range(first)):  # leading: one sum per column of the (reduced, kept) matrix
+        inner = math.prod(x.shape[first:])
         out = np.empty(inner)
         _abs_column_sums(flat(x).reshape(-1, inner), out)
+    elif kept == list(range(first, first + len(kept))):
+        # one block kept (trailing dims, inner ones as batch norm's channels of (N, C, H, W), or none): an
+        # (outer, kept, inner) array, the sums of its inner lines added to their kept element's
+        out = np.zeros(math.prod(x.shape[first:first + len(kept)]))
+        _abs_block_sums(flat(x).reshape(math.prod(x.shape[:first]), out.size, -1), out)
     else:
-        kept = [d for d in range(x.dim()) if d not in red]
-        if kept != list(range(kept[0], kept[-1] + 1)):
-            return None
-        # kept dims in one block between reduced ones (batch norm's channels of (N, C, H, W)): an
-        # (outer, kept, inner) array, a sum per line of its inner lines added to the kept element's
-        out = np.zeros(math.prod(x.shape[kept[0]:kept[-1] + 1]))
-        _abs_middle_sums(flat(x).reshape(math.prod(x.shape[:kept[0]]), out.size, -1), out)
+        return None
     return torch.from_numpy(out)
 
 
@@ -547,13 +544,7 @@ def _abs_line_sum(line: np.ndarray) -> float:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _abs_line_sums(lines: np.ndarray, out: np.ndarray) -> None:
-    for i in range(lines.shape[0]):
-        out[i] = _abs_line_sum(lines[i])
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _abs_middle_sums(x: np.ndarray, out: np.ndarray) -> None:
+def _abs_block_sums(x: np.ndarray, out: np.ndarray) -> None:
     for a in range(x.shape[0]):
         for c in range(x.shape[1]):
             out[c] += _abs_line_sum(x[a, c])

@@ -51,6 +51,7 @@ from numba import njit
 
 from vtrain import exactdot, exactmath, fused
 from vtrain.errors import VtrainError
+from vtrain.prefilter import _unravel4
 
 aten = torch.ops.aten
 
@@ -370,10 +371,7 @@ def _weight_taps(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
     s0, s1, p0, p1, d0, d1 = geometry
     c_g, kh, kw = shape[1], shape[2], shape[3]
     for t in range(pos.size):
-        q = pos[t]
-        b, q = q % kw, q // kw
-        a, q = q % kh, q // kh
-        co, cl = q // c_g, q % c_g
+        co, cl, a, b = _unravel4(pos[t], c_g, kh, kw)
         ci, k = (co // co_g) * c_g + cl, 0
         for n in range(g.shape[0]):
             for oy in range(g.shape[2]):
@@ -1039,13 +1037,22 @@ def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarr
     k = a.shape[1]
     if k <= _WHOLE:
         return _certify(_grain(a, b, r, c, addend), e, k, out, pos)
-    q = _grain(a[:, :_SAMPLE], b[:_SAMPLE], r, c, addend)
+    return _certify_sampled(_grain(a[:, :_SAMPLE], b[:_SAMPLE], r, c, addend),
+                            lambda sel: _grain(a, b, r[sel], c[sel], None if addend is None else addend[sel]),
+                            e, k, out, pos)
+
+
+def _certify_sampled(q: np.ndarray, full: Callable[[np.ndarray], np.ndarray], e: torch.Tensor | None, k: int,
+                     out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+    """`_certify` from q, each position's grain bounded from above by a sample of its lines: the test is
+    monotone in q, so only the positions q certifies can be certified, and `full(their indices)` gives
+    their true grains. The same result as the true grains everywhere."""
     maybe = _certified(q, e, k, out)
     if maybe is None:
         return None
     sel = np.flatnonzero(maybe)
     if sel.size:
-        q[sel] = _grain(a, b, r[sel], c[sel], None if addend is None else addend[sel])
+        q[sel] = full(sel)
     return _certify(q, e, k, out, pos)
 
 
@@ -1128,14 +1135,7 @@ def _certify_slices(factors: Sequence[tuple[torch.Tensor, int, np.ndarray]], ext
     everything = np.arange(pos.numel())
     if sum(t.numel() for t, _, _ in factors) <= _SAMPLED_SLICES:
         return _certify(grain(everything, False), e, k, out, pos)
-    q = grain(everything, True)
-    maybe = _certified(q, e, k, out)
-    if maybe is None:
-        return None
-    sel = np.flatnonzero(maybe)
-    if sel.size:
-        q[sel] = grain(sel, False)
-    return _certify(q, e, k, out, pos)
+    return _certify_sampled(grain(everything, True), lambda sel: grain(sel, False), e, k, out, pos)
 
 
 def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,

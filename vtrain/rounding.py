@@ -555,7 +555,8 @@ class RoundedExecution(TorchDispatchMode):
 
     def _cast32(self, v: torch.Tensor) -> bool:
         """Float64 work at bits = 32, rounded by the hardware cast: where the kernels that build the band as
-        they go take v (fused.round_near_outer for the pre-filter, fused.round_near_mm for small matmuls)."""
+        they go take v (fused.round_near_outer for the pre-filter, fused.round_near_mm for small matmuls,
+        fused.round_near_relative for functions of the output)."""
         return v.dtype is torch.float64 and self.bits == 32
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
