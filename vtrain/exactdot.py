@@ -73,17 +73,21 @@ def copy_lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarr
 
 
 @njit(cache=True, nogil=True)
-def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, short: np.ndarray) -> None:
-    """out[j, :] = x[batch[j], line[j], :] as float64 (`copy_lines`); short[j]: every value is a finite
-    float32 value."""
-    k = x.shape[2]
-    copy_lines(x, batch, line, out)
-    for j in range(batch.size):
+def _short_lines(x: np.ndarray, short: np.ndarray) -> None:
+    """short[j]: every value of the float64 line x[j] is a finite float32 value (then products need no split)."""
+    for j in range(x.shape[0]):
         s = True
-        for t in range(k):
-            v = out[j, t]
+        for t in range(x.shape[1]):
+            v = x[j, t]
             s &= (np.float64(np.float32(v)) == v) & (abs(v) < 2.0**128)  # NaN and inf are not short
         short[j] = s
+
+
+@njit(cache=True, nogil=True)
+def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, short: np.ndarray) -> None:
+    """out[j, :] = x[batch[j], line[j], :] as float64 (`copy_lines`), and `_short_lines` of it."""
+    copy_lines(x, batch, line, out)
+    _short_lines(out, short)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -303,9 +307,11 @@ def _addend(extra: np.ndarray | None, p: int, where: str) -> np.ndarray:
 
 
 def _short(x: np.ndarray) -> np.ndarray:
-    """Per row: every value is a finite float32 value (then products need no split)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return ((x.astype(np.float32).astype(np.float64) == x) & (np.abs(x) < 2.0**128)).all(axis=1)
+    """`_short_lines` of the (P, K) float64 rows x (compiled: numpy's casts and compares took 1.3 ms a call,
+    up to 50 ms a step of a resnet-tiny at width 32)."""
+    short = np.empty(x.shape[0], dtype=np.bool_)
+    _short_lines(x, short)
+    return short
 
 
 def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -133,8 +133,9 @@ class RoundedExecution(TorchDispatchMode):
         if not 0 <= tau < 0.5:
             raise ValueError(f"tau must be in [0, 0.5), got {tau}")
         self.bits, self.device, self.policy, self.tau, self.mode, self.step = bits, device, policy, tau, mode, step
-        from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+        from vtrain import fused, fused_binary  # noqa: PLC0415 (numba's import: only processes that round pay it)
         self._fused = fused
+        self._binary = fused_binary.binary
         self._limit = grid_max(bits)
         self.replay_log = replay_log
         self.exact = resolution == "exact" and mode == "record"
@@ -208,6 +209,10 @@ class RoundedExecution(TorchDispatchMode):
             return func(*args, **kwargs)
         self._counts["ops"] += 1
         if spec.cls is OpClass.IEEE:
+            out = self._binary(func, args, kwargs, self.bits - 9, self._limit)
+            if out is not None:  # a large binary op, computed and rounded in one pass
+                self._counts["rounded"] += out.numel()
+                return args[0].copy_(out) if spec.inplace else out
             # An IEEE op's (or its decomposition's) output is a fresh tensor: rounded in place.
             if spec.decomposed is not None:
                 out = spec.decomposed(*args, **kwargs)

@@ -1,0 +1,33 @@
+"""The model families train bit for bit alike with vtrain.fused_binary's one-pass binary ops and without
+them: the same logs, losses and states (batch and layer norms, attention and residual adds are where the
+models use those ops)."""
+
+from __future__ import annotations
+
+import pytest
+
+from familykit import family_spec
+from vtrain import fused_binary
+from vtrain.state import state_hash
+from vtrain.train import TrainingSession
+
+
+def _train(spec, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0 if on else 1 << 62)  # every size, or none
+    calls = []
+    kernel = fused_binary._binary
+    monkeypatch.setattr(fused_binary, "_binary", lambda *a: calls.append(a[0]) or kernel(*a))
+    s = TrainingSession(spec, "cpu")
+    out = [s.step(t, "record") for t in range(1, 4)]
+    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), set(calls)
+
+
+@pytest.mark.parametrize("family,resolution", [("resnet-tiny", "log"), ("gpt2-tiny", "log"),
+                                               ("resnet-tiny", "exact")])
+def test_training_with_the_one_pass_ops_is_bit_identical(family_data, family: str, resolution: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = family_spec(family, family_data, steps=10, resolution=resolution)
+    logs_on, loss_on, state_on, codes = _train(spec, True, monkeypatch)
+    logs_off, loss_off, state_off, none = _train(spec, False, monkeypatch)
+    assert codes == set(range(4)) and not none  # every op ran the one-pass way, and then none did
+    assert logs_on == logs_off and loss_on == loss_off and state_on == state_off

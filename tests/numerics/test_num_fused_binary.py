@@ -1,0 +1,126 @@
+"""vtrain.fused_binary against the two-pass way it replaces (torch's op, then the grid rounding): the same
+bits on every layout it takes and None on every one it does not (tests/families/test_family_one_pass.py
+trains with it and without)."""
+
+from __future__ import annotations
+
+
+import numpy as np
+import pytest
+import torch
+
+from test_num_grid import _adversarial_fp64
+from vtrain import fused, fused_binary
+from vtrain.devices import get_device
+from vtrain.grid import GridOverflowError, grid_max, round_to_grid
+from vtrain.rounding import NonFiniteError, RoundedExecution
+
+aten = torch.ops.aten
+OPS = [aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor]
+
+
+def _hard(shape: tuple[int, ...], bits: int, seed: int, least: float = 0.0) -> torch.Tensor:
+    """Grid values, ties and near-ties, subnormals and zeros of both signs, in shape: of magnitude below
+    2^60 (no sum, product or quotient of them leaves the grid) and, but for zeros, at least `least`."""
+    gen = np.random.default_rng(seed)
+    pool = _adversarial_fp64(4000, bits - 9, gen)
+    pool = pool[(np.abs(pool) < 2.0**60) & ((np.abs(pool) >= least) | (pool == 0))]
+    return torch.from_numpy(gen.choice(pool, int(np.prod(shape)))).reshape(shape)
+
+
+def _two_pass(func: object, args: tuple, bits: int) -> torch.Tensor:
+    return round_to_grid(func(*args), bits)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.int64), b.view(torch.int64))
+
+
+# (x shape, y shape or a scalar): what a batch norm, a linear layer, an attention score and a loss scale do
+LAYOUTS = {"same": ((8, 4, 6, 8), (8, 4, 6, 8)), "per-channel": ((8, 4, 6, 8), (1, 4, 1, 1)),
+           "channel-first": ((1, 4, 1, 1), (8, 4, 6, 8)), "bias-row": ((48, 32), (32,)),
+           "column": ((48, 32), (48, 1)), "outer": ((48, 1), (1, 32)), "0-d": ((8, 4, 6, 8), ()),
+           "0-d-first": ((), (8, 4, 6, 8)), "python": ((8, 4, 6, 8), 0.1), "python-int": ((8, 4, 6, 8), 3),
+           "long-line": ((3, 5000), (3, 5000))}
+
+
+@pytest.fixture(autouse=True)
+def _every_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0)
+
+
+@pytest.mark.parametrize("bits", [32, 24, 10])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
+def test_one_pass_gives_the_two_pass_bits(func: object, layout: str, bits: int) -> None:
+    xs, ys = LAYOUTS[layout]
+    x = _hard(xs, bits, 1)
+    y = _hard(ys, bits, 2, least=2.0**-60) if isinstance(ys, tuple) else ys
+    if func is aten.div.Tensor and isinstance(y, torch.Tensor):
+        y[y == 0] = 0.75  # (a division by zero leaves the grid: tested below)
+    got = fused_binary.binary(func, (x, y), {}, bits - 9, grid_max(bits))
+    assert got is not None and _same_bits(got, _two_pass(func, (x, y), bits))
+
+
+def test_a_float32_zero_dim_operand_and_signed_zeros() -> None:
+    x = torch.tensor([0.0, -0.0, 1.0, -1.0] * 64, dtype=torch.float64).reshape(16, 16)
+    for y in (torch.tensor(-0.0, dtype=torch.float32), torch.tensor(0.0), -0.0):
+        for func in (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor):
+            got = fused_binary.binary(func, (x, y), {}, 23, grid_max(32))
+            assert got is not None and _same_bits(got, _two_pass(func, (x, y), 32))
+
+
+@pytest.mark.parametrize("func,y", [(aten.div.Tensor, 0.0), (aten.div.Tensor, 2.0**-1074),
+                                    (aten.mul.Tensor, 1e300), (aten.add.Tensor, float("nan")),
+                                    (aten.mul.Tensor, 2.0**127 * (2 - 2.0**-24))])
+def test_values_off_the_grid_return_none(func: object, y: float) -> None:
+    x = torch.ones(64, 64, dtype=torch.float64)
+    x[5, 7] = 2.0  # one value only leaves the grid where y is the largest grid value
+    assert fused_binary.binary(func, (x, y), {}, 23, grid_max(32)) is None
+    with pytest.raises(GridOverflowError):
+        _two_pass(func, (x, y), 32)
+
+
+def test_layouts_it_does_not_take_return_none() -> None:
+    x = torch.randn(64, 64, dtype=torch.float64)
+    limit = grid_max(32)
+    cases = [(aten.add.Tensor, (x, x.t()), {}),  # a strided view
+             (aten.add.Tensor, (x, x), {"alpha": 2}),
+             (aten.mul.Tensor, (x, x.float()), {}),  # float32: its own promotion rules
+             (aten.mul.Tensor, (x.float(), 2.0), {}),
+             (aten.mul.Tensor, (x, torch.ones(64, 64, dtype=torch.int64)), {}),
+             (aten.mul.Tensor, (x, True), {}),
+             (aten.add_.Tensor, (x[:1].clone(), x), {}),  # in place, a broadcast that would grow x: torch's error
+             (aten.add.Tensor, (x, torch.ones(3, dtype=torch.float64)), {}),  # shapes that do not broadcast
+             (aten.rsub.Tensor, (x, x), {}),
+             (aten.mul.Tensor, (torch.tensor(2.0), torch.tensor(3.0)), {})]
+    for func, args, kwargs in cases:
+        assert fused_binary.binary(func, args, kwargs, 23, limit) is None, (func, kwargs)
+
+
+def test_small_outputs_keep_the_two_pass_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 1 << 17)
+    x = torch.randn(1 << 16, dtype=torch.float64)
+    assert fused_binary.binary(aten.mul.Tensor, (x, x), {}, 23, grid_max(32)) is None
+    assert fused_binary.binary(aten.mul.Tensor, (x.repeat(2), 2.0), {}, 23, grid_max(32)) is not None
+
+
+def test_in_place_ops_and_an_overflow_under_rounded_execution() -> None:
+    x = _hard((32, 32), 32, 3)
+    y = _hard((32,), 32, 4)
+    want = _two_pass(aten.add.Tensor, (x, y), 32)
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain") as rx:
+        z = x.clone()
+        z.add_(y)
+    assert _same_bits(z, want)
+    assert rx.stats["rounded"] == 32 * 32  # counted as the two-pass way counts them
+    big = torch.full((32, 32), 2.0**127, dtype=torch.float64)
+    with pytest.raises(NonFiniteError, match="aten.mul"), RoundedExecution(bits=32, device=get_device("cpu"),
+                                                                           mode="plain"):
+        big * 4.0
+
+
+def test_the_path_obeys_the_kernels_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused, "ENABLED", False)
+    x = torch.randn(64, 64, dtype=torch.float64)
+    assert fused_binary.binary(aten.mul.Tensor, (x, x), {}, 23, grid_max(32)) is None
