@@ -10,12 +10,12 @@ never contracted, and its numpy error model gives IEEE's inf and NaN on a divisi
 are the dispatch path's (tests/numerics/test_num_fused_binary.py compares them on broadcasts, scalars,
 zeros, subnormals and overflows, and the engine tests train with and without this path).
 
-What it takes: float64 tensors on the CPU, each contiguous in its own shape (broadcast against the other)
-or a 0-d tensor or Python number; alpha = 1. After merging the output's dims that both operands step
-through alike, at most four remain, and each operand's innermost step is 1 or 0 (a broadcast), the cases
-the loops below vectorise. Everything else (other dtypes and devices, strided views, small outputs, which
-stay in cache anyway) returns None and goes the two-pass way, as does an output with a value off the grid,
-whose error the two-pass way then names.
+What it takes: float64 tensors on the CPU, each contiguous or a broadcast view of a contiguous tensor, and
+broadcast against each other, or a 0-d tensor or Python number; alpha = 1. After merging the output's dims
+that both operands step through alike, at most four remain, and each operand's innermost step is 1 or 0 (a
+broadcast), the cases the loops below vectorise. Everything else (other dtypes and devices, strided views,
+small outputs, which stay in cache anyway) returns None and goes the two-pass way, as does an output with a
+value off the grid, whose error the two-pass way then names.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
         return None
     x, y = args
     shape = _shape(x, y)
-    if shape is None or math.prod(shape) < MIN_ELEMENTS or (func in _IN_PLACE and tuple(x.shape) != shape):
-        return None  # (an in-place op's output is x: torch names a broadcast that would change its shape)
+    if shape is None or math.prod(shape) < MIN_ELEMENTS or (func in _IN_PLACE and (
+            tuple(x.shape) != shape or not x.is_contiguous())):
+        return None  # (an in-place op writes x: torch names a broadcast that would grow it, or an overlap)
     a, b = _operand(x, shape), _operand(y, shape)
     if a is None or b is None:
         return None
@@ -88,11 +89,12 @@ def _shape(x: Any, y: Any) -> tuple[int, ...] | None:
 
 
 def _operand(v: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]] | None:
-    """(the operand's values as a flat float64 array, its element strides over `shape`), or None.
+    """(the operand's memory as a flat float64 array, its element strides over `shape`), or None.
 
     A Python number or a 0-d floating tensor is one value (a float64 tensor of one dim or more decides the
-    result's dtype, and float64 holds any float32 or Python float exactly); a tensor of one dim or more must
-    be float64 and contiguous, read in place through the strides of its broadcast view."""
+    result's dtype, and float64 holds any float32 or Python float exactly). A tensor of one dim or more must
+    be float64 and contiguous or a broadcast view of a contiguous tensor (a mean's gradient, expanded over
+    the dims it averaged): with such operands torch's own output is contiguous, as this one is."""
     if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
         return None
     if not isinstance(v, torch.Tensor):
@@ -101,9 +103,22 @@ def _operand(v: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]] | N
         return None
     if v.dim() == 0:
         return (np.array([v.item()]), [0] * len(shape)) if v.is_floating_point() else None
-    if v.dtype is not torch.float64 or not v.is_contiguous():
+    if v.dtype is not torch.float64 or not _dense_or_broadcast(v):
         return None
-    return v.detach().numpy().reshape(-1), list(v.expand(shape).stride())
+    span = 1 + sum((d - 1) * s for d, s in zip(v.shape, v.stride()))
+    memory = torch.as_strided(v.detach(), (span,), (1,), v.storage_offset())
+    return memory.numpy(), list(v.expand(shape).stride())
+
+
+def _dense_or_broadcast(v: torch.Tensor) -> bool:
+    """Whether v's nonzero strides (of dims longer than 1) are those of a contiguous tensor."""
+    expected = 1
+    for d, s in zip(reversed(v.shape), reversed(v.stride())):
+        if d > 1 and s:
+            if s != expected:
+                return False
+            expected *= d
+    return True
 
 
 def _merge(shape: tuple[int, ...], sa: list[int], sb: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

@@ -21,10 +21,10 @@ OPS = [aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor]
 
 def _hard(shape: tuple[int, ...], bits: int, seed: int, least: float = 0.0) -> torch.Tensor:
     """Grid values, ties and near-ties, subnormals and zeros of both signs, in shape: of magnitude below
-    2^60 (no sum, product or quotient of them leaves the grid) and, but for zeros, at least `least`."""
+    2^60, and at least `least` where that is not 0 (divisors: then no quotient leaves the grid)."""
     gen = np.random.default_rng(seed)
     pool = _adversarial_fp64(4000, bits - 9, gen)
-    pool = pool[(np.abs(pool) < 2.0**60) & ((np.abs(pool) >= least) | (pool == 0))]
+    pool = pool[(np.abs(pool) < 2.0**60) & (np.abs(pool) >= least)]
     return torch.from_numpy(gen.choice(pool, int(np.prod(shape)))).reshape(shape)
 
 
@@ -55,11 +55,23 @@ def _every_size(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_one_pass_gives_the_two_pass_bits(func: object, layout: str, bits: int) -> None:
     xs, ys = LAYOUTS[layout]
     x = _hard(xs, bits, 1)
-    y = _hard(ys, bits, 2, least=2.0**-60) if isinstance(ys, tuple) else ys
-    if func is aten.div.Tensor and isinstance(y, torch.Tensor):
-        y[y == 0] = 0.75  # (a division by zero leaves the grid: tested below)
+    y = _hard(ys, bits, 2, least=2.0**-60 if func is aten.div.Tensor else 0.0) if isinstance(ys, tuple) else ys
     got = fused_binary.binary(func, (x, y), {}, bits - 9, grid_max(bits))
     assert got is not None and _same_bits(got, _two_pass(func, (x, y), bits))
+
+
+@pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
+def test_broadcast_views_of_contiguous_tensors(func: object) -> None:
+    # a mean's gradient (expanded over what it averaged) divided by the count, and views expanded in the
+    # middle, on both sides
+    g = _hard((1, 4, 1, 1), 32, 5, least=2.0**-60)
+    rows = _hard((8, 1, 6, 8), 32, 6, least=2.0**-60)
+    full = _hard((8, 4, 6, 8), 32, 7, least=2.0**-60)
+    cases = [(g.expand(8, 4, 6, 8), 8192), (full, rows.expand(8, 4, 6, 8)), (rows.expand(8, 4, 6, 8), g),
+             (g.expand(8, 4, 6, 8), rows.expand(8, 4, 6, 8)), (full[2:6], g.expand(4, 4, 6, 8))]
+    for x, y in cases:
+        got = fused_binary.binary(func, (x, y), {}, 23, grid_max(32))
+        assert got is not None and got.is_contiguous() and _same_bits(got, _two_pass(func, (x, y), 32))
 
 
 def test_a_float32_zero_dim_operand_and_signed_zeros() -> None:
@@ -91,6 +103,8 @@ def test_layouts_it_does_not_take_return_none() -> None:
              (aten.mul.Tensor, (x, torch.ones(64, 64, dtype=torch.int64)), {}),
              (aten.mul.Tensor, (x, True), {}),
              (aten.add_.Tensor, (x[:1].clone(), x), {}),  # in place, a broadcast that would grow x: torch's error
+             (aten.add_.Tensor, (x[:1].expand(64, 64), x), {}),  # in place on an overlapping view: torch's error
+             (aten.mul.Tensor, (x[:, ::2], 2.0), {}),  # every other column
              (aten.add.Tensor, (x, torch.ones(3, dtype=torch.float64)), {}),  # shapes that do not broadcast
              (aten.rsub.Tensor, (x, x), {}),
              (aten.mul.Tensor, (torch.tensor(2.0), torch.tensor(3.0)), {})]
