@@ -72,22 +72,24 @@ def copy_lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarr
                     out[j, t] = src[t]
 
 
-@njit(cache=True, nogil=True)
-def _short_lines(x: np.ndarray, short: np.ndarray) -> None:
-    """short[j]: every value of the float64 line x[j] is a finite float32 value (then products need no split)."""
-    for j in range(x.shape[0]):
-        s = True
-        for t in range(x.shape[1]):
-            v = x[j, t]
-            s &= (np.float64(np.float32(v)) == v) & (abs(v) < 2.0**128)  # NaN and inf are not short
-        short[j] = s
+@njit(cache=True, nogil=True, inline="always")
+def _short(x: np.ndarray) -> bool:
+    """Whether every value of the float64 line x is a finite float32 value (then products need no split)."""
+    s = True
+    for t in range(x.size):
+        v = x[t]
+        s &= (np.float64(np.float32(v)) == v) & (abs(v) < 2.0**128)  # NaN and inf are not short
+    return s
 
 
-@njit(cache=True, nogil=True)
-def _gather(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarray, short: np.ndarray) -> None:
-    """out[j, :] = x[batch[j], line[j], :] as float64 (`copy_lines`), and `_short_lines` of it."""
-    copy_lines(x, batch, line, out)
-    _short_lines(out, short)
+@njit(cache=True, nogil=True, inline="always")
+def _known_short(lines: np.ndarray, short: np.ndarray, j: int) -> bool:
+    """`_short` of lines[j], computed at its first use and kept in short[j] (-1: not yet known): the line is
+    then in cache for its products, where a pass of its own over all lines read them from memory (a third
+    of the time of the weight gradients' dot products)."""
+    if short[j] < 0:
+        short[j] = _short(lines[j])
+    return short[j] == 1
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -244,7 +246,7 @@ def _dots(ag: np.ndarray, ashort: np.ndarray, bg: np.ndarray, bshort: np.ndarray
             if e != 0.0:
                 parts[0] = e
                 n = 1
-        if ashort[ia[p]] and bshort[ib[p]]:
+        if _known_short(ag, ashort, ia[p]) and _known_short(bg, bshort, ib[p]):
             # Finite float32 values (0 or 2^-149 <= |v| < 2^128): every product is 0 or within
             # 2^-298 .. 2^256 with <= 48 bits, so the float64 product is exact and TwoProduct safe.
             for t in range(k):
@@ -306,12 +308,9 @@ def _addend(extra: np.ndarray | None, p: int, where: str) -> np.ndarray:
     return ex
 
 
-def _short(x: np.ndarray) -> np.ndarray:
-    """`_short_lines` of the (P, K) float64 rows x (compiled: numpy's casts and compares took 1.3 ms a call,
-    up to 50 ms a step of a resnet-tiny at width 32)."""
-    short = np.empty(x.shape[0], dtype=np.bool_)
-    _short_lines(x, short)
-    return short
+def _unknown(lines: int) -> np.ndarray:
+    """Short flags of `lines` lines, none known yet (see `_known_short`)."""
+    return np.full(lines, -1, dtype=np.int8)
 
 
 def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -321,9 +320,8 @@ def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarr
     if uniq.size and (uniq[0] < 0 or uniq[-1] >= x.shape[0] * x.shape[1]):
         raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
     out = np.empty((uniq.size, x.shape[2]))
-    short = np.empty(uniq.size, dtype=np.bool_)
-    _gather(x, uniq // x.shape[1], uniq % x.shape[1], out, short)
-    return out, short, inverse.reshape(-1)
+    copy_lines(x, uniq // x.shape[1], uniq % x.shape[1], out)
+    return out, _unknown(uniq.size), inverse.reshape(-1)
 
 
 def rounded_dots_at(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
@@ -352,7 +350,7 @@ def _rows(a: np.ndarray, b: np.ndarray, bits: int, extra: np.ndarray | None, whe
         raise exactmath.ExactMathError(f"{where}: a and b must have the same (n, K) shape, got {a.shape}, {b.shape}")
     ag, bg = np.ascontiguousarray(a, dtype=np.float64), np.ascontiguousarray(b, dtype=np.float64)
     ia = np.arange(a.shape[0])
-    return ag, _short(ag), ia, bg, _short(bg), ia, _addend(extra, a.shape[0], where), m
+    return ag, _unknown(a.shape[0]), ia, bg, _unknown(b.shape[0]), ia, _addend(extra, a.shape[0], where), m
 
 
 def rounded_dots(a: np.ndarray, b: np.ndarray, bits: int, extra: np.ndarray | None = None) -> np.ndarray:

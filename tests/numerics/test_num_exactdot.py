@@ -116,13 +116,18 @@ def test_non_grid_float64_factors() -> None:
     gen = np.random.default_rng(7)
     a = gen.standard_normal((30, 200)) * 2.0 ** gen.integers(-40, 40, (30, 200))
     b = gen.standard_normal((30, 200))
-    assert not exactdot._short(a).any()  # Dekker's low parts are nonzero here
+    assert not any(exactdot._short(row) for row in a)  # Dekker's low parts are nonzero here
     for bits in BITS:
         check(a, b, bits)
         # exact midpoints from non-grid factors: x * (1 + 2^-30) - x * 2^-30 = x, x a midpoint
         m = bits - 9
         x = 1 + 2.0 ** -(m + 1)
         check(np.array([[x, x, 2.0**-60]]), np.array([[1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52]]), bits)
+        # the same beside a line of float32 values, first and last: each line's own flag decides the split
+        check(np.array([[0.5, 0.25, 1.0], [x, x, 2.0**-60]]),
+              np.array([[1.0, 2.0, 3.0], [1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52]]), bits)
+        check(np.array([[x, x, 2.0**-60], [0.5, 0.25, 1.0]]),
+              np.array([[1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52], [1.0, 2.0, 3.0]]), bits)
 
 
 def test_flagged_positions_fall_back_with_the_same_values() -> None:
