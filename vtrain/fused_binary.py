@@ -54,6 +54,8 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     if code is None or not fused.ENABLED or len(args) != 2 or kwargs.get("alpha", 1) != 1:
         return None
     x, y = args
+    if _numel(x) * _numel(y) < MIN_ELEMENTS:  # (no output is larger: small ops leave here, in ~1 us)
+        return None
     shape = _shape(x, y)
     if shape is None or math.prod(shape) < MIN_ELEMENTS or (func in _IN_PLACE and (
             tuple(x.shape) != shape or not x.is_contiguous())):
@@ -69,6 +71,10 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     if _binary(code, a[0], sa, b[0], sb, dims, out.numpy().reshape(-1), m, m == 23, limit, POW2):
         return None
     return out
+
+
+def _numel(v: Any) -> int:
+    return v.numel() if isinstance(v, torch.Tensor) else 1
 
 
 def _shape(x: Any, y: Any) -> tuple[int, ...] | None:
