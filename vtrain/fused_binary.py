@@ -8,7 +8,8 @@ rounded while it is in a register, right after the one IEEE operation that makes
 torch's float64 kernel performs (numba compiles a + b, a - b, a * b, a / b to single IEEE instructions,
 never contracted, and its numpy error model gives IEEE's inf and NaN on a division by zero). So the bits
 are the dispatch path's (tests/numerics/test_num_fused_binary.py compares them on broadcasts, scalars,
-zeros, subnormals and overflows, and the engine tests train with and without this path).
+ties, zeros, subnormals and overflows; tests/families/test_family_one_pass.py trains the model families
+with and without this path to identical logs and states).
 
 What it takes: float64 tensors on the CPU, each contiguous or a broadcast view of a contiguous tensor, and
 broadcast against each other, or a 0-d tensor or Python number; alpha = 1. After merging the output's dims
@@ -103,8 +104,8 @@ def _operand(v: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]] | N
     the dims it averaged): with such operands torch's own output is contiguous, as this one is."""
     if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
         return None
-    if not isinstance(v, torch.Tensor):
-        return np.array([float(v)]), [0] * len(shape)
+    if not isinstance(v, torch.Tensor):  # (an int float64 cannot hold exactly: torch's own conversion decides)
+        return (np.array([float(v)]), [0] * len(shape)) if isinstance(v, float) or abs(v) <= 2**53 else None
     if not v.is_cpu or v.is_neg():
         return None
     if v.dim() == 0:

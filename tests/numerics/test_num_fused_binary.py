@@ -102,6 +102,7 @@ def test_layouts_it_does_not_take_return_none() -> None:
              (aten.mul.Tensor, (x.float(), 2.0), {}),
              (aten.mul.Tensor, (x, torch.ones(64, 64, dtype=torch.int64)), {}),
              (aten.mul.Tensor, (x, True), {}),
+             (aten.mul.Tensor, (x, 2**53 + 1), {}),  # an int no float64 holds
              (aten.add_.Tensor, (x[:1].clone(), x), {}),  # in place, a broadcast that would grow x: torch's error
              (aten.add_.Tensor, (x[:1].expand(64, 64), x), {}),  # in place on an overlapping view: torch's error
              (aten.mul.Tensor, (x[:, ::2], 2.0), {}),  # every other column
