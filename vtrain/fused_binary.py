@@ -11,7 +11,7 @@ are the dispatch path's (tests/numerics/test_num_fused_binary.py compares them o
 ties, zeros, subnormals and overflows; tests/families/test_family_one_pass.py trains the model families
 with and without this path to identical logs and states).
 
-What it takes: float64 tensors on the CPU, each contiguous or a broadcast view of a contiguous tensor, and
+What it takes: float64 tensors on the CPU, each contiguous (row-major strides) or a broadcast view of one, and
 broadcast against each other, or a 0-d tensor or Python number; alpha = 1. After merging the output's dims
 that both operands step through alike, at most four remain, and each operand's innermost step is 1 or 0 (a
 broadcast), the cases the loops below vectorise. Everything else (other dtypes and devices, strided views,
@@ -52,15 +52,18 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     """The rounded output of the binary op `func` on (args, kwargs), a fresh contiguous tensor, or None where
     this path does not apply (see the module docstring) or a value is off the grid."""
     code = _CODES.get(func)
-    if code is None or not fused.ENABLED or len(args) != 2 or kwargs.get("alpha", 1) != 1:
+    alpha = kwargs.get("alpha", 1)
+    if code is None or not fused.ENABLED or len(args) != 2 or type(alpha) not in (int, float) or alpha != 1:
         return None
     x, y = args
-    if _numel(x) * _numel(y) < MIN_ELEMENTS:  # (no output is larger: small ops leave here, in ~1 us)
+    if _numel(x) * _numel(y) < max(MIN_ELEMENTS, 1):  # (no output is larger: small ops leave here, in ~1 us)
         return None
     shape = _shape(x, y)
-    if shape is None or math.prod(shape) < MIN_ELEMENTS or (func in _IN_PLACE and (
-            tuple(x.shape) != shape or not x.is_contiguous())):
-        return None  # (an in-place op writes x: torch names a broadcast that would grow it, or an overlap)
+    if shape is None or math.prod(shape) < max(MIN_ELEMENTS, 1) or (func in _IN_PLACE and (
+            tuple(x.shape) != shape or not x.is_contiguous() or (
+            isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()))):
+        # (an in-place op writes x: torch names a broadcast that would grow it, or operands that overlap)
+        return None
     a, b = _operand(x, shape), _operand(y, shape)
     if a is None or b is None:
         return None
@@ -91,7 +94,7 @@ def _shape(x: Any, y: Any) -> tuple[int, ...] | None:
         d, e = p[-i] if i <= len(p) else 1, q[-i] if i <= len(q) else 1
         if d != e and 1 not in (d, e):
             return None  # torch's op raises the error that names the shapes
-        out.append(max(d, e) if 1 in (d, e) else d)
+        out.append(e if d == 1 else d)
     return tuple(reversed(out))
 
 
@@ -100,8 +103,8 @@ def _operand(v: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]] | N
 
     A Python number or a 0-d floating tensor is one value (a float64 tensor of one dim or more decides the
     result's dtype, and float64 holds any float32 or Python float exactly). A tensor of one dim or more must
-    be float64 and contiguous or a broadcast view of a contiguous tensor (a mean's gradient, expanded over
-    the dims it averaged): with such operands torch's own output is contiguous, as this one is."""
+    be float64 and `_canonical`: contiguous, or a broadcast view of a contiguous tensor (a mean's gradient,
+    expanded over the dims it averaged)."""
     if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
         return None
     if not isinstance(v, torch.Tensor):  # (an int float64 cannot hold exactly: torch's own conversion decides)
@@ -110,21 +113,25 @@ def _operand(v: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]] | N
         return None
     if v.dim() == 0:
         return (np.array([v.item()]), [0] * len(shape)) if v.is_floating_point() else None
-    if v.dtype is not torch.float64 or not _dense_or_broadcast(v):
+    if v.dtype is not torch.float64 or not _canonical(v):
         return None
     span = 1 + sum((d - 1) * s for d, s in zip(v.shape, v.stride()))
     memory = torch.as_strided(v.detach(), (span,), (1,), v.storage_offset())
     return memory.numpy(), list(v.expand(shape).stride())
 
 
-def _dense_or_broadcast(v: torch.Tensor) -> bool:
-    """Whether v's nonzero strides (of dims longer than 1) are those of a contiguous tensor."""
+def _canonical(v: torch.Tensor) -> bool:
+    """Whether v is a contiguous tensor with row-major strides on every dim, size-1 dims included, or such a
+    tensor expanded (stride 0 on dims longer than 1). Torch lays its output out by its operands' strides,
+    size-1 dims' too (a pooled channels_last tensor's (4, 1, 4, 4) gives a channels_last product): with
+    these operands only is its output the row-major tensor this path writes."""
     expected = 1
     for d, s in zip(reversed(v.shape), reversed(v.stride())):
-        if d > 1 and s:
-            if s != expected:
-                return False
-            expected *= d
+        if s == 0 and d > 1:
+            continue
+        if s != expected:
+            return False
+        expected *= d
     return True
 
 

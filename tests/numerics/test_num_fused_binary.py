@@ -58,6 +58,7 @@ def test_one_pass_gives_the_two_pass_bits(func: object, layout: str, bits: int) 
     y = _hard(ys, bits, 2, least=2.0**-60 if func is aten.div.Tensor else 0.0) if isinstance(ys, tuple) else ys
     got = fused_binary.binary(func, (x, y), {}, bits - 9, grid_max(bits))
     assert got is not None and _same_bits(got, _two_pass(func, (x, y), bits))
+    assert got.stride() == func(x, y).stride()  # torch's layout: later ops see the same tensor
 
 
 @pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
@@ -71,7 +72,7 @@ def test_broadcast_views_of_contiguous_tensors(func: object) -> None:
              (g.expand(8, 4, 6, 8), rows.expand(8, 4, 6, 8)), (full[2:6], g.expand(4, 4, 6, 8))]
     for x, y in cases:
         got = fused_binary.binary(func, (x, y), {}, 23, grid_max(32))
-        assert got is not None and got.is_contiguous() and _same_bits(got, _two_pass(func, (x, y), 32))
+        assert got is not None and got.stride() == func(x, y).stride() and _same_bits(got, _two_pass(func, (x, y), 32))
 
 
 def test_a_float32_zero_dim_operand_and_signed_zeros() -> None:
@@ -107,10 +108,29 @@ def test_layouts_it_does_not_take_return_none() -> None:
              (aten.add_.Tensor, (x[:1].expand(64, 64), x), {}),  # in place on an overlapping view: torch's error
              (aten.mul.Tensor, (x[:, ::2], 2.0), {}),  # every other column
              (aten.add.Tensor, (x, torch.ones(3, dtype=torch.float64)), {}),  # shapes that do not broadcast
+             (aten.add.Tensor, (x, x), {"alpha": True}), (aten.add.Tensor, (x, x), {"alpha": 1 + 0j}),  # torch's errors
+             (aten.add_.Tensor, (x, x[:1]), {}), (aten.mul_.Tensor, (x, x[0]), {}),  # in place on overlapping operands
+             (aten.add.Tensor, (torch.ones(3, 0, dtype=torch.float64), 1.0), {}),  # empty outputs
+             (aten.add.Tensor, (torch.ones(0, dtype=torch.float64), torch.ones(1, dtype=torch.float64)), {}),
              (aten.rsub.Tensor, (x, x), {}),
              (aten.mul.Tensor, (torch.tensor(2.0), torch.tensor(3.0)), {})]
     for func, args, kwargs in cases:
         assert fused_binary.binary(func, args, kwargs, 23, limit) is None, (func, kwargs)
+
+
+def test_operands_whose_size_one_dims_lead_torch_to_another_layout_return_none() -> None:
+    # Torch lays its output out by the operands' strides, size-1 dims' included: a pooled channels_last
+    # tensor's product is channels_last, and an expanded one's, or a permuted size-1 view's, no row-major
+    # tensor at all. This path writes row-major outputs only, so it must leave these to torch.
+    pooled = torch.nn.functional.adaptive_avg_pool2d(
+        torch.randn(2, 4, 3, 3, dtype=torch.float64).contiguous(memory_format=torch.channels_last), 1)
+    permuted = torch.randn(3, 1, 1, dtype=torch.float64).permute(1, 2, 0)
+    cases = [(pooled, 2.0), (pooled.expand(2, 4, 3, 1), 3.0),
+             (torch.ones(1, 1, 1, dtype=torch.float64).expand(1, 3, 3), permuted)]
+    for x, y in cases:
+        theirs = aten.mul.Tensor(x, y)
+        assert theirs.stride() != torch.empty(theirs.shape).stride()  # not the layout this path would write
+        assert fused_binary.binary(aten.mul.Tensor, (x, y), {}, 23, grid_max(32)) is None
 
 
 def test_small_outputs_keep_the_two_pass_way(monkeypatch: pytest.MonkeyPatch) -> None:
