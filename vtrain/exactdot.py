@@ -85,8 +85,8 @@ def _short(x: np.ndarray) -> bool:
 @njit(cache=True, nogil=True, inline="always")
 def _known_short(lines: np.ndarray, short: np.ndarray, j: int) -> bool:
     """`_short` of lines[j], computed at its first use and kept in short[j] (-1: not yet known): the line is
-    then in cache for its products, where a pass of its own over all lines read them from memory (a third
-    of the time of the weight gradients' dot products)."""
+    then in cache for its products, where a pass of its own over all the lines read them from memory once
+    more (a weight gradient's positions gather 2 x 32,768 terms each at resnet-tiny's width 32)."""
     if short[j] < 0:
         short[j] = _short(lines[j])
     return short[j] == 1

@@ -59,10 +59,7 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     if _numel(x) * _numel(y) < max(MIN_ELEMENTS, 1):  # (no output is larger: small ops leave here, in ~1 us)
         return None
     shape = _shape(x, y)
-    if shape is None or math.prod(shape) < max(MIN_ELEMENTS, 1) or (func in _IN_PLACE and (
-            tuple(x.shape) != shape or not x.is_contiguous() or (
-            isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()))):
-        # (an in-place op writes x: torch names a broadcast that would grow it, or operands that overlap)
+    if shape is None or math.prod(shape) < max(MIN_ELEMENTS, 1) or (func in _IN_PLACE and not _writable(x, y, shape)):
         return None
     a, b = _operand(x, shape), _operand(y, shape)
     if a is None or b is None:
@@ -75,6 +72,14 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     if _binary(code, a[0], sa, b[0], sb, dims, out.numpy().reshape(-1), m, m == 23, limit, POW2):
         return None
     return out
+
+
+def _writable(x: torch.Tensor, y: Any, shape: tuple[int, ...]) -> bool:
+    """Whether an in-place op's output may be copied into x: x has the output's shape, is contiguous and
+    shares no memory with y. Otherwise torch's own op raises the error that names it (a broadcast that would
+    grow x, operands that overlap)."""
+    return tuple(x.shape) == shape and x.is_contiguous() and not (
+        isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
 
 
 def _numel(v: Any) -> int:
