@@ -156,15 +156,15 @@ def round_scalar(x: float, m: int, cast32: bool, pow2: np.ndarray) -> float:
         return np.float64(np.float32(x))
     if x == 0 or not math.isfinite(x):
         return x  # signed zero stays; inf and NaN are the caller's to flag
-    # the exponent from float64 bits (a float32 widens exactly; subnormals of either clamp to -126):
-    # math.frexp cost ~3 ns a call, eight calls an element in float32 work's Adam
-    return _grid_round(x, _exponent(np.float64(x).view(np.int64), 52, 0x7FF, 1023), m, False, pow2)
+    return round_value(x, m, False, pow2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def round_value(x: float, m: int, cast32: bool, pow2: np.ndarray) -> float:
-    """A float64 value rounded onto the grid, in a form LLVM vectorises in a loop (no branch on x: zero,
-    inf and NaN come out of `_grid_round` as they went in), unlike `round_scalar`."""
+    """A value rounded onto the grid, in a form LLVM vectorises in a loop (no branch on x: zero, inf and NaN
+    come out of `_grid_round` as they went in), unlike `round_scalar`. The exponent comes from float64 bits
+    (a float32 widens exactly; subnormals of either clamp to -126): math.frexp cost ~3 ns a call, eight calls
+    an element in float32 work's Adam."""
     return _grid_round(x, 0 if cast32 else _exponent(np.float64(x).view(np.int64), 52, 0x7FF, 1023), m, cast32,
                        pow2)
 

@@ -56,10 +56,11 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     if code is None or not fused.ENABLED or len(args) != 2 or type(alpha) not in (int, float) or alpha != 1:
         return None
     x, y = args
-    if _numel(x) * _numel(y) < max(MIN_ELEMENTS, 1):  # (no output is larger: small ops leave here, in ~1 us)
+    least = max(MIN_ELEMENTS, 1)  # (an empty output is torch's)
+    if _numel(x) * _numel(y) < least:  # (no output is larger: small ops leave here, in ~1 us)
         return None
     shape = _shape(x, y)
-    if shape is None or math.prod(shape) < max(MIN_ELEMENTS, 1) or (func in _IN_PLACE and not _writable(x, y, shape)):
+    if shape is None or math.prod(shape) < least or (func in _IN_PLACE and not _writable(x, y, shape)):
         return None
     a, b = _operand(x, shape), _operand(y, shape)
     if a is None or b is None:
@@ -87,7 +88,8 @@ def _numel(v: Any) -> int:
 
 
 def _shape(x: Any, y: Any) -> tuple[int, ...] | None:
-    """The broadcast output shape where one operand at least is a float64 CPU tensor of one dim or more."""
+    """The broadcast output shape where one operand at least is a tensor of one dim or more (None otherwise,
+    or where the shapes do not broadcast)."""
     shapes = [tuple(t.shape) for t in (x, y) if isinstance(t, torch.Tensor)]
     if not any(shapes):
         return None

@@ -4,7 +4,6 @@ trains with it and without)."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
