@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 from numba import njit
+from torch.autograd.graph import increment_version
 from torch.optim.adam import adam as torch_adam
 from torch.optim.sgd import sgd as torch_sgd
 from torch.utils._mode_utils import no_dispatch
@@ -156,6 +157,8 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, index: int
     scalars = tuple(s if type(s) is bool else work(s) for s in scalars)
     pow2 = POW2 if work is np.float64 else POW2_32
     bad = kernel(*arrays, *scalars, m, m == 23, rx._limit, pow2)
+    for t in tensors[:1] + tensors[2:]:  # written through numpy: bumped as torch's in-place updates would be
+        increment_version(t)  # (vtrain.prefilter.LineNorms trusts version counters)
     rx.count_rounded(tensors[0].numel() * rounded, ops=rounded)
     if bad:
         which = "parameter" if bad & 1 else "state"

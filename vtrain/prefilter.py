@@ -36,10 +36,10 @@ Everything depends on the operands' layout and the candidate count only, a pure 
 inputs, so a run and its resumption decide alike.
 
 Convolutions (2-d and 1-d, not transposed) take the same two steps, with U from window norms: Cauchy-Schwarz
-over each output's window (forward), over the outputs whose windows cover a pixel (input gradient), or over
-whole channels (weight and bias gradients), in compiled passes that read each operand once for all the op's
-outputs (`_convolution_upper`). U is looser there (2-8x E at the median on the test cases, against 1.6-2x for
-matmuls), but float64 work's bands are so narrow that the resnet-tiny example's convolutions keep 0-4
+over each output's window (forward), over the outputs whose windows cover a pixel (input gradient), over
+each output row and the input row its tap reads (weight gradient) or over whole channels (bias gradient), in
+compiled passes that read each operand once for all the op's outputs (`_convolution_upper`). U is looser
+there (2-8x E at the median on the test cases, against 1.6-2x for matmuls), but float64 work's bands are so narrow that the resnet-tiny example's convolutions keep 0-4
 candidates a call, and E gathered at them (BOUNDS_AT, compiled loops; also the auditor's, at its log's
 entries) replaces a full bound that cost as much as the convolution itself. (An earlier bound from
 line statistics had measured no cheaper than the full bound, commit 63837b3.)
@@ -111,8 +111,8 @@ class Prefilter:
         return (rows[:, :, None] * cols[:, None, :] + add[:, None, :]).to(self.dtype).view(self.shape)
 
 
-# (args, kwargs, outputs) -> U of each output (None: that output takes the full bound), or None for all
-Upper = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], "list[Prefilter | None] | None"]
+# (args, kwargs, outputs[, LineNorms]) -> U of each output (None: that output takes the full bound), or None for all
+Upper = Callable[..., "list[Prefilter | None] | None"]
 
 
 _CONVOLUTIONS = frozenset(str(op) for op in (aten.convolution.default, aten.convolution_backward.default))
@@ -146,14 +146,16 @@ def _envelope(kk: int, k: int, largest: float, dtype: torch.dtype) -> tuple[floa
 
 
 def _matmul_upper(func: Any) -> Upper:
-    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[Prefilter | None] | None:
-        pre = _one(args, kwargs, outs)
+    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None],
+              norms: LineNorms | None = None) -> list[Prefilter | None] | None:
+        pre = _one(args, kwargs, outs, norms)
         return None if pre is None else [pre]
 
-    def _one(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Prefilter | None:
+    def _one(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None],
+             norms: LineNorms | None) -> Prefilter | None:
         """U >= E at every element of the output (the output's dtype and shape) and the nonzero-term filter,
         or None where the full bound is cheap (a small op), a layout makes the filter cost more than it
-        saves, or U would not be finite."""
+        saves, or U would not be finite. The operands' line norms come from `norms` where given."""
         v = outs[0]
         least = MIN_PRODUCTS.get(v.dtype)
         # small ops and other devices' tensors leave before the operands are unpacked (K: the last operand's rows)
@@ -171,10 +173,11 @@ def _matmul_upper(func: Any) -> Upper:
         kk = k + terms
         rows = np.empty((a.shape[0], a.shape[1]))  # the norms of a's rows
         cols = np.empty((b.shape[0], b.shape[2]))  # and of b's columns
-        usable_a, zeros_a = _line_norms(_numpy(a), rows)
+        line_norms = _line_norms if norms is None else norms.of
+        usable_a, zeros_a = line_norms(a, rows)
         if not usable_a:
             return None
-        usable_b, zeros_b = _line_norms(_numpy(b.transpose(1, 2)), cols)
+        usable_b, zeros_b = line_norms(b.transpose(1, 2), cols)
         if not usable_b:
             return None
         a_max, b_max = rows.max(), cols.max()
@@ -344,16 +347,70 @@ def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
 _TINY_LINE = 2.0**-500
 
 
-def _line_norms(x: np.ndarray, out: np.ndarray) -> tuple[bool, bool]:
-    """out[n, i] = the Euclidean norm of x[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
+def _line_norms(t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
+    """out[n, i] = the Euclidean norm of t[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
     2^-53 below the exact norm); (whether every value was finite and none below _TINY_LINE but zero, whether
     some value was zero)."""
+    x = _numpy(t)
     top, tiny, zeros = 0, 0, 0
     for n in range(x.shape[0]):
         lines, transposed = _lines(x, n)
-        t, s, z = (_norms_t if transposed else _norms_rows)(lines, out[n])
-        top, tiny, zeros = max(top, t), tiny + s, zeros + z
+        a, b, c = (_norms_t if transposed else _norms_rows)(lines, out[n])
+        top, tiny, zeros = max(top, a), tiny + b, zeros + c
+    return _flags(top, tiny, zeros)
+
+
+def _flags(top: int, tiny: int, zeros: int) -> tuple[bool, bool]:
     return top < 0x7FF0000000000000 and tiny == 0, zeros > 0
+
+
+class LineNorms:
+    """The line norms of one rounded execution's matmul operands (`_line_norms`), both axes from one pass,
+    each kept until its other axis is asked.
+
+    Every operand of a linear layer is normed along both axes in a training step: x along its rows in the
+    forward (x @ W^T) and along its columns in the weight gradient (g^T @ x), W along its rows and then its
+    columns (g @ W), the output gradient g along its rows (g @ W) and its columns (g^T @ x); attention's
+    queries, keys, values, scores and their gradients alike. A pass reads its operand from memory (on the
+    trainer's measurements ~1.2 ns a value, where the norms' arithmetic in cache takes ~0.5), so one pass
+    gives both axes (`_norms_both`) and the other use reads nothing: measured in one process with the cache
+    on and off step by step, GPT-2-tiny's norms took 18 against 29 ms a step at d_model 256, 42 against 73
+    at 512 (session 16; identical logs and states).
+
+    Keyed by the operand's memory (address, layout, dtype) and torch's version counter, which views share
+    and every in-place torch op bumps (vtrain.fused_optim's updates, which write through numpy, bump it
+    too). An entry holds its tensor: freed memory comes back as other tensors (the allocator, vtrain.spare),
+    whose version counters start afresh, and a held tensor's memory cannot. Entries go once both axes have
+    been asked (a gradient's memory is not kept past its two uses), the rest with this object at the end of
+    the rounded execution. Operands laid out in neither orientation go to `_line_norms` uncached."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple] = {}
+
+    def of(self, t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
+        """`_line_norms(t, out)`, from this cache where it can."""
+        x = _numpy(t)
+        rows = x.shape[0] == 0 or x[0].flags.c_contiguous
+        canon = x if rows else x.transpose(0, 2, 1)
+        if t.is_inference() or not all(canon[n].flags.c_contiguous for n in range(canon.shape[0])):
+            return _line_norms(t, out)  # (inference tensors have no version counter)
+        # (a batch of one's stride is whatever the view that added it chose)
+        strides = canon.strides if canon.shape[0] > 1 else (0, *canon.strides[1:])
+        key = (t.data_ptr(), canon.shape, strides, canon.dtype.str, t._version)  # (t[0, 0, 0] is canon's too)
+        entry = self._entries.get(key)
+        if entry is None:
+            along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
+            top, tiny, zeros = 0, 0, 0
+            for n in range(canon.shape[0]):
+                a, b, c = _norms_both(canon[n], along[n], across[n])
+                top, tiny, zeros = max(top, a), tiny + b, zeros + c
+            # (norms of canon's rows, of its columns, flags, the axes not yet asked, the tensor held)
+            entry = self._entries[key] = (along, across, _flags(top, tiny, zeros), {True, False}, t)
+        out[:] = entry[0] if rows else entry[1]
+        entry[3].discard(rows)
+        if not entry[3]:
+            del self._entries[key]
+        return entry[2]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -373,40 +430,42 @@ def _is_zero(x: float) -> int:
     return np.int64(x == 0)
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _sum_squares(line: np.ndarray) -> float:
-    """The sum of line's squares in float64, in four interleaved partial sums (one chain of dependent
-    additions would wait on each)."""
-    s0 = s1 = s2 = s3 = 0.0
-    k = 0
-    while k + 4 <= line.size:
-        v0, v1 = np.float64(line[k]), np.float64(line[k + 1])
-        v2, v3 = np.float64(line[k + 2]), np.float64(line[k + 3])
-        s0 += v0 * v0
-        s1 += v1 * v1
-        s2 += v2 * v2
-        s3 += v3 * v3
-        k += 4
-    while k < line.size:
-        v = np.float64(line[k])
-        s0 += v * v
-        k += 1
-    return (s0 + s1) + (s2 + s3)
-
-
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
-    # Per line, the largest magnitude, the tiny values and the zeros in one pass (integer reductions:
-    # vectorised), then the sum of squares (_sum_squares): 2.6x faster than one loop doing all of it.
+    # Per line, in one vectorised pass: the sum of squares (reassociated, see _sum_squares; nothing else
+    # here is a floating-point sum), the largest magnitude, the tiny values and the zeros (integer reductions)
     top, tiny, zeros = 0, 0, 0
     for i in range(x.shape[0]):
-        line = x[i]
+        line, s = x[i], 0.0
         for k in range(line.size):
             v = np.float64(line[k])
+            s += v * v
             top = max(top, _abs_bits(v))
             tiny += _is_tiny(v)
             zeros += _is_zero(v)
-        out[i] = math.sqrt(_sum_squares(line))
+        out[i] = math.sqrt(s)
+    return top, tiny, zeros
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int]:
+    # _norms_rows and _norms_t of x at once: each value's square goes to its row's sum (reassociated, as
+    # in _norms_rows) and to its column's (one addition per value, in row order)
+    top, tiny, zeros = 0, 0, 0
+    sq = np.zeros(x.shape[1])
+    for i in range(x.shape[0]):
+        line, s = x[i], 0.0
+        for k in range(line.size):
+            v = np.float64(line[k])
+            q = v * v
+            s += q
+            sq[k] += q
+            top = max(top, _abs_bits(v))
+            tiny += _is_tiny(v)
+            zeros += _is_zero(v)
+        rows[i] = math.sqrt(s)
+    for k in range(sq.size):
+        cols[k] = math.sqrt(sq[k])
     return top, tiny, zeros
 
 
@@ -427,24 +486,18 @@ def _norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
     return top, tiny, zeros
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _abs_dots(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
               out: np.ndarray) -> None:
-    # For b's columns contiguous along k (x @ W^T): each position's dot on its own, in four interleaved
-    # partial sums (a chain of dependent additions would wait on each one; E bounds any order, see
-    # bounds._finish). Float64 products of the operands' values, exact for float32 operands.
+    # For b's columns contiguous along k (x @ W^T): each position's dot on its own, reassociated so that
+    # LLVM vectorises it (E bounds any order, see bounds._finish; four fixed partial sums took 1.8-2.7x as
+    # long). Float64 products of the operands' values, exact for float32 operands.
     for t in range(rows.size):
         n, i, j = batch[t], rows[t], cols[t]
-        s0 = s1 = s2 = s3 = 0.0
-        kk = a.shape[2] - a.shape[2] % 4
-        for k in range(0, kk, 4):
-            s0 += abs(np.float64(a[n, i, k])) * abs(np.float64(b[n, k, j]))
-            s1 += abs(np.float64(a[n, i, k + 1])) * abs(np.float64(b[n, k + 1, j]))
-            s2 += abs(np.float64(a[n, i, k + 2])) * abs(np.float64(b[n, k + 2, j]))
-            s3 += abs(np.float64(a[n, i, k + 3])) * abs(np.float64(b[n, k + 3, j]))
-        for k in range(kk, a.shape[2]):
-            s0 += abs(np.float64(a[n, i, k])) * abs(np.float64(b[n, k, j]))
-        out[t] = (s0 + s1) + (s2 + s3)
+        s = 0.0
+        for k in range(a.shape[2]):
+            s += abs(np.float64(a[n, i, k])) * abs(np.float64(b[n, k, j]))
+        out[t] = s
 
 
 @njit(cache=True, nogil=True)
@@ -452,46 +505,34 @@ def _abs_dots_by_rows(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.
                       out: np.ndarray) -> None:
     # For a b laid out row-major (its columns strided along k: g @ W, g^T @ x): reading a column per
     # position costs a cache miss per term, so every position's sum advances together, one row of b at a
-    # time, each row read once. The rows of a that the positions need are first copied, transposed, so
-    # that a step in k reads them from one short line.
+    # time, each row read once. Their rows of a are read where they lie: a row-major a gives each position
+    # four consecutive values a pass (the positions' cache lines stay in L1 between passes), a transposed
+    # one a gather from one of its short lines. (Session 16: copying the wanted rows of a, transposed, to a
+    # buffer first took half the time, 1.09 against 0.44 ms for 290 positions of a 1024 x 1024 @ 1024 x 256.)
     out[:] = 0.0
     for n in range(a.shape[0]):
         sel = np.flatnonzero(batch == n)
         if sel.size == 0:
             continue
-        wanted = np.unique(rows[sel])
-        slot = np.empty(a.shape[1], dtype=np.int64)
-        for r in range(wanted.size):
-            slot[wanted[r]] = r
-        at = np.empty((a.shape[2], wanted.size))
-        if a.strides[2] <= a.strides[1]:
-            for r in range(wanted.size):
-                for k in range(a.shape[2]):
-                    at[k, r] = abs(np.float64(a[n, wanted[r], k]))
-        else:
-            for k in range(a.shape[2]):
-                for r in range(wanted.size):
-                    at[k, r] = abs(np.float64(a[n, wanted[r], k]))
         sel = sel[np.argsort(cols[sel])]  # each row of b read in increasing column
-        where, col = slot[rows[sel]], cols[sel]
+        row, col, an = rows[sel], cols[sel], a[n]
         acc = np.zeros(sel.size)
         # Four rows of b per pass: a position's index, sum and stores are touched once per four terms (1.4x
         # faster than a row per pass), and its terms are still added in increasing k, one at a time.
         k = 0
         while k + 4 <= a.shape[2]:
-            a0, a1, a2, a3 = at[k], at[k + 1], at[k + 2], at[k + 3]
             b0, b1, b2, b3 = b[n, k], b[n, k + 1], b[n, k + 2], b[n, k + 3]
             for t in range(sel.size):
-                w, c = where[t], col[t]
-                s = acc[t] + a0[w] * abs(np.float64(b0[c]))
-                s += a1[w] * abs(np.float64(b1[c]))
-                s += a2[w] * abs(np.float64(b2[c]))
-                acc[t] = s + a3[w] * abs(np.float64(b3[c]))
+                ar, c = an[row[t]], col[t]
+                s = acc[t] + abs(np.float64(ar[k])) * abs(np.float64(b0[c]))
+                s += abs(np.float64(ar[k + 1])) * abs(np.float64(b1[c]))
+                s += abs(np.float64(ar[k + 2])) * abs(np.float64(b2[c]))
+                acc[t] = s + abs(np.float64(ar[k + 3])) * abs(np.float64(b3[c]))
             k += 4
         for k in range(k, a.shape[2]):
-            arow, brow = at[k], b[n, k]
+            brow = b[n, k]
             for t in range(sel.size):
-                acc[t] += arow[where[t]] * abs(np.float64(brow[col[t]]))
+                acc[t] += abs(np.float64(an[row[t], k])) * abs(np.float64(brow[col[t]]))
         for t in range(sel.size):
             out[sel[t]] = acc[t]
 
@@ -600,35 +641,41 @@ def _matmul_at(func: Any) -> PositionBound:
 # of per-pixel squares (all channels: a group's are fewer, so this bounds it) over the window's taps. An input
 # gradient's terms are the output gradients whose windows cover the pixel times a channel's weights, the
 # same way round. A weight gradient sums grad_co times input channel ci shifted by one tap over images and
-# positions: each shifted plane is a subset of the channel's values, so ||grad_co|| ||x_ci|| bounds it, and a
-# bias gradient's sum of n values is at most sqrt(n) ||grad_co||. Measured against E on the resnet-tiny
-# example's layers: see docs/benchmarks.md (session 13).
+# positions, row by row: each output row's terms are bounded by its norm times its input row's
+# (`_weight_sums`), and a bias gradient's sum of n values is at most sqrt(n) ||grad_co||. Measured against E
+# on the resnet-tiny example's layers: see docs/benchmarks.md (sessions 13 and 16).
 
 
-@njit(cache=True, nogil=True)
-def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray) -> tuple[int, int]:
-    """pixel[a, y, z] = sum over b of x[a, b, y, z]^2 and plane[a, b] = sum over y, z of it, in float64 (an
-    empty pixel or plane: not wanted); the largest |x| as float64 bits and the count of tiny nonzero values
-    (see _TINY_LINE). Per plane, one pass each for the extremes, the pixels and the plane's sum (each without a
-    dependent chain, or in _sum_squares' partial sums: vectorised; the plane stays in cache between them)."""
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarray) -> tuple[int, int]:
+    """pixel[a, y, z] = sum over b of x[a, b, y, z]^2, row[a, b, y] = sum over z of it and plane[a, b] = sum
+    over y of those, in float64 (an empty array: not wanted); the largest |x| as float64 bits and the count
+    of tiny nonzero values (see _TINY_LINE). Per row, one vectorised pass for the extremes and the row's sum
+    (reassociated: the norms bound their sums in any order, and nothing else here is a floating-point sum),
+    then one for the pixels while the row is in cache."""
     top, tiny = 0, 0
-    size = x.shape[2] * x.shape[3]
     if pixel.size:
         pixel[:] = 0.0
     for a in range(x.shape[0]):
         for b in range(x.shape[1]):
-            line = x[a, b].reshape(size)
-            for k in range(size):
-                v = np.float64(line[k])
-                top = max(top, _abs_bits(v))
-                tiny += _is_tiny(v)
-            if pixel.size:
-                pix = pixel[a].reshape(size)
-                for k in range(size):
+            total = 0.0
+            for y in range(x.shape[2]):
+                line, s = x[a, b, y], 0.0
+                for k in range(line.size):
                     v = np.float64(line[k])
-                    pix[k] += v * v
+                    s += v * v
+                    top = max(top, _abs_bits(v))
+                    tiny += _is_tiny(v)
+                if row.size:
+                    row[a, b, y] = s
+                total += s
+                if pixel.size:
+                    pix = pixel[a, y]
+                    for k in range(line.size):
+                        v = np.float64(line[k])
+                        pix[k] += v * v
             if plane.size:
-                plane[a, b] = _sum_squares(line)
+                plane[a, b] = total
     return top, tiny
 
 
@@ -677,13 +724,37 @@ def _cover_norms(sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int,
         out.flat[t] = math.sqrt(out.flat[t])
 
 
+def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], padding: Sequence[int],
+                 dilation: Sequence[int], groups: int, kh: int, kw: int) -> np.ndarray:
+    """(Co, Cg * KH * KW), at weight (co, cl, a, b): the sum over images and output rows oy of ||grad[n, co, oy]||
+    ||x[n, ci, y]||, y the input row that tap a of output row oy reads (rows' norms given, (N, C, rows)). An
+    output row's terms are its gradients times some of row y's values (those tap b reads, one per output), so
+    Cauchy-Schwarz bounds them row by row. Whole channels' norms (||grad_co|| ||x_ci||, the bound before
+    session 16) mix rows that never meet: on resnet-tiny at width 32 these sums left 0.4-0.6x their
+    candidates. Computed in float64 (norms, products and BLAS's sums: far fewer roundings of 2^-53 than
+    _envelope's relative 2^-8 covers)."""
+    n_img, c_out, oh = g_rows.shape
+    c_in, h = x_rows.shape[1:]
+    co_g, c_g = c_out // groups, c_in // groups
+    sums = np.empty((c_out, c_g, kh))
+    for a in range(kh):
+        y = np.arange(oh) * stride[0] - padding[0] + a * dilation[0]
+        ok = (y >= 0) & (y < h)
+        gs = g_rows[:, :, ok].transpose(1, 0, 2).reshape(c_out, -1)  # (Co, images x rows)
+        xs = x_rows[:, :, y[ok]].transpose(1, 0, 2).reshape(c_in, -1)
+        for j in range(groups):
+            sums[j * co_g:(j + 1) * co_g, :, a] = gs[j * co_g:(j + 1) * co_g] @ xs[j * c_g:(j + 1) * c_g].T
+    return np.repeat(sums[..., None], kw, axis=3).reshape(c_out, -1)
+
+
 _NONE = np.empty((0, 0, 0)), np.empty((0, 0))
 
 
 def _convolution_upper(func: Any) -> Upper:
     forward = func is aten.convolution.default
 
-    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list[Prefilter | None] | None:
+    def upper(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None],
+              norms: LineNorms | None = None) -> list[Prefilter | None] | None:
         """U >= E at every element of each convolution output (forward: the output; backward: grad_input,
         grad_weight, grad_bias), None for an output not computed or whose U would not be finite; None for
         all where the full bound is cheap or the convolution transposed or 3-d. Each operand is read once."""
@@ -707,13 +778,14 @@ def _convolution_upper(func: Any) -> Upper:
         w_plane = np.empty((c_out, c_g))
         # forward: the input's pixels; grad_weight: its planes; grad_input: only its largest value
         x_pixel = np.empty((n_img, *x.shape[2:])) if forward else _NONE[0]
-        x_plane = np.empty(x.shape[:2]) if want[1] else _NONE[1]
-        tops = [_squares(w, _NONE[0], w_plane), _squares(x, x_pixel, x_plane)]
-        if g is not None:  # grad_input: its pixels; grad_weight and grad_bias: its planes
+        x_row = np.empty(x.shape[:3]) if want[1] else _NONE[0]
+        tops = [_squares(w, _NONE[0], w_plane, _NONE[0]), _squares(x, x_pixel, _NONE[1], x_row)]
+        if g is not None:  # grad_input: its pixels; grad_weight: its rows; grad_bias: its planes
             g = _numpy((g.unsqueeze(2) if g.dim() == 3 else g).contiguous())
             g_pixel = np.empty((n_img, *g.shape[2:])) if want[0] else _NONE[0]
-            g_plane = np.empty(g.shape[:2]) if want[1] or want[2] else _NONE[1]
-            tops.append(_squares(g, g_pixel, g_plane))
+            g_row = np.empty(g.shape[:3]) if want[1] else _NONE[0]
+            g_plane = np.empty(g.shape[:2]) if want[2] else _NONE[1]
+            tops.append(_squares(g, g_pixel, g_plane, g_row))
         bias_max = float(bias.abs().max()) if bias is not None and bias.numel() else 0.0
         top = max(t for t, _ in tops)  # the largest |operand| as float64 bits (NaN's above infinity's)
         if top >= 0x7FF0000000000000 or any(n for _, n in tops) or not math.isfinite(bias_max):
@@ -735,9 +807,9 @@ def _convolution_upper(func: Any) -> Upper:
                 _cover_norms(g_pixel, np.array([*stride, *padding, *dilation], np.int64), kh, kwd, x.shape[2],
                              x.shape[3], cols)
                 rows = np.broadcast_to(np.tile(np.sqrt(w_plane.sum(0)), groups), (n_img, x.shape[1]))
-            elif i == 1:  # grad_weight (1, Co, Cg * KH * KW): a gradient channel's norm times an input channel's
-                x_norm = np.sqrt(x_plane.sum(0)).reshape(groups, c_g).max(0)
-                rows, cols = np.sqrt(g_plane.sum(0))[None], np.repeat(x_norm, kh * kwd)[None]
+            elif i == 1:  # grad_weight (Co, 1, Cg * KH * KW): one "row" a filter, U = factor * its sums + floor
+                cols = _weight_sums(np.sqrt(g_row), np.sqrt(x_row), stride, padding, dilation, groups, kh, kwd)
+                rows = np.ones((c_out, 1))
             else:  # grad_bias (1, Co, 1)
                 rows, cols = np.sqrt(g_plane.sum(0))[None], np.array([[math.sqrt(g.shape[0] * g.shape[2] * g.shape[3])]])
             # >= every sum of |terms|

@@ -58,7 +58,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from vtrain import refine, spare, valuecode
-from vtrain.prefilter import Prefilter, gather_pays
+from vtrain.prefilter import LineNorms, Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
 from vtrain.errors import VtrainError
@@ -152,6 +152,7 @@ class RoundedExecution(TorchDispatchMode):
                         "exact_sums": 0}
         self._exact_seconds = 0.0  # time spent in certificates and exact recomputation
         self._uppers: tuple[int, list | None] = (-1, None)  # (op count, its outputs' pre-filters): `_prefilter`
+        self._norms: LineNorms | None = None  # the matmul operands' line norms while the mode is entered
         self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, refined, recomputed]
         self._seconds = 0.0
         self._t0 = 0.0
@@ -165,11 +166,13 @@ class RoundedExecution(TorchDispatchMode):
         # float32 error bounds. Inside rounded execution float32 means IEEE float32.
         self._tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        self._norms = LineNorms()  # (it holds operands: they go with it at the end)
         super().__enter__()
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         super().__exit__(exc_type, exc, tb)
+        self._norms = None
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._tf32
         self._seconds += time.perf_counter() - self._t0
         self._derived = None  # storage numbers are computed (once) on the first stats access after this
@@ -554,7 +557,7 @@ class RoundedExecution(TorchDispatchMode):
             return None
         op = self._counts["ops"]  # (one count per dispatched op: the key of this op's pre-filters)
         if self._uppers[0] != op:
-            self._uppers = (op, spec.bound_upper(args, kwargs, floats))
+            self._uppers = (op, spec.bound_upper(args, kwargs, floats, self._norms))
         pres = self._uppers[1]
         return None if pres is None else pres[i]
 

@@ -4,6 +4,7 @@ rigorous bound, and the engine logs and resolves exactly what the definition say
 from __future__ import annotations
 
 import math
+import weakref
 import zlib
 from fractions import Fraction
 
@@ -512,3 +513,97 @@ def test_upper_covers_float32_products_below_the_normal_range(everywhere: None) 
         gathered = prefilter.BOUNDS_AT[func](args, {}, [v], 0, torch.arange(v.numel()))
         assert (full.reshape(-1) > gathered).all()  # the float32 path's rounding up shows
         assert (u >= full.reshape(-1)).all() and (u >= gathered).all(), func
+
+
+def test_weight_gradient_upper_pairs_rows_not_whole_channels(everywhere: None) -> None:
+    # Output gradients only in image 0's top rows, inputs only in image 1 and in image 0's bottom rows: no
+    # weight gradient term is nonzero, and U pairs only rows that meet, so it stays at E's floor, where whole
+    # channels' norms (the bound before session 16) lie orders of magnitude above it.
+    gen = torch.Generator().manual_seed(16)
+    g = torch.zeros(2, 4, 8, 8, dtype=torch.float64)
+    x = torch.zeros(2, 3, 8, 8, dtype=torch.float64)
+    g[0, :, :2] = round_to_grid(torch.randn(4, 2, 8, generator=gen, dtype=torch.float64), 32)
+    x[1] = round_to_grid(torch.randn(3, 8, 8, generator=gen, dtype=torch.float64), 32)
+    x[0, :, 5:] = round_to_grid(torch.randn(3, 3, 8, generator=gen, dtype=torch.float64), 32)
+    w = torch.ones(4, 3, 3, 3, dtype=torch.float64)
+    args = (g, x, w, [4], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])
+    op = aten.convolution_backward.default
+    floats = [None, op(*args)[1], None]
+    assert torch.equal(floats[1], torch.zeros_like(floats[1]))
+    u = prefilter_of(op, args, {}, floats, 1).upper().reshape(-1)
+    full = BOUNDS[op](args, {}, floats)[1].reshape(-1)  # the float32 path (see the fixture)
+    assert (u >= full).all() and (u <= 16 * full).all()
+    channels = g.square().sum((0, 2, 3)).sqrt()[:, None] * x.square().sum((0, 2, 3)).sqrt()[None, :]
+    assert (channels * gamma(2 * 8 * 8, unit_roundoff(torch.float64)) > 2.0**100 * full.max()).all()
+
+
+def _linear_operands(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = round_to_grid(torch.randn(48, 40, generator=gen, dtype=torch.float64), 32)
+    return x, round_to_grid(torch.randn(40, 24, generator=gen, dtype=torch.float64), 32)
+
+
+def test_line_norms_serve_the_other_axis_from_one_pass_and_let_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, _ = _linear_operands(torch.Generator().manual_seed(3))
+    passes = []
+    real = prefilter._norms_both
+    monkeypatch.setattr(prefilter, "_norms_both", lambda *a: passes.append(a[0].shape) or real(*a))
+    cache = prefilter.LineNorms()
+    rows, cols = np.empty((1, 48)), np.empty((1, 40))
+    xt = x.t()[None]  # (x^T's rows: x's columns, a transposed view)
+    held = weakref.ref(xt)
+    assert cache.of(x[None], rows) == (True, False)
+    assert cache.of(xt, cols) == (True, False)
+    assert passes == [(48, 40)]  # one pass, over x as it lies in memory
+    want_rows, want_cols = np.empty(48), np.empty(40)
+    real(x.numpy(), want_rows, want_cols)
+    assert np.array_equal(rows[0], want_rows) and np.array_equal(cols[0], want_cols)
+    del xt
+    assert held() is None  # both axes asked: the cache no longer holds the operand
+    # a norm of each axis is within float64's rounding of the exact one
+    for got, axis in ((rows[0], 1), (cols[0], 0)):
+        exact = (x.square().sum(axis)).numpy()
+        assert (np.abs(got * got - exact) <= 64 * 2.0**-53 * exact).all()
+
+
+def test_line_norms_recompute_after_an_in_place_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, _ = _linear_operands(torch.Generator().manual_seed(4))
+    cache, first, again = prefilter.LineNorms(), np.empty((1, 48)), np.empty((1, 40))
+    cache.of(x[None], first)
+    x.mul_(4.0)  # bumps the version counter that x's views share
+    cache.of(x.t()[None], again)
+    fresh = np.empty((1, 40))
+    prefilter.LineNorms().of(x.t()[None], fresh)
+    assert np.array_equal(again, fresh)
+
+
+def test_fused_optimizer_updates_bump_version_counters() -> None:
+    from vtrain.fused_optim import RoundedAdam  # noqa: PLC0415
+    layer = torch.nn.Linear(8, 4, dtype=torch.float64)
+    opt = RoundedAdam(layer.parameters(), lr=1e-3)
+    with RoundedExecution(bits=32, device=get_device("cpu")):
+        layer(torch.ones(2, 8, dtype=torch.float64)).sum().backward()
+        before = [p._version for p in layer.parameters()]
+        opt.step()
+        after = [p._version for p in layer.parameters()]
+    assert all(a > b for a, b in zip(after, before))
+
+
+def test_engine_logs_the_same_with_and_without_the_line_norm_cache(everywhere: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # a linear layer's forward and backward, each operand normed along both axes, lines of many magnitudes
+    # (so that a norm served for the wrong line would drop candidates)
+    monkeypatch.setattr(resolve, "CERTIFIERS", {})  # (ties stay entries: there is something to compare)
+    without_grains(monkeypatch)
+    results = []
+    for cached in (True, False):
+        if not cached:
+            monkeypatch.setattr(prefilter.LineNorms, "of", lambda self, t, out: prefilter._line_norms(t, out))
+        gen = torch.Generator().manual_seed(8)
+        x, w = (_operand(s, gen, torch.float32, 14, "normal") for s in ((48, 40), (24, 40)))
+        scale = 4.0 ** -(torch.arange(40.0) % 8)
+        x, w = (x * scale * 4.0 ** -(torch.arange(48.0) % 5)[:, None]).requires_grad_(), (w * scale).requires_grad_()
+        with RoundedExecution(bits=14, device=get_device("cpu")) as rx:
+            torch.nn.functional.linear(x, w).square().sum().backward()
+        results.append((rx.log.to_bytes(), x.grad, w.grad, rx.stats["logged"]))
+    (log, gx, gw, logged), (log2, gx2, gw2, _) = results
+    assert logged > 0 and log == log2 and torch.equal(gx, gx2) and torch.equal(gw, gw2)
