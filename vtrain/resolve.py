@@ -1111,10 +1111,14 @@ _SAMPLED_SLICES = 1 << 18
 
 
 def _slice_sample(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """(t.shape[dim], <= _SAMPLE): the first values of the first line of each slice t.select(dim, k), a view.
-    A slice's minimum lsb is at most theirs."""
+    """(t.shape[dim], ...): values spread over each slice t.select(dim, k), a strided view: the first _SAMPLE
+    values of up to 5 lines along each of the slice's other dims. A slice's minimum lsb is at most theirs.
+    (The first line's values alone often were all zeros, as ReLU leaves a row, which bound nothing: at
+    resnet-tiny width 32 they let 6-41 of a weight gradient's ~100 positions through to reading their
+    channels in full, ~7 ms a step, to certify none. Spread, none passed.)"""
     v = t.detach().movedim(dim, 0)
-    return v[(slice(None),) + (0,) * (v.dim() - 2) + (slice(0, _SAMPLE),)]
+    spread = tuple(slice(None, None, max(1, n // 4)) for n in v.shape[1:-1])
+    return v[(slice(None), *spread, slice(0, _SAMPLE))]
 
 
 def _certify_slices(factors: Sequence[tuple[torch.Tensor, int, np.ndarray]], extra: np.ndarray | None,
