@@ -730,7 +730,7 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     ||x[n, ci, y]||, y the input row that tap a of output row oy reads (rows' norms given, (N, C, rows)). An
     output row's terms are its gradients times some of row y's values (those tap b reads, one per output), so
     Cauchy-Schwarz bounds them row by row. Whole channels' norms (||grad_co|| ||x_ci||, the bound before
-    session 16) mix rows that never meet: on resnet-tiny at width 32 these sums left 0.4-0.6x their
+    session 16) mix rows that never meet: on resnet-tiny at width 32 these sums left 0.5-0.6x their
     candidates. Computed in float64 (norms, products and BLAS's sums: far fewer roundings of 2^-53 than
     _envelope's relative 2^-8 covers)."""
     n_img, c_out, oh = g_rows.shape
