@@ -835,6 +835,10 @@ def _slices_min_lsb(t: torch.Tensor, keys: np.ndarray, dim: int = 0) -> np.ndarr
     laid out as lines, one compiled pass instead of ~10 torch calls on a gathered copy (the certificates
     of a small model's op cost more than its arithmetic)."""
     t = t.detach()
+    if dim and dim == t.dim() - 1 and t.is_contiguous():
+        # slices along the last dim are a matrix's columns, read in place through `_min_lsb`'s blocked copy
+        # (a bias gradient's sum over 1024 rows of 768: gathered and moved, two copies, 2 against 0.6 ms)
+        return _min_lsb(t.reshape(-1, t.shape[-1]), keys, 1)
     if dim:  # (slices across memory: gather the asked ones only, not a copy of the whole tensor)
         t = t.index_select(dim, torch.from_numpy(keys).to(t.device)).movedim(dim, 0)
         keys = np.arange(len(keys))
