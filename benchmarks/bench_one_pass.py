@@ -4,7 +4,7 @@
 
 Three sessions of one model-family spec step in turn: the trainer with the feature, the trainer without it
 (one pass: every output left to the two-pass way, torch's op and then the rounding; line norms: each
-operand normed along the axis asked, every time), and plain FP64 training. The order is reversed every
+operand normed afresh at every use, by the same one-pass kernel, the other axis left unused), and plain FP64 training. The order is reversed every
 other step (the first arm of a step measured up to 5 % slower in session 14). Prints median step times, the
 ratios, and whether the two trainers' logs and final states are identical, and exits 1 if not: the one-pass
 ops compute the two-pass bits, and the cache's norms move U, which only chooses where E is looked at, by

@@ -351,14 +351,35 @@ _TINY_LINE = 2.0**-500
 def _line_norms(t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
     """out[n, i] = the Euclidean norm of t[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
     2^-53 below the exact norm); (whether every value was finite and none below _TINY_LINE but zero, whether
-    some value was zero)."""
-    x = _numpy(t)
+    some value was zero). The same pass as `LineNorms`', the other axis left unused."""
+    return _norms_into(*_canonical(_numpy(t)), out)
+
+
+def _norms_into(canon: np.ndarray, rows: bool, out: np.ndarray) -> tuple[bool, bool]:
+    """`_line_norms` from `_canonical`'s (canon, rows)."""
+    along, across, flags = _both_norms(canon)
+    out[:] = along if rows else across
+    return flags
+
+
+def _canonical(x: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(x, True) where x's batches are C-contiguous, (x transposed (0, 2, 1), False) where that one's are,
+    else (a C-contiguous copy of x, True): each batch of the first as a row-major matrix, typed contiguous
+    for the kernels (see `_lines`), and whether its rows are x's."""
+    for canon, rows in ((x, True), (x.transpose(0, 2, 1), False)):
+        if all(canon[n].flags.c_contiguous for n in range(canon.shape[0])):
+            return canon, rows
+    return np.ascontiguousarray(x), True
+
+
+def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, bool]]:
+    """(the norms of each canon[n]'s rows, of its columns, `_line_norms`' flags) in one pass (`_norms_both`)."""
+    along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
     top, tiny, zeros = 0, 0, 0
-    for n in range(x.shape[0]):
-        lines, transposed = _lines(x, n)
-        a, b, c = (_norms_t if transposed else _norms_rows)(lines, out[n])
+    for n in range(canon.shape[0]):
+        a, b, c = _norms_both(canon[n], along[n], across[n])
         top, tiny, zeros = max(top, a), tiny + b, zeros + c
-    return _flags(top, tiny, zeros)
+    return along, across, _flags(top, tiny, zeros)
 
 
 def _flags(top: int, tiny: int, zeros: int) -> tuple[bool, bool]:
@@ -383,7 +404,7 @@ class LineNorms:
     too). An entry holds its tensor: freed memory comes back as other tensors (the allocator, vtrain.spare),
     whose version counters start afresh, and a held tensor's memory cannot. Entries go once both axes have
     been asked (a gradient's memory is not kept past its two uses), the rest with this object at the end of
-    the rounded execution. Operands laid out in neither orientation go to `_line_norms` uncached."""
+    the rounded execution. Operands laid out in neither orientation are normed from a copy, uncached."""
 
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
@@ -391,22 +412,16 @@ class LineNorms:
     def of(self, t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
         """`_line_norms(t, out)`, from this cache where it can."""
         x = _numpy(t)
-        rows = x.shape[0] == 0 or x[0].flags.c_contiguous
-        canon = x if rows else x.transpose(0, 2, 1)
-        if t.is_inference() or not all(canon[n].flags.c_contiguous for n in range(canon.shape[0])):
-            return _line_norms(t, out)  # (inference tensors have no version counter)
+        canon, rows = _canonical(x)
+        if t.is_inference() or not np.may_share_memory(canon, x):
+            return _norms_into(canon, rows, out)  # (inference tensors have no version counter; a copy: no key)
         # (a batch of one's stride is whatever the view that added it chose)
         strides = canon.strides if canon.shape[0] > 1 else (0, *canon.strides[1:])
         key = (t.data_ptr(), canon.shape, strides, canon.dtype.str, t._version)  # (t[0, 0, 0] is canon's too)
         entry = self._entries.get(key)
         if entry is None:
-            along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
-            top, tiny, zeros = 0, 0, 0
-            for n in range(canon.shape[0]):
-                a, b, c = _norms_both(canon[n], along[n], across[n])
-                top, tiny, zeros = max(top, a), tiny + b, zeros + c
             # (norms of canon's rows, of its columns, flags, the axes not yet asked, the tensor held)
-            entry = self._entries[key] = (along, across, _flags(top, tiny, zeros), {True, False}, t)
+            entry = self._entries[key] = (*_both_norms(canon), {True, False}, t)
         out[:] = entry[0] if rows else entry[1]
         entry[3].discard(rows)
         if not entry[3]:
@@ -432,27 +447,12 @@ def _is_zero(x: float) -> int:
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _norms_rows(x: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
-    # Per line, in one vectorised pass: the sum of squares (reassociated: a norm bounds its sum in any
-    # order, see the module docstring), the largest magnitude, the tiny values and the zeros (integer
-    # reductions). (Session 16: 0.44-0.48 ns a value in cache, against 0.7-1.1 for two passes.)
-    top, tiny, zeros = 0, 0, 0
-    for i in range(x.shape[0]):
-        line, s = x[i], 0.0
-        for k in range(line.size):
-            v = np.float64(line[k])
-            s += v * v
-            top = max(top, _abs_bits(v))
-            tiny += _is_tiny(v)
-            zeros += _is_zero(v)
-        out[i] = math.sqrt(s)
-    return top, tiny, zeros
-
-
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int]:
-    # _norms_rows and _norms_t of x at once: each value's square goes to its row's sum (reassociated, as
-    # in _norms_rows) and to its column's (one addition per value, in row order)
+    # Both axes' sums of squares in one vectorised pass over the row-major x: each value's square goes to its
+    # row's sum (reassociated: a norm bounds its sum in any order, see the module docstring) and to its
+    # column's (one addition per value, in row order); with the largest magnitude, the tiny values and the
+    # zeros (integer reductions). (Session 16: one pass per line took 0.44-0.48 ns a value in cache for a
+    # row's norm, against 0.7-1.1 for two.)
     top, tiny, zeros = 0, 0, 0
     sq = np.zeros(x.shape[1])
     for i in range(x.shape[0]):
@@ -468,23 +468,6 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
         rows[i] = math.sqrt(s)
     for k in range(sq.size):
         cols[k] = math.sqrt(sq[k])
-    return top, tiny, zeros
-
-
-@njit(cache=True, nogil=True)
-def _norms_t(xt: np.ndarray, out: np.ndarray) -> tuple[int, int, int]:
-    # xt[k, i]: a line's values run down a column, so all lines advance together, one row of xt at a time
-    top, tiny, zeros = 0, 0, 0
-    sq = np.zeros(xt.shape[1])
-    for k in range(xt.shape[0]):
-        for i in range(xt.shape[1]):
-            v = np.float64(xt[k, i])
-            sq[i] += v * v
-            top = max(top, _abs_bits(v))
-            tiny += _is_tiny(v)
-            zeros += _is_zero(v)
-    for i in range(xt.shape[1]):
-        out[i] = math.sqrt(sq[i])
     return top, tiny, zeros
 
 
