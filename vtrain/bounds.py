@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 aten = torch.ops.aten
@@ -76,9 +77,15 @@ def _finish_factors(n: int, u: float, dtype: torch.dtype) -> tuple[float, float]
     return 1 + 2 * gamma(n, u) + 2.0**-20, max(n, 1) * _floor_unit(dtype)
 
 
-def _finish(e: torch.Tensor, n: int, u: float, dtype: torch.dtype) -> torch.Tensor:
-    # In place: every caller hands over a fresh temporary (same operations, same bits, no new buffers).
+def _finish(e: Any, n: int, u: float, dtype: torch.dtype) -> Any:
+    # In place: every caller hands over a fresh temporary (same operations, same bits, no new buffers), a
+    # tensor or, for a few gathered positions, a numpy array of `dtype` (numpy rounds c and floor to a float32
+    # array's dtype as torch does).
     c, floor = _finish_factors(n, u, dtype)
+    if isinstance(e, np.ndarray):
+        e *= c
+        e += floor
+        return e
     return e.mul_(c).add_(floor)
 
 

@@ -186,10 +186,11 @@ def _matmul_upper(func: Any) -> Upper:
         scale = a_max * b_max * (1 + 2.0**-8) * abs(alpha)  # >= every sum of |terms|
         bias_abs = None
         if bias is not None and beta != 0 and bias.numel():
-            bias_abs = bias.abs().to(torch.float64)
+            bias_abs = np.abs(_numpy(bias)).astype(np.float64)  # (numpy: torch's calls cost ~15 us on a bias)
             # per column, the largest |bias| over the rows (a 2-d bias: (1, N), (M, 1) or (M, N))
-            bias_abs = bias_abs.expand(v.shape).amax(0) if bias_abs.dim() == 2 else bias_abs.expand(b.shape[2])
-            bias_max = bias_abs.max().item()
+            bias_abs = np.broadcast_to(bias_abs, v.shape).max(0) if bias_abs.ndim == 2 \
+                else np.broadcast_to(bias_abs, (b.shape[2],))
+            bias_max = float(bias_abs.max())
             largest = max(largest, bias_max)
             scale += abs(beta) * bias_max
         # float64 holds U below 2^1000; float32 work's full bound overflows (to an infinite E, which U would
@@ -201,7 +202,7 @@ def _matmul_upper(func: Any) -> Upper:
         rows *= factor * abs(alpha)
         add = np.full(cols.shape, floor)
         if bias_abs is not None:
-            add += (bias_abs * (abs(beta) * factor)).numpy()
+            add += bias_abs * (abs(beta) * factor)
         # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and
         # its bitsets would read W down its strided columns. Nor where neither operand holds a zero (every
         # product is nonzero): attention's products, a GELU network's weight gradients (building the bitsets
@@ -588,6 +589,9 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy()
 
 
+_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
+
+
 def _matmul_at(func: Any) -> PositionBound:
     on_device = bounds.BOUNDS_AT[func]  # other devices gather in torch
 
@@ -601,21 +605,21 @@ def _matmul_at(func: Any) -> PositionBound:
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
         m, n = a.shape[1], b.shape[2]
-        p = pos.numpy().astype(np.int64, copy=False)
-        batch, rem = p // (m * n), p % (m * n)
-        rows, cols, absval = rem // n, rem % n, np.zeros(p.size)
+        batch, rem = np.divmod(pos.numpy().astype(np.int64, copy=False), m * n)
+        rows, cols = np.divmod(rem, n)
+        # In numpy, as the dots: an op's few positions cost a fraction of torch's per-call time (~20 us a matmul)
+        e = np.zeros(rows.size)
         # alpha 0 and beta 0: torch skips that term whatever it holds (inf and NaN included), and so does E
         if alpha != 0:
             dots = _abs_dots_by_rows if b.stride(1) > b.stride(2) else _abs_dots
-            dots(_numpy(a), _numpy(b), batch, rows, cols, absval)
-        e = torch.from_numpy(absval)
-        if alpha not in (0, 1):
-            e.mul_(abs(alpha))
+            dots(_numpy(a), _numpy(b), batch, rows, cols, e)
+            if alpha != 1:
+                e *= abs(alpha)
         if bias is not None and beta != 0:  # (addmm: v is (m, n); indexed by row and column, no copy)
-            at = bias.expand(v.shape)[torch.from_numpy(rows), torch.from_numpy(cols)]
-            e.add_(at.abs().to(torch.float64), alpha=abs(beta))
+            e += abs(beta) * np.abs(np.broadcast_to(_numpy(bias), v.shape)[rows, cols]).astype(np.float64)
+        e *= gamma(k, u)
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
-        return _finish(e.mul_(gamma(k, u)).to(v.dtype), k, u, v.dtype)
+        return torch.from_numpy(_finish(e.astype(_NUMPY_DTYPES[v.dtype], copy=False), k, u, v.dtype))
 
     return bound_at
 
