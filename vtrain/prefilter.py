@@ -56,6 +56,7 @@ tests/numerics/test_num_prefilter.py checks U against both bounds on adversarial
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -136,14 +137,20 @@ def _envelope(kk: int, k: int, largest: float, dtype: torch.dtype) -> tuple[floa
     output's term count (its gamma); k >= the sum lengths the float32 path sees; largest >= every |operand|.
     (A review found U below the full bound with 2^-148 where products of operands near 2^-72 fell below
     float32's normal range.)"""
+    factor, c, head, tail = _envelope_terms(kk, k, dtype)
+    return factor, head * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + tail
+
+
+@functools.lru_cache(maxsize=1024)
+def _envelope_terms(kk: int, k: int, dtype: torch.dtype) -> tuple[float, float, float, float]:
+    """`_envelope`'s terms that do not depend on the operands, per op shape (the same floating-point operations
+    in the same order: a small model's step asks for the same few shapes ~40 times)."""
     u = unit_roundoff(dtype)
     g = gamma(kk, u)
     c = g * (1 + 2 * g + 2.0**-20)
     g32 = gamma(k + 4, 2.0**-24)
     factor = c * (1 + 2 * gamma(k + 4, u)) * (1 + 2 * g32) ** 2 * (1 + 2.0**-20) * (1 + 2.0**-8)
-    floor = (max(kk, k) + 1) * 2.0**-147 * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) \
-        + 8 * (kk + 1) * _floor_unit(dtype)
-    return factor, floor
+    return factor, c, (max(kk, k) + 1) * 2.0**-147, 8 * (kk + 1) * _floor_unit(dtype)
 
 
 def _matmul_upper(func: Any) -> Upper:
@@ -412,15 +419,20 @@ class LineNorms:
 
     def of(self, t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
         """`_line_norms(t, out)`, from this cache where it can."""
-        x = _numpy(t)
-        canon, rows = _canonical(x)
-        if t.is_inference() or not np.may_share_memory(canon, x):
-            return _norms_into(canon, rows, out)  # (inference tensors have no version counter; a copy: no key)
-        # (a batch of one's stride is whatever the view that added it chose)
-        strides = canon.strides if canon.shape[0] > 1 else (0, *canon.strides[1:])
-        key = (t.data_ptr(), canon.shape, strides, canon.dtype.str, t._version)  # (t[0, 0, 0] is canon's too)
+        found, canon = _torch_key(t), None
+        if found is not None:  # (the common layouts: no numpy view until the norms are computed)
+            key, rows = found
+        else:
+            x = _numpy(t)
+            canon, rows = _canonical(x)
+            if t.is_inference() or not np.may_share_memory(canon, x):
+                return _norms_into(canon, rows, out)  # (inference tensors have no version counter; a copy: no key)
+            key = _numpy_key(t, canon)
         entry = self._entries.get(key)
         if entry is None:
+            if canon is None:
+                x = _numpy(t)
+                canon = x if rows else x.transpose(0, 2, 1)
             # (norms of canon's rows, of its columns, flags, the axes not yet asked, the tensor held)
             entry = self._entries[key] = (*_both_norms(canon), {True, False}, t)
         out[:] = entry[0] if rows else entry[1]
@@ -428,6 +440,38 @@ class LineNorms:
         if not entry[3]:
             del self._entries[key]
         return entry[2]
+
+
+def _numpy_key(t: torch.Tensor, canon: np.ndarray) -> tuple:
+    """`LineNorms`' key of operand t, whose batches `_canonical` laid out as canon: t's memory, canon's shape and
+    byte strides, its dtype, t's version. (A batch of one's stride is whatever the view that added it chose.)"""
+    strides = canon.strides if canon.shape[0] > 1 else (0, *canon.strides[1:])
+    return t.data_ptr(), canon.shape, strides, canon.dtype.str, t._version  # (t[0, 0, 0] is canon's too)
+
+
+_DTYPE_STR = {torch.float64: np.dtype(np.float64).str, torch.float32: np.dtype(np.float32).str}
+
+
+def _torch_key(t: torch.Tensor) -> tuple[tuple, bool] | None:
+    """(`_numpy_key`, whether canon's rows are t's) from torch's metadata, for the layouts where `_canonical`'s
+    choice is plain from the strides: a 3-d t of lines of two or more values each way, every batch row-major
+    (canon = t) or column-major (canon = t transposed); None otherwise. The key and the norms are the numpy
+    path's (tests/numerics/test_num_prefilter.py); this saves its views and flags, ~25 us a matmul operand."""
+    dtype = _DTYPE_STR.get(t.dtype)
+    if t.dim() != 3 or dtype is None or t.is_inference():
+        return None
+    b, m, k = t.shape
+    sb, sm, sk = t.stride()
+    if m < 2 or k < 2:
+        return None
+    if sk == 1 and sm == k:
+        shape, line, rows = (b, m, k), k, True
+    elif sm == 1 and sk == m:
+        shape, line, rows = (b, k, m), m, False
+    else:
+        return None
+    item = t.element_size()
+    return (t.data_ptr(), shape, (sb * item if b > 1 else 0, line * item, item), dtype, t._version), rows
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -576,6 +576,31 @@ def test_line_norms_recompute_after_an_in_place_change(monkeypatch: pytest.Monke
     assert np.array_equal(again, fresh)
 
 
+def test_line_norm_keys_from_torch_metadata_are_the_numpy_path_s() -> None:
+    # every layout a matmul operand takes (row- and column-major batches, a batch of one with any batch stride,
+    # offsets into storage, both dtypes), and ones the metadata path leaves to numpy (lines of one value,
+    # strided lines): where it answers, its key and orientation are exactly what `_canonical` derives
+    base = torch.arange(4 * 6 * 10, dtype=torch.float64).reshape(4, 6, 10) + 1
+    cases = [base, base.transpose(1, 2), base[1:3], base[1:3].transpose(1, 2), base[2:3], base[2][None],
+             base[:, 2:5, :].transpose(1, 2)[:, :, :], base.float(), base.float().transpose(1, 2),
+             base[:, :, 1:7], base[:, :1], base[:, :, :1], base[:, ::2], base.transpose(0, 1)]
+    answered = 0
+    for t in cases:
+        canon, rows = prefilter._canonical(t.numpy())
+        found = prefilter._torch_key(t)
+        if found is not None:
+            answered += 1
+            assert found == (prefilter._numpy_key(t, canon), rows)
+            assert np.may_share_memory(canon, t.numpy())
+    assert answered == 9
+    # and the norms served through either key are the same
+    t = base.transpose(1, 2)
+    via_cache, direct = np.empty((4, 10)), np.empty((4, 10))
+    prefilter.LineNorms().of(t, via_cache)
+    prefilter._line_norms(t, direct)
+    assert np.array_equal(via_cache, direct)
+
+
 def test_fused_optimizer_updates_bump_version_counters() -> None:
     from vtrain.fused_optim import RoundedAdam  # noqa: PLC0415
     layer = torch.nn.Linear(8, 4, dtype=torch.float64)
