@@ -294,9 +294,10 @@ def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list
     n = _reduced_count(x, dim)
     u = unit_roundoff(v.dtype)
     dims = list(range(x.dim())) if not dim else list(dim)
-    s = None
-    if x.numel() >= _FUSED_SUM_ELEMENTS:
-        from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+    from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+    s = fused.take_abs_sums(v)  # (the CPU device's sum computed them: vtrain.devices)
+    s = None if s is None else torch.from_numpy(s)
+    if s is None and x.numel() >= _FUSED_SUM_ELEMENTS:
         s = fused.abs_sum(x, dims)
         s = None if s is None else s.to(v.dtype)  # (float32 work: a rounding of 2^-24, inside _finish's slack)
     if s is None:

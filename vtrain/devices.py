@@ -1,6 +1,8 @@
 """Device profiles: who computes the device-dependent (class 3) ops, and in which order (DESIGN.md §1.4).
 
-`cpu` is torch's native kernels; `cuda` is the same on a GPU when one is present. The emulated profiles
+`cpu` is torch's native kernels, except float64 sums and means over contiguous tensors: those are
+vtrain.fused's, in one fixed order (on any CPU and thread count), computed in the same pass as the sums of
+|x| their error bound needs. `cuda` is torch's native kernels on a GPU when one is present. The emulated profiles
 `emu:NAME` stand in for other hardware: they compute every matmul and reduction with another fixed
 summation order, built from batched torch ops so they stay fast (see research/numerics.md §2):
 
@@ -165,11 +167,39 @@ class Device:
     def execute(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Compute a device-dependent op (out-of-place overload) the way this device does."""
         if not self.emulated:
-            return func(*args, **kwargs)
+            out = _sum_with_abs(func, args, kwargs) if func in _SUMS and self.torch_device == "cpu" else None
+            return func(*args, **kwargs) if out is None else out
         impl = _EMULATED.get(func)
         if impl is None:  # transcendental functions and pooling: native on every device (see above)
             return func(*args, **kwargs)
         return impl(self, *args, **kwargs)
+
+
+_SUMS = frozenset((aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim))
+
+
+def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The CPU's float64 sum or mean (vtrain.fused.sum_with_abs: its own fixed order, and the sums of |x| its
+    error bound needs from the same pass, kept for vtrain.bounds), or None where torch's kernel computes it
+    (other dtypes and layouts)."""
+    from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or not x.dim() or kwargs.get("dtype") not in (None, x.dtype):
+        return None
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    red = sorted({d % x.dim() for d in dim}) if dim else list(range(x.dim()))
+    sums = fused.sum_with_abs(x, red)
+    if sums is None:
+        return None
+    total, absolute = sums
+    if func in (aten.mean.default, aten.mean.dim):
+        total /= _prod(x.shape[d] for d in red)
+    shape = [1 if d in red else n for d, n in enumerate(x.shape)] if keepdim else \
+        [n for d, n in enumerate(x.shape) if d not in red]
+    out = torch.from_numpy(total).reshape(shape)
+    fused.remember_abs_sums(out, absolute)
+    return out
 
 
 def _prod(xs: Any) -> int:

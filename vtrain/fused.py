@@ -513,6 +513,59 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
     more than the sum), for a contiguous CPU tensor that keeps one block of consecutive dims (none, leading,
     trailing or inner ones: batch norm's channels); None otherwise. Accumulated in float64 in its own order:
     vtrain.bounds' slack covers any order."""
+    layout = _reduction_layout(x, dims)
+    if layout is None:
+        return None
+    columns, lines, out = layout
+    if columns:
+        _abs_column_sums(lines, out)
+    else:
+        _abs_block_sums(lines, out)
+    return torch.from_numpy(out)
+
+
+def sum_with_abs(x: torch.Tensor, dims: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the sum of x over `dims`, the sum of |x| there) in one pass, float64 in the kept dims' order, for the
+    float64 tensors `abs_sum` takes; None otherwise. The CPU device's sums under rounded execution
+    (vtrain.devices): a trainer's sum and its error bound's sum of |x| (vtrain.bounds) each read x from memory
+    once more, and on batch and layer norm's inputs (1-8 MB) that second pass cost as much as the sum. The sum's
+    order is fixed by this code (eight interleaved partial sums per line, combined pairwise; lines in order),
+    on any machine and thread count: E bounds any order."""
+    if x.dtype is not torch.float64:
+        return None
+    layout = _reduction_layout(x, dims)
+    if layout is None:
+        return None
+    columns, lines, out = layout
+    total = np.empty_like(out)
+    if columns:
+        _column_sums_with_abs(lines, total, out)
+    else:
+        _block_sums_with_abs(lines, total, out)
+    return total, out
+
+
+# The sums of |x| that `sum_with_abs` computed with the CPU device's last sum or mean, for that op's error bound
+# (vtrain.bounds): (the output tensor, its sums), handed out once, to that very tensor only.
+_ABS_SUMS: list = [None, None]
+
+
+def remember_abs_sums(out: torch.Tensor, sums: np.ndarray) -> None:
+    _ABS_SUMS[:] = [out, sums]
+
+
+def take_abs_sums(out: torch.Tensor) -> np.ndarray | None:
+    """The sums of |x| behind the reduction whose output is `out` (this object), if the device kept them."""
+    if _ABS_SUMS[0] is not out:
+        return None
+    sums = _ABS_SUMS[1]
+    _ABS_SUMS[:] = [None, None]
+    return sums
+
+
+def _reduction_layout(x: torch.Tensor, dims: list[int]) -> tuple[bool, np.ndarray, np.ndarray] | None:
+    """(whether the reduced dims lead, x as a (reduced, kept) matrix if so, else as (outer, kept, inner), an
+    output array of the kept size) for `abs_sum`'s tensors; None for the others."""
     if not (usable(x) and x.dim() and x.numel()):
         return None
     red = sorted({d % x.dim() for d in dims})
@@ -520,22 +573,20 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
     first = kept[0] if kept else 0
     if kept and red == list(range(first)):  # leading: one sum per column of the (reduced, kept) matrix
         inner = math.prod(x.shape[first:])
-        out = np.empty(inner)
-        _abs_column_sums(flat(x).reshape(-1, inner), out)
-    elif kept == list(range(first, first + len(kept))):
+        return True, flat(x).reshape(-1, inner), np.empty(inner)
+    if kept == list(range(first, first + len(kept))):
         # one block kept (trailing dims, inner ones as batch norm's channels of (N, C, H, W), or none): an
         # (outer, kept, inner) array, the sums of its inner lines added to their kept element's
-        out = np.zeros(math.prod(x.shape[first:first + len(kept)]))
-        _abs_block_sums(flat(x).reshape(math.prod(x.shape[:first]), out.size, -1), out)
-    else:
-        return None
-    return torch.from_numpy(out)
+        size = math.prod(x.shape[first:first + len(kept)])
+        return False, flat(x).reshape(math.prod(x.shape[:first]), size, -1), np.empty(size)
+    return None
 
 
 @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
 def _abs_block_sums(x: np.ndarray, out: np.ndarray) -> None:
     # reassociated, so that LLVM vectorises each inner line's sum (one chain of dependent additions waits on
     # each addition): every sum here bounds a sum of |x|, which holds in any order
+    out[:] = 0.0
     for a in range(x.shape[0]):
         for c in range(x.shape[1]):
             line, s = x[a, c], 0.0
@@ -551,6 +602,49 @@ def _abs_column_sums(x: np.ndarray, out: np.ndarray) -> None:
         row = x[i]
         for j in range(row.size):
             out[j] += abs(np.float64(row[j]))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _line_sums_with_abs(line: np.ndarray) -> tuple[float, float]:
+    # Eight interleaved partial sums of x and of |x| (independent chains: LLVM vectorises them without
+    # reassociating anything), combined pairwise, then the tail in order: one fixed order for the sum.
+    n8 = line.size - line.size % 8
+    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for j in range(0, n8, 8):
+        v0, v1, v2, v3 = line[j], line[j + 1], line[j + 2], line[j + 3]
+        v4, v5, v6, v7 = line[j + 4], line[j + 5], line[j + 6], line[j + 7]
+        s0, s1, s2, s3, s4, s5, s6, s7 = s0 + v0, s1 + v1, s2 + v2, s3 + v3, s4 + v4, s5 + v5, s6 + v6, s7 + v7
+        a0, a1, a2, a3 = a0 + abs(v0), a1 + abs(v1), a2 + abs(v2), a3 + abs(v3)
+        a4, a5, a6, a7 = a4 + abs(v4), a5 + abs(v5), a6 + abs(v6), a7 + abs(v7)
+    s = ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    t = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for j in range(n8, line.size):
+        s += line[j]
+        t += abs(line[j])
+    return s, t
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _block_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> None:
+    total[:] = 0.0
+    out[:] = 0.0
+    for a in range(x.shape[0]):
+        for c in range(x.shape[1]):
+            s, t = _line_sums_with_abs(x[a, c])
+            total[c] += s
+            out[c] += t
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _column_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> None:
+    total[:] = 0.0
+    out[:] = 0.0
+    for i in range(x.shape[0]):
+        row = x[i]
+        for j in range(row.size):
+            total[j] += row[j]
+            out[j] += abs(row[j])
 
 
 def affine64(s: torch.Tensor, a: float, b: float) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -43,3 +45,92 @@ def test_emulated_profiles_differ_from_cpu_and_each_other_but_not_in_accuracy(na
     assert torch.allclose(conv, torch.nn.functional.conv2d(img, w, padding=1), atol=1e-5)
     with pytest.raises(DeviceOpError, match="groups"):
         dev.execute(aten.convolution.default, (img, w[:, :1], None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3), {})
+
+
+def _fixed_order_sums(line: list[float]) -> tuple[float, float]:
+    """The CPU device's order for one line, written out in Python floats (each + one IEEE float64 addition):
+    eight interleaved partial sums, combined pairwise, then the tail in order; the same for |x|."""
+    n8 = len(line) - len(line) % 8
+    out = []
+    for vals in (line, [abs(v) for v in line]):
+        lanes = [0.0] * 8
+        for j in range(0, n8, 8):
+            for lane in range(8):
+                lanes[lane] += vals[j + lane]
+        s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+        for v in vals[n8:]:
+            s += v
+        out.append(s)
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("shape,dims", [((3, 5, 37), [2]), ((4, 6, 5, 7), [0, 2, 3]), ((6, 13), [0]),
+                                        ((2, 3, 9), [0, 1]), ((5, 19), [0, 1])],
+                         ids=["trailing", "batch-norm", "leading", "leading-2", "all"])
+def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: list[int]) -> None:
+    # magnitudes spread over 2^-40..2^40 with both signs, so that any other order gives other bits somewhere
+    gen = torch.Generator().manual_seed(len(shape) * 7 + len(dims))
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64) * torch.exp2(
+        torch.randint(-40, 40, shape, generator=gen).double())
+    cpu = get_device("cpu")
+    got = cpu.execute(aten.sum.dim_IntList, (x, dims, True), {})
+    kept = [d for d in range(x.dim()) if d not in dims]
+    lines = x.permute(*kept, *dims).reshape(-1, math.prod(x.shape[d] for d in dims))
+    if dims == list(range(len(dims))) and kept:  # reduced dims lead: a column's values, row after row, one add each
+        want = [sum(col, 0.0) for col in lines.tolist()]  # (Python's sum adds left to right from 0.0)
+        want_abs = [sum((abs(v) for v in col), 0.0) for col in lines.tolist()]
+    else:  # lines of the innermost reduced block, in the fixed order, added per outer index in order
+        inner = math.prod(x.shape[d] for d in dims if d > max(kept, default=-1))
+        outer = math.prod(x.shape[d] for d in dims if d < min(kept, default=x.dim()))
+        want, want_abs = [], []
+        for row in lines.tolist():
+            s = t = 0.0
+            for o in range(outer):
+                a, b = _fixed_order_sums(row[o * inner:(o + 1) * inner])
+                s, t = s + a, t + b
+            want.append(s)
+            want_abs.append(t)
+    assert got.shape == tuple(1 if d in dims else n for d, n in enumerate(shape))
+    assert got.reshape(-1).tolist() == want  # exact equality: the order is the code's
+    from vtrain import fused
+    assert fused.take_abs_sums(got).tolist() == want_abs
+    assert fused.take_abs_sums(got) is None  # handed out once
+    torch.set_num_threads(2)
+    try:
+        assert torch.equal(cpu.execute(aten.sum.dim_IntList, (x, dims, True), {}), got)  # any thread count
+    finally:
+        torch.set_num_threads(1)
+
+
+def test_cpu_means_divide_the_fixed_order_sum_and_other_tensors_keep_torch_s_kernels() -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 8, 6, 6, generator=gen, dtype=torch.float64)
+    cpu = get_device("cpu")
+    total = cpu.execute(aten.sum.dim_IntList, (x, [0, 2, 3]), {})
+    mean = cpu.execute(aten.mean.dim, (x, [0, 2, 3]), {})
+    assert mean.shape == (8,) and torch.equal(mean, total / 144)
+    assert torch.equal(cpu.execute(aten.sum.default, (x,), {}).reshape(1), cpu.execute(
+        aten.sum.dim_IntList, (x, [0, 1, 2, 3]), {}).reshape(1))
+    for other in (x.float(), x.transpose(1, 2), x[:, :, :, :3]):  # float32, strided: torch's own
+        assert torch.equal(cpu.execute(aten.sum.dim_IntList, (other, [0, 2, 3], True), {}),
+                           torch.sum(other, [0, 2, 3], True))
+    assert cpu.execute(aten.sum.dim_IntList, (x, [0], False), {"dtype": torch.float32}).dtype == torch.float32
+
+
+def test_a_sum_s_error_bound_takes_the_device_s_sums_of_abs_and_bounds_the_exact_error() -> None:
+    from fractions import Fraction
+
+    from vtrain import fused
+    from vtrain.bounds import BOUNDS, gamma, unit_roundoff
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(16, 3, 12, 12, generator=gen, dtype=torch.float64) * 2.0**20
+    out = get_device("cpu").execute(aten.sum.dim_IntList, (x, [0, 2, 3], True), {})
+    held = fused._ABS_SUMS[1]
+    (e,) = BOUNDS[aten.sum.dim_IntList]((x, [0, 2, 3], True), {}, [out])
+    assert fused.take_abs_sums(out) is None and held is not None  # consumed by the bound
+    n = 16 * 144
+    for c in range(3):
+        terms = [Fraction(v) for v in x[:, c].reshape(-1).tolist()]
+        exact, absolute = sum(terms, Fraction(0)), sum((abs(t) for t in terms), Fraction(0))
+        assert abs(Fraction(out.reshape(-1)[c].item()) - exact) <= Fraction(e.reshape(-1)[c].item())
+        assert Fraction(e.reshape(-1)[c].item()) >= Fraction(gamma(n, unit_roundoff(torch.float64))) * absolute
