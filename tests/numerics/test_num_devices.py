@@ -67,7 +67,10 @@ def _fixed_order_sums(line: list[float]) -> tuple[float, float]:
 @pytest.mark.parametrize("shape,dims", [((3, 5, 37), [2]), ((4, 6, 5, 7), [0, 2, 3]), ((6, 13), [0]),
                                         ((2, 3, 9), [0, 1]), ((5, 19), [0, 1])],
                          ids=["trailing", "batch-norm", "leading", "leading-2", "all"])
-def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: list[int]) -> None:
+def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: list[int],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from vtrain import fused
+    monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 1)  # (lines of any size: these tensors are small)
     # magnitudes spread over 2^-40..2^40 with both signs, so that any other order gives other bits somewhere
     gen = torch.Generator().manual_seed(len(shape) * 7 + len(dims))
     x = torch.randn(*shape, generator=gen, dtype=torch.float64) * torch.exp2(
@@ -92,7 +95,6 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
             want_abs.append(t)
     assert got.shape == tuple(1 if d in dims else n for d, n in enumerate(shape))
     assert got.reshape(-1).tolist() == want  # exact equality: the order is the code's
-    from vtrain import fused
     assert fused.take_abs_sums(got).tolist() == want_abs
     assert fused.take_abs_sums(got) is None  # handed out once
     torch.set_num_threads(2)
@@ -102,10 +104,16 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
         torch.set_num_threads(1)
 
 
-def test_cpu_means_divide_the_fixed_order_sum_and_other_tensors_keep_torch_s_kernels() -> None:
+def test_cpu_means_divide_the_fixed_order_sum_and_other_tensors_keep_torch_s_kernels(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from vtrain import fused
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(4, 8, 6, 6, generator=gen, dtype=torch.float64)
     cpu = get_device("cpu")
+    # lines below fused.BLOCK_SUM_ELEMENTS values in all are torch's (in cache, its sum is the faster)
+    assert torch.equal(cpu.execute(aten.sum.dim_IntList, (x, [0, 2, 3]), {}), torch.sum(x, [0, 2, 3]))
+    assert fused.take_abs_sums(cpu.execute(aten.sum.dim_IntList, (x, [3]), {})) is None
+    monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 1)
     total = cpu.execute(aten.sum.dim_IntList, (x, [0, 2, 3]), {})
     mean = cpu.execute(aten.mean.dim, (x, [0, 2, 3]), {})
     assert mean.shape == (8,) and torch.equal(mean, total / 144)
@@ -117,11 +125,13 @@ def test_cpu_means_divide_the_fixed_order_sum_and_other_tensors_keep_torch_s_ker
     assert cpu.execute(aten.sum.dim_IntList, (x, [0], False), {"dtype": torch.float32}).dtype == torch.float32
 
 
-def test_a_sum_s_error_bound_takes_the_device_s_sums_of_abs_and_bounds_the_exact_error() -> None:
+def test_a_sum_s_error_bound_takes_the_device_s_sums_of_abs_and_bounds_the_exact_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from fractions import Fraction
 
     from vtrain import fused
     from vtrain.bounds import BOUNDS, gamma, unit_roundoff
+    monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 1)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(16, 3, 12, 12, generator=gen, dtype=torch.float64) * 2.0**20
     out = get_device("cpu").execute(aten.sum.dim_IntList, (x, [0, 2, 3], True), {})
