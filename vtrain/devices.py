@@ -2,8 +2,8 @@
 
 `cpu` is torch's native kernels, except float64 sums and means over contiguous tensors: those are
 vtrain.fused's, in one fixed order (on any CPU and thread count), computed in the same pass as the sums of
-|x| their error bound needs. `cuda` is torch's native kernels on a GPU when one is present. The emulated profiles
-`emu:NAME` stand in for other hardware: they compute every matmul and reduction with another fixed
+|x| their error bound needs. `cuda` is torch's native kernels on a GPU when one is present. The emulated
+profiles `emu:NAME` stand in for other hardware: they compute every matmul and reduction with another fixed
 summation order, built from batched torch ops so they stay fast (see research/numerics.md §2):
 
 - emu:splitk8-tree      K split into chunks of 8, one bmm for the partial products, partials combined by

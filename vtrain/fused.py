@@ -614,8 +614,8 @@ def _abs_column_sums(x: np.ndarray, out: np.ndarray) -> None:
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _line_sums_with_abs(line: np.ndarray) -> tuple[float, float]:
-    # Eight interleaved partial sums of x and of |x| (independent chains: LLVM vectorises them without
-    # reassociating anything), combined pairwise, then the tail in order: one fixed order for the sum.
+    # Eight interleaved partial sums of x and of |x| (independent chains, whose additions overlap in the
+    # pipeline; nothing reassociated), combined pairwise, then the tail in order: one fixed order for the sum.
     n8 = line.size - line.size % 8
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = 0.0
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
