@@ -188,6 +188,8 @@ def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
         return None
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+    if dim and (len(set(dim)) != len(dim) or not all(-x.dim() <= d < x.dim() for d in dim)):
+        return None  # (torch's kernel raises the error that names them)
     red = sorted({d % x.dim() for d in dim}) if dim else list(range(x.dim()))
     sums = fused.sum_with_abs(x, red)
     if sums is None:
