@@ -151,7 +151,7 @@ class Device:
     def sum(self, x: torch.Tensor, dims: list[int] | None = None, keepdim: bool = False) -> torch.Tensor:
         """Sum over `dims` (all when None or empty) in this device's order."""
         nd = x.dim()
-        red = sorted({d % nd for d in dims}) if dims else list(range(nd))
+        red = _reduced(x, dims)
         if self.rowsum_order is None or x.numel() == 0 or nd == 0:
             return torch.sum(x, red, keepdim=keepdim) if nd else x.clone()
         keep = [d for d in range(nd) if d not in red]
@@ -190,7 +190,7 @@ def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     if dim and (len(set(dim)) != len(dim) or not all(-x.dim() <= d < x.dim() for d in dim)):
         return None  # (torch's kernel raises the error that names them)
-    red = sorted({d % x.dim() for d in dim}) if dim else list(range(x.dim()))
+    red = _reduced(x, dim)
     sums = fused.sum_with_abs(x, red)
     if sums is None:
         return None
@@ -202,6 +202,11 @@ def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     out = torch.from_numpy(total).reshape(shape)
     fused.remember_abs_sums(out, absolute)
     return out
+
+
+def _reduced(x: torch.Tensor, dims: list[int] | None) -> list[int]:
+    """The dims a reduction over `dims` sums, ascending and non-negative (all of them for None or none)."""
+    return sorted({d % x.dim() for d in dims}) if dims else list(range(x.dim()))
 
 
 def _prod(xs: Any) -> int:

@@ -449,7 +449,8 @@ def _numpy_key(t: torch.Tensor, canon: np.ndarray) -> tuple:
     return t.data_ptr(), canon.shape, strides, canon.dtype.str, t._version  # (t[0, 0, 0] is canon's too)
 
 
-_DTYPE_STR = {torch.float64: np.dtype(np.float64).str, torch.float32: np.dtype(np.float32).str}
+_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
+_DTYPE_STR = {t: np.dtype(d).str for t, d in _NUMPY_DTYPES.items()}  # (numpy's dtype.str, as in `_numpy_key`)
 
 
 def _torch_key(t: torch.Tensor) -> tuple[tuple, bool] | None:
@@ -631,9 +632,6 @@ def _nonzero_terms(a: torch.Tensor, b: torch.Tensor) -> tuple[tuple[np.ndarray, 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy()
-
-
-_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
 
 
 def _matmul_at(func: Any) -> PositionBound:
