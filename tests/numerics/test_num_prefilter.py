@@ -328,6 +328,54 @@ def test_convolution_gathered_bound(case: Case, dtype: torch.dtype, bits: int, k
         assert (got <= full[i].expand(v.shape).reshape(-1) * (1 + 2.0**-16)).all(), (case.name, i)
 
 
+def test_convolution_gathered_bound_on_odd_geometries(everywhere: None) -> None:
+    """The compiled gathering finds each position's taps and outputs from ranges (`prefilter._inside`): on
+    geometries where some taps read only padding, strides skip pixels, dilations spread the window and
+    groups split the channels, it sums the same terms as the torch gathering, to rounding (a term too many
+    or too few would show far above 2^-30). And the pre-filter's U lies above it everywhere, its weight
+    gradient's row sums (one product over all taps, from zero-padded rows) as written out below."""
+    gen = torch.Generator().manual_seed(11)
+    rng = np.random.default_rng(11)
+    # first a 2 x 2 image padded by 3 whose last taps (dilated to 6) read only padding: no output column
+    # of theirs lies inside the image
+    geometries = [(1, 4, 4, [1, 1], [3, 3], [2, 2], 2, 2)]
+    while len(geometries) < 60:
+        groups, kh, kw = int(rng.integers(1, 3)), int(rng.integers(1, 5)), int(rng.integers(1, 5))
+        stride, padding = [int(s) for s in rng.integers(1, 4, 2)], [int(p) for p in rng.integers(0, 5, 2)]
+        dilation, h, w = [int(d) for d in rng.integers(1, 3, 2)], int(rng.integers(1, 9)), int(rng.integers(1, 9))
+        if all((n + 2 * p - d * (k - 1) - 1) // s >= 0 for n, p, d, k, s in
+               zip((h, w), padding, dilation, (kh, kw), stride)):  # at least one output
+            geometries.append((groups, kh, kw, stride, padding, dilation, h, w))
+    for groups, kh, kw, stride, padding, dilation, h, w in geometries:
+        x = torch.randn(2, 2 * groups, h, w, generator=gen, dtype=torch.float64)
+        wt = torch.randn(3 * groups, 2, kh, kw, generator=gen, dtype=torch.float64)
+        bias = torch.randn(3 * groups, generator=gen, dtype=torch.float64)
+        geometry = (stride, padding, dilation, False, [0, 0], groups)
+        forward = (x, wt, bias, *geometry)
+        v = aten.convolution.default(*forward)
+        g = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+        backward = (g, x, wt, [bias.numel()], *geometry, [True, True, False])
+        grads = list(aten.convolution_backward.default(*backward))
+        for func, args, outs in ((aten.convolution.default, forward, [v]),
+                                 (aten.convolution_backward.default, backward, grads)):
+            for i, out in enumerate(outs):
+                if out is None:
+                    continue
+                positions = torch.arange(out.numel())
+                got = prefilter.BOUNDS_AT[func](args, {}, outs, i, positions)
+                want = TORCH_BOUNDS_AT[func](args, {}, outs, i, positions)
+                assert torch.allclose(got, want, rtol=2.0**-30, atol=0), (func, i, stride, padding, dilation, kh, kw)
+                assert (prefilter.UPPERS[func](args, {}, outs)[i].upper().reshape(-1) >= got).all()
+        g_rows, x_rows = g.square().sum(3).sqrt().numpy(), x.square().sum(3).sqrt().numpy()
+        sums = np.zeros((3 * groups, 2, kh))
+        for co, cl, a, n, oy in np.ndindex(3 * groups, 2, kh, 2, g.shape[2]):
+            y = oy * stride[0] - padding[0] + a * dilation[0]
+            if 0 <= y < h:
+                sums[co, cl, a] += g_rows[n, co, oy] * x_rows[n, co // 3 * 2 + cl, y]
+        got = prefilter._weight_sums(g_rows, x_rows, stride, padding, dilation, groups, kh, kw)
+        assert np.allclose(got, np.repeat(sums[..., None], kw, axis=3).reshape(3 * groups, -1), rtol=2.0**-40, atol=0)
+
+
 @pytest.mark.parametrize("transposed", [True, False], ids=["transposed", "3d"])
 def test_convolutions_without_gathering_take_the_full_bound_at_positions(transposed: bool) -> None:
     # the exact resolution gathers no terms for these (vtrain.resolve refuses them): E is the full bound's
