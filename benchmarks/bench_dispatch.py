@@ -1,0 +1,85 @@
+"""What rounded execution costs before it rounds anything: the price of a Python dispatch mode (issue 3).
+
+The trainer intercepts every aten op with a TorchDispatchMode (vtrain.rounding). Any such mode costs time
+by itself: each op pays the trip into Python, and autograd, which accumulates a gradient that several uses
+of a tensor send back in place when no mode is active, accumulates out of place under any mode (torch's
+InputBuffer treats every tensor as a subclass then), so a residual stream's or a shared weight's gradient
+sums become fresh tensors. This benchmark separates that floor from the rounding and the log: per step, in
+one process, the four interleaved step by step so that machine load hits them alike,
+
+    native      plain FP64 training, no mode
+    pass        the same under a mode that only calls each op (the floor any dispatch-level design pays)
+    rounding    RoundedExecution in mode "plain": every output rounded, nothing logged
+    trainer     RoundedExecution recording the bound log (what `vtrain train` runs)
+
+and prints medians (steps 3 onward) and ratios to native.
+
+    .venv/bin/python benchmarks/bench_dispatch.py --family gpt2-tiny --set d_model=256 --set context=128 \\
+        --set batch_size=8 --steps 10
+    .venv/bin/python benchmarks/bench_dispatch.py --family resnet-tiny --set width=32 --set batch_size=32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "families"))
+
+from familykit import family_spec, write_cifar, write_corpus  # noqa: E402
+from vtrain.train import TrainingSession  # noqa: E402
+
+
+class PassThrough(TorchDispatchMode):
+    """A dispatch mode that runs each op as it is: the cost of being a mode, and nothing else."""
+
+    stats: dict = {}  # (what TrainingSession.step reads of a rounded execution)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+class PassThroughSession(TrainingSession):
+    """A session whose steps in mode "plain" run under PassThrough instead of rounded execution."""
+
+    def _context(self, rounding: str, t: int, replay_log: Any) -> Any:
+        return PassThrough() if rounding == "plain" else super()._context(rounding, t, replay_log)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", choices=("gpt2-tiny", "resnet-tiny"), default="gpt2-tiny")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
+                    help="a family size setting, e.g. d_model=256 (repeatable)")
+    ap.add_argument("--steps", type=int, default=8, help="steps per mode; the first two are warm-up")
+    args = ap.parse_args()
+    changes = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
+        spec = family_spec(args.family, data, steps=max(args.steps, 3), **changes)
+        runs = {"native": (TrainingSession(spec), "none"), "pass": (PassThroughSession(spec), "plain"),
+                "rounding": (TrainingSession(spec), "plain"), "trainer": (TrainingSession(spec), "record")}
+        secs: dict[str, list[float]] = {k: [] for k in runs}
+        for t in range(1, max(args.steps, 3) + 1):
+            for name, (session, mode) in runs.items():
+                secs[name].append(session.step(t, mode).seconds)
+    med = {k: statistics.median(v[2:]) for k, v in secs.items()}
+    label = " ".join(f"{k}={v}" for k, v in changes.items())
+    print(f"{args.family} {label} ({max(args.steps, 3) - 2} steps, medians)")
+    print("| mode | ms / step | / native |\n|---|---|---|")
+    for k, v in med.items():
+        print(f"| {k} | {v * 1e3:.1f} | {v / med['native']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
