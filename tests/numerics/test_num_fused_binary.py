@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from test_num_grid import _adversarial_fp64
-from vtrain import fused, fused_binary
+from vtrain import fused, fused_binary, ops
 from vtrain.devices import get_device
 from vtrain.grid import GridOverflowError, grid_max, round_to_grid
 from vtrain.rounding import NonFiniteError, RoundedExecution
@@ -58,6 +58,20 @@ def test_one_pass_gives_the_two_pass_bits(func: object, layout: str, bits: int) 
     got = fused_binary.binary(func, (x, y), {}, bits - 9, grid_max(bits))
     assert got is not None and _same_bits(got, _two_pass(func, (x, y), bits))
     assert got.stride() == func(x, y).stride()  # torch's layout: later ops see the same tensor
+
+
+@pytest.mark.parametrize("bits", [32, 24, 10])
+@pytest.mark.parametrize("layout", [k for k, (_, ys) in LAYOUTS.items() if isinstance(ys, tuple)])
+@pytest.mark.parametrize("func", [aten.tanh_backward.default, aten.sigmoid_backward.default], ids=str)
+def test_tanh_and_sigmoid_backward_give_their_decompositions_bits(func: object, layout: str, bits: int) -> None:
+    # (grad, output): the dispatch path computes vtrain.ops' decomposition op by op in torch, then rounds;
+    # outputs of tanh and sigmoid and the hard values between -2 and 2 (whose squares leave no grid)
+    xs, ys = LAYOUTS[layout]
+    x, y = _hard(xs, bits, 3), _hard(ys, bits, 4)
+    y = torch.where(y.abs() <= 2, y, round_to_grid(torch.tanh(y), bits))
+    got = fused_binary.binary(func, (x, y), {}, bits - 9, grid_max(bits))
+    want = round_to_grid(ops.classify(func, (x, y), {}).decomposed(x, y), bits)
+    assert got is not None and _same_bits(got, want)
 
 
 @pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
