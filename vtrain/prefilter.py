@@ -256,12 +256,13 @@ def _conv_abs_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.nd
     for t in range(pos.size):
         n, co, oy, oz = _unravel4(pos[t], c_out, oh, ow)
         c0, acc = (co // co_g) * c_g, 0.0
-        # the taps inside the image: rows y = oy s0 - p0 + a d0, columns z = oz s1 - p1 + b d1
-        a0, a1 = _inside(kh, d0, oy * s0 - p0, x.shape[2])
-        b0, b1 = _inside(kw, d1, oz * s1 - p1, x.shape[3])
+        # the taps inside the image: rows y = y0 + a d0, columns z = z0 + b d1
+        y0, z0 = oy * s0 - p0, oz * s1 - p1
+        a0, a1 = _inside(kh, d0, y0, x.shape[2])
+        b0, b1 = _inside(kw, d1, z0, x.shape[3])
         for ci in range(c_g):
             for a in range(a0, a1):
-                xrow, wrow, z0 = x[n, c0 + ci, oy * s0 - p0 + a * d0], w[co, ci, a], oz * s1 - p1
+                xrow, wrow = x[n, c0 + ci, y0 + a * d0], w[co, ci, a]
                 for b in range(b0, b1):
                     acc += abs(np.float64(xrow[z0 + b * d1])) * abs(np.float64(wrow[b]))
         out[t] = acc + (abs(np.float64(bias[co])) if bias.size else 0.0)
@@ -289,10 +290,10 @@ def _conv_abs_input(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.
             tz = z + p1 - b * d1
             if tz >= 0 and tz % s1 == 0 and tz // s1 < g.shape[3]:
                 tap_b[nb], tap_z[nb], nb = b, tz // s1, nb + 1
-        acc = 0.0
+        acc, cl = 0.0, ci % c_g
         for co in range((ci // c_g) * co_g, (ci // c_g + 1) * co_g):
             for i in range(na):
-                grow, wrow = g[n, co, tap_y[i]], w[co, ci % c_g, tap_a[i]]
+                grow, wrow = g[n, co, tap_y[i]], w[co, cl, tap_a[i]]
                 for j in range(nb):
                     acc += abs(np.float64(grow[tap_z[j]])) * abs(np.float64(wrow[tap_b[j]]))
         out[t] = acc
