@@ -48,19 +48,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="steps per mode; the first two are warm-up")
     args = ap.parse_args()
     changes = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
+    steps = max(args.steps, 3)  # (two of warm-up, one measured at least)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
-        spec = family_spec(args.family, data, steps=max(args.steps, 3), **changes)
+        # (the spec's run length: longer than its learning-rate warm-up, as bench_families sets it)
+        spec = family_spec(args.family, data, steps=max(steps, 10), **changes)
         runs = {"native": (TrainingSession(spec), "none"), "pass": (FloorSession(spec), "none"),
                 "rounding": (TrainingSession(spec), "plain"), "trainer": (TrainingSession(spec), "record")}
         secs: dict[str, list[float]] = {k: [] for k in runs}
-        for t in range(1, max(args.steps, 3) + 1):
+        for t in range(1, steps + 1):
             for name, (session, mode) in runs.items():
                 secs[name].append(session.step(t, mode).seconds)
     med = {k: statistics.median(v[2:]) for k, v in secs.items()}
     label = " ".join(f"{k}={v}" for k, v in changes.items())
-    print(f"{args.family} {label} ({max(args.steps, 3) - 2} steps, medians)")
+    print(f"{args.family} {label} ({steps - 2} steps, medians)")
     print("| mode | ms / step | / native |\n|---|---|---|")
     for k, v in med.items():
         print(f"| {k} | {v * 1e3:.1f} | {v / med['native']:.2f}x |")
