@@ -51,6 +51,7 @@ from numba import njit
 
 from vtrain import exactdot, exactmath, fused
 from vtrain.errors import VtrainError
+from vtrain.grid import check_bits, grid_max
 from vtrain.prefilter import _unravel4
 
 aten = torch.ops.aten
@@ -312,14 +313,18 @@ def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
     return rounded
 
 
-def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
-    """`_convolution_terms` for output i of convolution_backward (grad_bias: b None, a sum of a)."""
+def _backward_operands(args: tuple, kwargs: dict) -> tuple:
+    """convolution_backward's (grad_output, input, weight, stride, padding, dilation, groups), all 4-d."""
     op = aten.convolution_backward.default
     kw = _bind(op, args, kwargs)
     g = kw["grad_output"]
-    x, w, (s0, s1), (p0, p1), (d0, d1), groups = _conv_geometry(op, kw)
-    if g.dim() == 3:
-        g = g.unsqueeze(2)
+    x, w, stride, padding, dilation, groups = _conv_geometry(op, kw)
+    return (g.unsqueeze(2) if g.dim() == 3 else g), x, w, stride, padding, dilation, groups
+
+
+def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
+    """`_convolution_terms` for output i of convolution_backward (grad_bias: b None, a sum of a)."""
+    g, x, w, (s0, s1), (p0, p1), (d0, d1), groups = _backward_operands(args, kwargs)
     n_img, c_in, h, wd = x.shape
     c_out, c_g, kh, kwd = w.shape
     _, _, oh, ow = g.shape
@@ -347,8 +352,8 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
         def part(ps: np.ndarray) -> tuple:
             if views is not None:  # (compiled: torch's indexing took 20 of 28 ms on 45 positions of 32,768 terms)
                 ga, xb = np.empty((ps.size, n_img * oh * ow)), np.empty((ps.size, n_img * oh * ow))
-                _weight_taps(*views, ps.astype(np.int64), np.array([s0, s1, p0, p1, d0, d1], np.int64),
-                             np.array(w.shape, np.int64), co_g, ga, xb)
+                _weight_taps(*views, ps.astype(np.int64), *_tap_geometry(w, (s0, s1), (p0, p1), (d0, d1), groups),
+                             ga, xb)
                 return torch.from_numpy(ga), torch.from_numpy(xb), None
             co, cl, a, b = _unravel(ps, tuple(w.shape))
             ci = (co // co_g) * c_g + cl
@@ -387,6 +392,49 @@ def _weight_taps(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
                     k += 1
 
 
+def _tap_geometry(w: torch.Tensor, stride: tuple, padding: tuple, dilation: tuple, groups: int) -> tuple:
+    """`_weight_taps`' geometry arguments: (s0, s1, p0, p1, d0, d1), the weight's shape, Co per group."""
+    return np.array([*stride, *padding, *dilation], np.int64), np.array(w.shape, np.int64), w.shape[0] // groups
+
+
+@njit(cache=True, nogil=True)
+def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, shape: np.ndarray, co_g: int,
+                 m: int, gmax: float, out: np.ndarray, flag: np.ndarray) -> None:
+    """out[t] = RNE_grid of grad_weight position pos[t]'s exact sum, its terms gathered as `_weight_taps`
+    gathers them, one position at a time into one pair of buffers, then summed by exactdot.dot while they
+    are in cache; flag[t] where that kernel cannot (exactdot's reasons). Gathering all the positions first
+    wrote 2 x 8 bytes a term to fresh memory (N OH OW terms a position: 8,192-32,768 at resnet-tiny width 32)
+    and read them back."""
+    k = g.shape[0] * g.shape[2] * g.shape[3]
+    ga, xb = np.empty((1, k)), np.empty((1, k))
+    terms, q1, q2, box, parts, tmp = exactdot.workspace(k)
+    for t in range(pos.size):
+        _weight_taps(g, x, pos[t:t + 1], geometry, shape, co_g, ga, xb)
+        a, b = ga[0], xb[0]
+        out[t], done = exactdot.dot(a, b, exactdot.short(a) and exactdot.short(b), 0.0, m, gmax, terms, q1, q2,
+                                    box, parts, tmp)
+        flag[t] = not done
+
+
+def _weight_gradient_at(args: tuple, kwargs: dict, pos: np.ndarray, bits: int,
+                        reference: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """grad_weight of convolution_backward at flat positions `pos`, correctly rounded, by `_weight_dots`;
+    the positions it flags (and all of them where the kernel cannot read the operands in place) by
+    `reference` (positions -> their values: the gathered terms' exact dots)."""
+    g, x, w, stride, padding, dilation, groups = _backward_operands(args, kwargs)
+    views = _views(g, x)
+    if views is None:
+        return reference(pos)
+    m = check_bits(bits)
+    out, flag = np.empty(pos.size), np.zeros(pos.size, dtype=np.bool_)
+    _weight_dots(*views, pos.astype(np.int64), *_tap_geometry(w, stride, padding, dilation, groups), m,
+                 grid_max(bits), out, flag)
+    f = np.flatnonzero(flag)
+    if f.size:
+        out[f] = reference(pos[f])
+    return out
+
+
 # op -> its outputs' terms (the gathering the resolver falls back to, and the sums of |terms| bounds take)
 _CONVOLUTION_TERMS = {aten.convolution.default: _convolution_terms,
                       aten.convolution_backward.default: _convolution_backward_terms}
@@ -400,7 +448,10 @@ def _convolution(op: Any) -> Resolver:
         if as_matmul is not None:
             return _matmul_at(as_matmul, pos, bits)
         width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
-        return _chunked(pos, width, _rounded(part, bits))
+        gathered = functools.partial(_chunked, width=width, fn=_rounded(part, bits))
+        if op is aten.convolution_backward.default and i == 1:
+            return _weight_gradient_at(args, kwargs, pos, bits, gathered)
+        return gathered(pos)
 
     return resolve
 

@@ -116,7 +116,7 @@ def test_non_grid_float64_factors() -> None:
     gen = np.random.default_rng(7)
     a = gen.standard_normal((30, 200)) * 2.0 ** gen.integers(-40, 40, (30, 200))
     b = gen.standard_normal((30, 200))
-    assert not any(exactdot._short(row) for row in a)  # Dekker's low parts are nonzero here
+    assert not any(exactdot.short(row) for row in a)  # Dekker's low parts are nonzero here
     for bits in BITS:
         check(a, b, bits)
         # exact midpoints from non-grid factors: x * (1 + 2^-30) - x * 2^-30 = x, x a midpoint

@@ -899,6 +899,52 @@ def test_weight_gradient_terms_gathered_compiled_as_by_torch(name: str, dtype: t
     assert bool((compiled[1] == 0).any())  # (the cases pad: some taps read the padding)
 
 
+def _weight_case(name: str, dtype: torch.dtype, bits: int, kind: str) -> tuple:
+    """(args, kwargs, a few grad_weight positions) of a convolution_backward case: few enough that the resolver
+    gathers each position's terms (resolve._weight_dots), not the whole gradient as a matmul over windows."""
+    case = next(c for c in CASES if c.name == name)
+    args, kwargs = case.make(torch.Generator().manual_seed(zlib.crc32(f"{name}/{kind}".encode())), dtype, bits, kind)
+    pos = np.array([0, 1, 5, args[2].numel() // 2, args[2].numel() - 1])
+    assert resolve._convolution_matmul(case.op, args, kwargs, 1, pos.size) is None
+    return args, kwargs, pos
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+@pytest.mark.parametrize("name", ["conv-backward", "conv-backward-s1"])  # (conv1d's few weights: a matmul)
+def test_weight_gradient_positions_round_in_the_gathering_kernel_as_the_fractions(
+        name: str, dtype: torch.dtype, bits: int, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each position's terms summed exactly as they are gathered (resolve._weight_dots): on grid data the kernel
+    # takes every position, so the gathered path (the reference it falls back to) is never asked
+    args, kwargs, pos = _weight_case(name, dtype, bits, kind)
+    want = [ref_round_q(_ref_conv_bwd(args, kwargs)[1][p], bits - 9) for p in pos]
+    monkeypatch.setattr(resolve, "_chunked", lambda *a, **k: pytest.fail("fell back to the gathered terms"))
+    got = resolver_for(aten.convolution_backward.default)(args, kwargs, 1, pos, bits)
+    assert got.dtype == np.float64 and got.tolist() == want
+
+
+def test_weight_gradient_positions_the_kernel_flags_take_the_gathered_reference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # products below 2^-900 are outside TwoProduct's exact range (vtrain.exactdot): every position sums some of
+    # image 0's, so the kernel flags them all, and the gathered terms' reference (Fractions) gives the values
+    args, kwargs, pos = _weight_case("conv-backward", torch.float64, 32, "normal")
+    g, x = args[0].clone(), args[1].clone()
+    g[0] *= 2.0**-480
+    x[0] *= 2.0**-480
+    args = (g, x, *args[2:])
+    want = [ref_round_q(_ref_conv_bwd(args, kwargs)[1][p], 23) for p in pos]
+    asked = []
+    chunked = resolve._chunked
+
+    def recorded(ps: np.ndarray, **kw: Any) -> np.ndarray:
+        asked.extend(ps.tolist())
+        return chunked(ps, **kw)
+
+    monkeypatch.setattr(resolve, "_chunked", recorded)
+    got = resolver_for(aten.convolution_backward.default)(args, kwargs, 1, pos, 32)
+    assert asked == pos.tolist() and got.tolist() == want
+
+
 def test_a_convolution_whose_windows_pass_the_memory_cap_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
     case = next(c for c in CASES if c.name == "conv-backward-s1")
     args, kwargs = case.make(torch.Generator().manual_seed(5), torch.float64, 32, "normal")
