@@ -245,6 +245,25 @@ def _inside(count: int, step: int, offset: int, size: int) -> tuple[int, int]:
     return first, max(first, min(count, (size - 1 - offset) // step + 1))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def input_taps(y: int, z: int, geometry: np.ndarray, oh: int, ow: int, tap_a: np.ndarray, tap_y: np.ndarray,
+               tap_b: np.ndarray, tap_z: np.ndarray) -> tuple[int, int]:
+    """The taps through which a convolution's output gradients (OH x OW) reach input pixel (y, z): tap_a[:na]
+    with their output rows tap_y[:na], tap_b[:nb] with their columns tap_z[:nb]; (na, nb). Geometry: stride,
+    padding, dilation (s0, s1, p0, p1, d0, d1); the taps' counts are the arrays' sizes (KH, KW)."""
+    s0, s1, p0, p1, d0, d1 = geometry[0], geometry[1], geometry[2], geometry[3], geometry[4], geometry[5]
+    na = nb = 0
+    for a in range(tap_a.size):
+        ty = y + p0 - a * d0
+        if ty >= 0 and ty % s0 == 0 and ty // s0 < oh:
+            tap_a[na], tap_y[na], na = a, ty // s0, na + 1
+    for b in range(tap_b.size):
+        tz = z + p1 - b * d1
+        if tz >= 0 and tz % s1 == 0 and tz // s1 < ow:
+            tap_b[nb], tap_z[nb], nb = b, tz // s1, nb + 1
+    return na, nb
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _conv_abs_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.ndarray, geometry: np.ndarray,
                       groups: int, out: np.ndarray) -> None:
@@ -272,7 +291,6 @@ def _conv_abs_forward(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.nd
 def _conv_abs_input(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.ndarray, groups: int,
                     shape: np.ndarray, out: np.ndarray) -> None:
     """out[t] = sum |grad| |w| of grad_input position pos[t] (shape: N, Cin, H, W)."""
-    s0, s1, p0, p1, d0, d1 = geometry[:6]
     c_out, c_g, kh, kw = w.shape
     co_g, h, wd = c_out // groups, shape[2], shape[3]
     # The taps through which output gradients reach the pixel, and the outputs they come from, found once a
@@ -281,15 +299,7 @@ def _conv_abs_input(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.
                                   np.empty(kw, np.int64))
     for t in range(pos.size):
         n, ci, y, z = _unravel4(pos[t], shape[1], h, wd)
-        na = nb = 0
-        for a in range(kh):
-            ty = y + p0 - a * d0
-            if ty >= 0 and ty % s0 == 0 and ty // s0 < g.shape[2]:
-                tap_a[na], tap_y[na], na = a, ty // s0, na + 1
-        for b in range(kw):
-            tz = z + p1 - b * d1
-            if tz >= 0 and tz % s1 == 0 and tz // s1 < g.shape[3]:
-                tap_b[nb], tap_z[nb], nb = b, tz // s1, nb + 1
+        na, nb = input_taps(y, z, geometry, g.shape[2], g.shape[3], tap_a, tap_y, tap_b, tap_z)
         acc, cl = 0.0, ci % c_g
         for co in range((ci // c_g) * co_g, (ci // c_g + 1) * co_g):
             for i in range(na):

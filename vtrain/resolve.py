@@ -52,7 +52,7 @@ from numba import njit
 from vtrain import exactdot, exactmath, fused
 from vtrain.errors import VtrainError
 from vtrain.grid import check_bits, grid_max
-from vtrain.prefilter import _unravel4
+from vtrain.prefilter import _unravel4, input_taps
 
 aten = torch.ops.aten
 
@@ -416,19 +416,52 @@ def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
         flag[t] = not done
 
 
-def _weight_gradient_at(args: tuple, kwargs: dict, pos: np.ndarray, bits: int,
-                        reference: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """grad_weight of convolution_backward at flat positions `pos`, correctly rounded, by `_weight_dots`;
-    the positions it flags (and all of them where the kernel cannot read the operands in place) by
-    `reference` (positions -> their values: the gathered terms' exact dots)."""
+@njit(cache=True, nogil=True)
+def _input_dots(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.ndarray, shape: np.ndarray, groups: int,
+                m: int, gmax: float, out: np.ndarray, flag: np.ndarray) -> None:
+    """`_weight_dots` for grad_input positions pos (shape: N, Cin, H, W): the output gradients that reach each
+    pixel times their weights (the taps found as the pre-filter's E finds them; those that reach it from
+    nowhere, padding and stride gaps, left out: an exact sum needs no zeros), gathered into one pair of
+    buffers. (Torch's indexing gathered every tap of every position through index tensors, ~1 ms a call.)"""
+    c_out, c_g, kh, kw = w.shape
+    co_g = c_out // groups
+    ga, wb = np.empty(co_g * kh * kw), np.empty(co_g * kh * kw)
+    tap_a, tap_y, tap_b, tap_z = (np.empty(kh, np.int64), np.empty(kh, np.int64), np.empty(kw, np.int64),
+                                  np.empty(kw, np.int64))
+    terms, q1, q2, box, parts, tmp = exactdot.workspace(ga.size)
+    for t in range(pos.size):
+        n, ci, y, z = _unravel4(pos[t], shape[1], shape[2], shape[3])
+        na, nb = input_taps(y, z, geometry, g.shape[2], g.shape[3], tap_a, tap_y, tap_b, tap_z)
+        k, cl = 0, ci % c_g
+        for co in range((ci // c_g) * co_g, (ci // c_g + 1) * co_g):
+            for i in range(na):
+                for j in range(nb):
+                    ga[k] = g[n, co, tap_y[i], tap_z[j]]
+                    wb[k] = w[co, cl, tap_a[i], tap_b[j]]
+                    k += 1
+        a, b = ga[:k], wb[:k]
+        out[t], done = exactdot.dot(a, b, exactdot.short(a) and exactdot.short(b), 0.0, m, gmax, terms, q1, q2,
+                                    box, parts, tmp)
+        flag[t] = not done
+
+
+def _backward_at(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int,
+                 reference: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Output i (grad_input 0, grad_weight 1) of convolution_backward at flat positions `pos`, correctly
+    rounded by `_input_dots` or `_weight_dots`; the positions they flag (and all of them where the kernels
+    cannot read the operands in place) by `reference` (positions -> their values: the gathered terms' exact
+    dots)."""
     g, x, w, stride, padding, dilation, groups = _backward_operands(args, kwargs)
-    views = _views(g, x)
+    views = _views(g, w if i == 0 else x)
     if views is None:
         return reference(pos)
-    m = check_bits(bits)
+    m, ps = check_bits(bits), pos.astype(np.int64)
     out, flag = np.empty(pos.size), np.zeros(pos.size, dtype=np.bool_)
-    _weight_dots(*views, pos.astype(np.int64), *_tap_geometry(w, stride, padding, dilation, groups), m,
-                 grid_max(bits), out, flag)
+    geometry, shape, co_g = _tap_geometry(w, stride, padding, dilation, groups)
+    if i == 0:
+        _input_dots(*views, ps, geometry, np.array(x.shape, np.int64), groups, m, grid_max(bits), out, flag)
+    else:
+        _weight_dots(*views, ps, geometry, shape, co_g, m, grid_max(bits), out, flag)
     f = np.flatnonzero(flag)
     if f.size:
         out[f] = reference(pos[f])
@@ -449,8 +482,8 @@ def _convolution(op: Any) -> Resolver:
             return _matmul_at(as_matmul, pos, bits)
         width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
         gathered = functools.partial(_chunked, width=width, fn=_rounded(part, bits))
-        if op is aten.convolution_backward.default and i == 1:
-            return _weight_gradient_at(args, kwargs, pos, bits, gathered)
+        if op is aten.convolution_backward.default and i < 2:
+            return _backward_at(args, kwargs, i, pos, bits, gathered)
         return gathered(pos)
 
     return resolve
