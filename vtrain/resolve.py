@@ -52,7 +52,7 @@ from numba import njit
 from vtrain import exactdot, exactmath, fused
 from vtrain.errors import VtrainError
 from vtrain.grid import check_bits, grid_max
-from vtrain.prefilter import _unravel4, input_taps
+from vtrain.prefilter import _inside, _unravel4, input_taps
 
 aten = torch.ops.aten
 
@@ -445,27 +445,73 @@ def _input_dots(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.ndar
         flag[t] = not done
 
 
-def _backward_at(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int,
-                 reference: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """Output i (grad_input 0, grad_weight 1) of convolution_backward at flat positions `pos`, correctly
-    rounded by `_input_dots` or `_weight_dots`; the positions they flag (and all of them where the kernels
-    cannot read the operands in place) by `reference` (positions -> their values: the gathered terms' exact
-    dots)."""
-    g, x, w, stride, padding, dilation, groups = _backward_operands(args, kwargs)
-    views = _views(g, w if i == 0 else x)
+@njit(cache=True, nogil=True)
+def _forward_dots(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.ndarray, geometry: np.ndarray, groups: int,
+                  m: int, gmax: float, out: np.ndarray, flag: np.ndarray) -> None:
+    """`_input_dots` for convolution outputs pos ((N, Co, OH, OW); geometry: stride, padding, dilation, OH,
+    OW): a window's taps inside the image times their weights (found as the pre-filter's E finds them), the
+    bias (empty: none) the addend."""
+    s0, s1, p0, p1, d0, d1, oh, ow = geometry
+    c_out, c_g, kh, kw = w.shape
+    co_g = c_out // groups
+    xa, wb = np.empty(c_g * kh * kw), np.empty(c_g * kh * kw)
+    terms, q1, q2, box, parts, tmp = exactdot.workspace(xa.size)
+    for t in range(pos.size):
+        n, co, oy, oz = _unravel4(pos[t], c_out, oh, ow)
+        y0, z0 = oy * s0 - p0, oz * s1 - p1
+        a0, a1 = _inside(kh, d0, y0, x.shape[2])
+        b0, b1 = _inside(kw, d1, z0, x.shape[3])
+        k, c0 = 0, (co // co_g) * c_g
+        for cl in range(c_g):
+            for a in range(a0, a1):
+                for b in range(b0, b1):
+                    xa[k] = x[n, c0 + cl, y0 + a * d0, z0 + b * d1]
+                    wb[k] = w[co, cl, a, b]
+                    k += 1
+        e = np.float64(bias[co]) if bias.size else 0.0
+        a_, b_ = xa[:k], wb[:k]
+        out[t], done = exactdot.dot(a_, b_, exactdot.short(a_) and exactdot.short(b_), e, m, gmax, terms, q1, q2,
+                                    box, parts, tmp)
+        flag[t] = not done
+
+
+def _convolution_dots(op: Any, args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int,
+                      reference: Callable[[np.ndarray], np.ndarray]) -> np.ndarray | None:
+    """Output i of a convolution (0) or of its backward (grad_input 0, grad_weight 1) at flat positions `pos`,
+    correctly rounded by `_forward_dots`, `_input_dots` or `_weight_dots`, each position's terms summed as they
+    are gathered; the positions they flag (and all of them where the kernels cannot read the operands in place)
+    by `reference` (positions -> their values: the gathered terms' exact dots). None for grad_bias."""
+    forward = op is aten.convolution.default
+    if not forward and i > 1:
+        return None
+    if forward:
+        kw = _bind(op, args, kwargs)
+        x, w, stride, padding, dilation, groups = _conv_geometry(op, kw)
+        bias = kw["bias"]
+        views = _views(x, w) if bias is None else _views(x, w, bias)
+    else:
+        g, x, w, stride, padding, dilation, groups = _backward_operands(args, kwargs)
+        views = _views(g, w if i == 0 else x)
     if views is None:
         return reference(pos)
-    m, ps = check_bits(bits), pos.astype(np.int64)
+    m, gmax, ps = check_bits(bits), grid_max(bits), pos.astype(np.int64)
     out, flag = np.empty(pos.size), np.zeros(pos.size, dtype=np.bool_)
     geometry, shape, co_g = _tap_geometry(w, stride, padding, dilation, groups)
-    if i == 0:
-        _input_dots(*views, ps, geometry, np.array(x.shape, np.int64), groups, m, grid_max(bits), out, flag)
+    if forward:
+        sizes = [_out_size(x.shape[d], w.shape[d], stride[d - 2], padding[d - 2], dilation[d - 2]) for d in (2, 3)]
+        _forward_dots(views[0], views[1], views[2].reshape(-1) if bias is not None else _NO_BIAS, ps,
+                      np.array([*geometry, *sizes], np.int64), groups, m, gmax, out, flag)
+    elif i == 0:
+        _input_dots(*views, ps, geometry, np.array(x.shape, np.int64), groups, m, gmax, out, flag)
     else:
-        _weight_dots(*views, ps, geometry, shape, co_g, m, grid_max(bits), out, flag)
+        _weight_dots(*views, ps, geometry, shape, co_g, m, gmax, out, flag)
     f = np.flatnonzero(flag)
     if f.size:
         out[f] = reference(pos[f])
     return out
+
+
+_NO_BIAS = np.zeros(0)
 
 
 # op -> its outputs' terms (the gathering the resolver falls back to, and the sums of |terms| bounds take)
@@ -482,9 +528,8 @@ def _convolution(op: Any) -> Resolver:
             return _matmul_at(as_matmul, pos, bits)
         width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
         gathered = functools.partial(_chunked, width=width, fn=_rounded(part, bits))
-        if op is aten.convolution_backward.default and i < 2:
-            return _backward_at(args, kwargs, i, pos, bits, gathered)
-        return gathered(pos)
+        out = _convolution_dots(op, args, kwargs, i, pos, bits, gathered)
+        return gathered(pos) if out is None else out
 
     return resolve
 

@@ -899,44 +899,53 @@ def test_weight_gradient_terms_gathered_compiled_as_by_torch(name: str, dtype: t
     assert bool((compiled[1] == 0).any())  # (the cases pad: some taps read the padding)
 
 
-def _backward_case(name: str, i: int, dtype: torch.dtype, bits: int, kind: str) -> tuple:
-    """(args, kwargs, a few positions of output i) of a convolution_backward case: few enough that the resolver
-    gathers each position's terms (resolve._input_dots, _weight_dots), not the whole output as a matmul."""
+def _gathered_case(name: str, i: int, dtype: torch.dtype, bits: int, kind: str) -> tuple:
+    """(op, args, kwargs, a few positions of output i) of a convolution case: few enough that the resolver
+    gathers each position's terms (resolve._forward_dots, _input_dots, _weight_dots), not a matmul's."""
     case = next(c for c in CASES if c.name == name)
     args, kwargs = case.make(torch.Generator().manual_seed(zlib.crc32(f"{name}/{kind}".encode())), dtype, bits, kind)
-    size, width = (args[1] if i == 0 else args[2]).numel(), args[1].shape[-1]
+    out = case.op(*args, **kwargs)
+    size, width = (out[i] if isinstance(out, tuple) else out).numel(), args[1].shape[-1]
     pos = np.array([0, 1, 5, width + 1, 3 * width + 2, size // 2, size - 1])  # (rows 1 and 3: a stride of 2)
     assert resolve._convolution_matmul(case.op, args, kwargs, i, pos.size) is None
-    return args, kwargs, pos
+    return case, args, kwargs, pos
+
+
+GATHERED = [("conv2d-s2p1d2g2", 0), ("conv1d", 0), ("conv-backward", 0), ("conv-backward", 1),
+            ("conv-backward-s1", 0), ("conv-backward-s1", 1)]  # (conv1d's backward has few weights: a matmul)
 
 
 @pytest.mark.parametrize("kind", ["normal", "quant"])
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
-@pytest.mark.parametrize("i", [0, 1], ids=["grad_input", "grad_weight"])
-@pytest.mark.parametrize("name", ["conv-backward", "conv-backward-s1"])  # (conv1d's few weights: a matmul)
-def test_backward_positions_round_in_the_gathering_kernels_as_the_fractions(
+@pytest.mark.parametrize("name,i", GATHERED, ids=[f"{n}-{i}" for n, i in GATHERED])
+def test_convolution_positions_round_in_the_gathering_kernels_as_the_fractions(
         name: str, i: int, dtype: torch.dtype, bits: int, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # each position's terms summed exactly as they are gathered: on grid data the kernels take every position,
     # so the gathered terms' path (the reference they fall back to) is never asked
-    args, kwargs, pos = _backward_case(name, i, dtype, bits, kind)
-    want = [ref_round_q(_ref_conv_bwd(args, kwargs)[i][p], bits - 9) for p in pos]
+    case, args, kwargs, pos = _gathered_case(name, i, dtype, bits, kind)
+    want = [ref_round_q(case.ref(args, kwargs)[i][p], bits - 9) for p in pos]
     monkeypatch.setattr(resolve, "_chunked", lambda *a, **k: pytest.fail("fell back to the gathered terms"))
-    got = resolver_for(aten.convolution_backward.default)(args, kwargs, i, pos, bits)
+    got = resolver_for(case.op)(args, kwargs, i, pos, bits)
     assert got.dtype == np.float64 and got.tolist() == want
 
 
-@pytest.mark.parametrize("i", [0, 1], ids=["grad_input", "grad_weight"])
-def test_backward_positions_the_kernels_flag_take_the_gathered_reference(i: int,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    # products below 2^-900 are outside TwoProduct's exact range (vtrain.exactdot): image 0's gradients, inputs
-    # and the weights scaled so that every weight-gradient position and image 0's input-gradient positions
-    # sum some, the kernels flag those, and the gathered terms' reference (Fractions) gives their values
-    args, kwargs, pos = _backward_case("conv-backward", i, torch.float64, 32, "normal")
-    g, x, w = args[0].clone(), args[1].clone(), args[2] * 2.0**-480
-    g[0] *= 2.0**-480
+@pytest.mark.parametrize("name,i", GATHERED[::2] + [GATHERED[3]], ids=lambda v: str(v))
+def test_convolution_positions_the_kernels_flag_take_the_gathered_reference(name: str, i: int,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # products below 2^-900 are outside TwoProduct's exact range (vtrain.exactdot): image 0's inputs (and
+    # gradients) and the weights scaled so that image 0's outputs and every weight-gradient position sum some,
+    # the kernels flag those, and the gathered terms' reference (Fractions) gives their values
+    case, args, kwargs, pos = _gathered_case(name, i, torch.float64, 32, "normal")
+    forward = case.op is aten.convolution.default
+    x, w = args[0 if forward else 1].clone(), args[1 if forward else 2] * 2.0**-480
     x[0] *= 2.0**-480
-    args = (g, x, w, *args[3:])
-    exact = _ref_conv_bwd(args, kwargs)[i]
+    if forward:
+        args = (x, w, *args[2:])
+    else:
+        g = args[0].clone()
+        g[0] *= 2.0**-480
+        args = (g, x, w, *args[3:])
+    exact = case.ref(args, kwargs)[i]
     want = [ref_round_q(exact[p], 23) for p in pos]
     asked = []
     chunked = resolve._chunked
@@ -946,9 +955,10 @@ def test_backward_positions_the_kernels_flag_take_the_gathered_reference(i: int,
         return chunked(ps, **kw)
 
     monkeypatch.setattr(resolve, "_chunked", recorded)
-    got = resolver_for(aten.convolution_backward.default)(args, kwargs, i, pos, 32)
-    # (image 0's pixels that no tap reaches, in a stride's gaps, sum no terms: exact zeros, not flagged)
-    flagged = pos.tolist() if i == 1 else [p for p in pos.tolist() if p < x[0].numel() and exact[p] != 0]
+    got = resolver_for(case.op)(args, kwargs, i, pos, 32)
+    # (image 0's positions that no tap reaches, in a stride's gaps, sum no terms: exact zeros, not flagged)
+    image = len(exact) // x.shape[0]
+    flagged = pos.tolist() if (not forward and i == 1) else [p for p in pos.tolist() if p < image and exact[p] != 0]
     assert flagged and asked == flagged and got.tolist() == want
 
 
