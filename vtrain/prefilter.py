@@ -211,10 +211,13 @@ def _matmul_upper(func: Any) -> Upper:
         if bias_abs is not None:
             add += bias_abs * (abs(beta) * factor)
         # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and
-        # its bitsets would read W down its strided columns. Nor where neither operand holds a zero (every
-        # product is nonzero): attention's products, a GELU network's weight gradients (building the bitsets
-        # took 0.4 of GPT-2's 0.57 ms pre-filter of a 16 x 128 x 128 batched product).
-        if bias is None and not input_grad and (zeros_a or zeros_b):
+        # its bitsets would read W down its strided columns. Nor where every row of a and column of b have
+        # more than K nonzeros between them (at most zeros_a and zeros_b zeros of K): each pair then shares a
+        # nonzero product, so no sum lacks one. Dropout's zeros, a causal mask's and GELU's (none) leave
+        # GPT-2's products there (building the bitsets took 0.4 of its 0.57 ms pre-filter of a 16 x 128 x 128
+        # batched product, ~12 ms a step at d_model 256); a relu network's weight gradient, whose units'
+        # zeros can cover a line, keeps the filter.
+        if bias is None and not input_grad and zeros_a + zeros_b >= k:
             support, nonzero = _nonzero_terms(a, b)
             return Prefilter(rows, cols, add, v.shape, v.dtype, nonzero, support)
         return Prefilter(rows, cols, add, v.shape, v.dtype)
@@ -390,18 +393,18 @@ def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
 _TINY_LINE = 2.0**-500
 
 
-def _line_norms(t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
+def _line_norms(t: torch.Tensor, out: np.ndarray) -> tuple[bool, int]:
     """out[n, i] = the Euclidean norm of t[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
-    2^-53 below the exact norm); (whether every value was finite and none below _TINY_LINE but zero, whether
-    some value was zero). The same pass as `LineNorms`', the other axis left unused."""
+    2^-53 below the exact norm); (whether every value was finite and none below _TINY_LINE but zero, the most
+    zeros in one line t[n, i, :]). The same pass as `LineNorms`', the other axis left unused."""
     return _norms_into(*_canonical(_numpy(t)), out)
 
 
-def _norms_into(canon: np.ndarray, rows: bool, out: np.ndarray) -> tuple[bool, bool]:
+def _norms_into(canon: np.ndarray, rows: bool, out: np.ndarray) -> tuple[bool, int]:
     """`_line_norms` from `_canonical`'s (canon, rows)."""
     along, across, flags = _both_norms(canon)
     out[:] = along if rows else across
-    return flags
+    return _axis(flags, rows)
 
 
 def _canonical(x: np.ndarray) -> tuple[np.ndarray, bool]:
@@ -414,18 +417,20 @@ def _canonical(x: np.ndarray) -> tuple[np.ndarray, bool]:
     return np.ascontiguousarray(x), True
 
 
-def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, bool]]:
-    """(the norms of each canon[n]'s rows, of its columns, `_line_norms`' flags) in one pass (`_norms_both`)."""
+def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, int, int]]:
+    """(the norms of each canon[n]'s rows, of its columns, (usable as `_line_norms` says, the most zeros in
+    one row, in one column)) in one pass (`_norms_both`)."""
     along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
-    top, tiny, zeros = 0, 0, 0
+    top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
     for n in range(canon.shape[0]):
-        a, b, c = _norms_both(canon[n], along[n], across[n])
-        top, tiny, zeros = max(top, a), tiny + b, zeros + c
-    return along, across, _flags(top, tiny, zeros)
+        a, b, zr, zc = _norms_both(canon[n], along[n], across[n])
+        top, tiny, row_zeros, col_zeros = max(top, a), tiny + b, max(row_zeros, zr), max(col_zeros, zc)
+    return along, across, (top < 0x7FF0000000000000 and tiny == 0, int(row_zeros), int(col_zeros))
 
 
-def _flags(top: int, tiny: int, zeros: int) -> tuple[bool, bool]:
-    return top < 0x7FF0000000000000 and tiny == 0, zeros > 0
+def _axis(flags: tuple[bool, int, int], rows: bool) -> tuple[bool, int]:
+    """`_line_norms`' (usable, most zeros in a line) for canon's rows or its columns."""
+    return flags[0], flags[1] if rows else flags[2]
 
 
 class LineNorms:
@@ -451,7 +456,7 @@ class LineNorms:
     def __init__(self) -> None:
         self._entries: dict[tuple, tuple] = {}
 
-    def of(self, t: torch.Tensor, out: np.ndarray) -> tuple[bool, bool]:
+    def of(self, t: torch.Tensor, out: np.ndarray) -> tuple[bool, int]:
         """`_line_norms(t, out)`, from this cache where it can."""
         found, canon = _torch_key(t), None
         if found is not None:  # (the common layouts: no numpy view until the norms are computed)
@@ -473,7 +478,7 @@ class LineNorms:
         entry[3].discard(rows)
         if not entry[3]:
             del self._entries[key]
-        return entry[2]
+        return _axis(entry[2], rows)
 
 
 def _numpy_key(t: torch.Tensor, canon: np.ndarray) -> tuple:
@@ -527,16 +532,18 @@ def _is_zero(x: float) -> int:
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int]:
+def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int, int]:
     # Both axes' sums of squares in one vectorised pass over the row-major x: each value's square goes to its
     # row's sum (reassociated: a norm bounds its sum in any order, see the module docstring) and to its
     # column's (one addition per value, in row order); with the largest magnitude, the tiny values and the
-    # zeros (integer reductions). (Session 16: one pass per line took 0.44-0.48 ns a value in cache for a
-    # row's norm, against 0.7-1.1 for two.)
-    top, tiny, zeros = 0, 0, 0
+    # zeros of each row and column (integer reductions), of which the most in one row and in one column are
+    # returned. (Session 16: one pass per line took 0.44-0.48 ns a value in cache for a row's norm, against
+    # 0.7-1.1 for two.)
+    top, tiny, row_zeros = 0, 0, 0
     sq = np.zeros(x.shape[1])
+    zc = np.zeros(x.shape[1], np.int64)
     for i in range(x.shape[0]):
-        line, s = x[i], 0.0
+        line, s, zr = x[i], 0.0, 0
         for k in range(line.size):
             v = np.float64(line[k])
             q = v * v
@@ -544,11 +551,14 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
             sq[k] += q
             top = max(top, _abs_bits(v))
             tiny += _is_tiny(v)
-            zeros += _is_zero(v)
+            z = _is_zero(v)
+            zr += z
+            zc[k] += z
         rows[i] = math.sqrt(s)
+        row_zeros = max(row_zeros, zr)
     for k in range(sq.size):
         cols[k] = math.sqrt(sq[k])
-    return top, tiny, zeros
+    return top, tiny, row_zeros, zc.max() if zc.size else 0
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
