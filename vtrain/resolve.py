@@ -393,7 +393,7 @@ def _weight_taps(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
 
 
 def _tap_geometry(w: torch.Tensor, stride: tuple, padding: tuple, dilation: tuple, groups: int) -> tuple:
-    """`_weight_taps`' geometry arguments: (s0, s1, p0, p1, d0, d1), the weight's shape, Co per group."""
+    """The gathering kernels' geometry arguments: (s0, s1, p0, p1, d0, d1), the weight's shape, Co per group."""
     return np.array([*stride, *padding, *dilation], np.int64), np.array(w.shape, np.int64), w.shape[0] // groups
 
 
@@ -469,8 +469,8 @@ def _forward_dots(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.ndarra
                     wb[k] = w[co, cl, a, b]
                     k += 1
         e = np.float64(bias[co]) if bias.size else 0.0
-        a_, b_ = xa[:k], wb[:k]
-        out[t], done = exactdot.dot(a_, b_, exactdot.short(a_) and exactdot.short(b_), e, m, gmax, terms, q1, q2,
+        xs, ws = xa[:k], wb[:k]
+        out[t], done = exactdot.dot(xs, ws, exactdot.short(xs) and exactdot.short(ws), e, m, gmax, terms, q1, q2,
                                     box, parts, tmp)
         flag[t] = not done
 

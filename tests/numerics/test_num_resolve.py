@@ -912,7 +912,8 @@ def _gathered_case(name: str, i: int, dtype: torch.dtype, bits: int, kind: str) 
 
 
 GATHERED = [("conv2d-s2p1d2g2", 0), ("conv1d", 0), ("conv-backward", 0), ("conv-backward", 1),
-            ("conv-backward-s1", 0), ("conv-backward-s1", 1)]  # (conv1d's backward has few weights: a matmul)
+            ("conv-backward-s1", 0), ("conv-backward-s1", 1),
+            ("conv1d-backward", 0)]  # (its weight gradient has few positions: a matmul over the windows)
 
 
 @pytest.mark.parametrize("kind", ["normal", "quant"])
