@@ -301,6 +301,16 @@ def dot(a: np.ndarray, b: np.ndarray, both_short: bool, e: float, m: int, gmax: 
     return r, True
 
 
+@njit(cache=True, nogil=True, inline="always")
+def dot_at(a: np.ndarray, b: np.ndarray, e: float, m: int, gmax: float, work: tuple, out: np.ndarray,
+           flag: np.ndarray, t: int) -> None:
+    """out[t] = RNE_grid(a . b + e) for two gathered float64 lines (whether they are short found here), or
+    flag[t] where `dot` cannot; work: `workspace(k)` for k >= a.size."""
+    terms, q1, q2, box, parts, tmp = work
+    out[t], done = dot(a, b, short(a) and short(b), e, m, gmax, terms, q1, q2, box, parts, tmp)
+    flag[t] = not done
+
+
 @njit(cache=True, nogil=True)
 def _dots(ag: np.ndarray, ashort: np.ndarray, bg: np.ndarray, bshort: np.ndarray, ia: np.ndarray,
           ib: np.ndarray, extra: np.ndarray, m: int, gmax: float, out: np.ndarray, flag: np.ndarray) -> None:

@@ -406,14 +406,10 @@ def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
     wrote 2 x 8 bytes a term to fresh memory (N OH OW terms a position: 8,192-32,768 at resnet-tiny width 32)
     and read them back."""
     k = g.shape[0] * g.shape[2] * g.shape[3]
-    ga, xb = np.empty((1, k)), np.empty((1, k))
-    terms, q1, q2, box, parts, tmp = exactdot.workspace(k)
+    ga, xb, work = np.empty((1, k)), np.empty((1, k)), exactdot.workspace(k)
     for t in range(pos.size):
         _weight_taps(g, x, pos[t:t + 1], geometry, shape, co_g, ga, xb)
-        a, b = ga[0], xb[0]
-        out[t], done = exactdot.dot(a, b, exactdot.short(a) and exactdot.short(b), 0.0, m, gmax, terms, q1, q2,
-                                    box, parts, tmp)
-        flag[t] = not done
+        exactdot.dot_at(ga[0], xb[0], 0.0, m, gmax, work, out, flag, t)
 
 
 @njit(cache=True, nogil=True)
@@ -428,7 +424,7 @@ def _input_dots(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.ndar
     ga, wb = np.empty(co_g * kh * kw), np.empty(co_g * kh * kw)
     tap_a, tap_y, tap_b, tap_z = (np.empty(kh, np.int64), np.empty(kh, np.int64), np.empty(kw, np.int64),
                                   np.empty(kw, np.int64))
-    terms, q1, q2, box, parts, tmp = exactdot.workspace(ga.size)
+    work = exactdot.workspace(ga.size)
     for t in range(pos.size):
         n, ci, y, z = _unravel4(pos[t], shape[1], shape[2], shape[3])
         na, nb = input_taps(y, z, geometry, g.shape[2], g.shape[3], tap_a, tap_y, tap_b, tap_z)
@@ -439,10 +435,7 @@ def _input_dots(g: np.ndarray, w: np.ndarray, pos: np.ndarray, geometry: np.ndar
                     ga[k] = g[n, co, tap_y[i], tap_z[j]]
                     wb[k] = w[co, cl, tap_a[i], tap_b[j]]
                     k += 1
-        a, b = ga[:k], wb[:k]
-        out[t], done = exactdot.dot(a, b, exactdot.short(a) and exactdot.short(b), 0.0, m, gmax, terms, q1, q2,
-                                    box, parts, tmp)
-        flag[t] = not done
+        exactdot.dot_at(ga[:k], wb[:k], 0.0, m, gmax, work, out, flag, t)
 
 
 @njit(cache=True, nogil=True)
@@ -455,7 +448,7 @@ def _forward_dots(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.ndarra
     c_out, c_g, kh, kw = w.shape
     co_g = c_out // groups
     xa, wb = np.empty(c_g * kh * kw), np.empty(c_g * kh * kw)
-    terms, q1, q2, box, parts, tmp = exactdot.workspace(xa.size)
+    work = exactdot.workspace(xa.size)
     for t in range(pos.size):
         n, co, oy, oz = _unravel4(pos[t], c_out, oh, ow)
         y0, z0 = oy * s0 - p0, oz * s1 - p1
@@ -468,11 +461,7 @@ def _forward_dots(x: np.ndarray, w: np.ndarray, bias: np.ndarray, pos: np.ndarra
                     xa[k] = x[n, c0 + cl, y0 + a * d0, z0 + b * d1]
                     wb[k] = w[co, cl, a, b]
                     k += 1
-        e = np.float64(bias[co]) if bias.size else 0.0
-        xs, ws = xa[:k], wb[:k]
-        out[t], done = exactdot.dot(xs, ws, exactdot.short(xs) and exactdot.short(ws), e, m, gmax, terms, q1, q2,
-                                    box, parts, tmp)
-        flag[t] = not done
+        exactdot.dot_at(xa[:k], wb[:k], np.float64(bias[co]) if bias.size else 0.0, m, gmax, work, out, flag, t)
 
 
 def _convolution_dots(op: Any, args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int,
