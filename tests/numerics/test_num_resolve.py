@@ -930,6 +930,7 @@ def test_convolution_positions_round_in_the_gathering_kernels_as_the_fractions(
     assert got.dtype == np.float64 and got.tolist() == want
 
 
+# (a forward convolution, the input gradients of the three backward cases, one weight gradient)
 @pytest.mark.parametrize("name,i", GATHERED[::2] + [GATHERED[3]], ids=lambda v: str(v))
 def test_convolution_positions_the_kernels_flag_take_the_gathered_reference(name: str, i: int,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
