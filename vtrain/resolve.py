@@ -515,8 +515,11 @@ def _convolution(op: Any) -> Resolver:
         as_matmul = _convolution_matmul(op, args, kwargs, i, len(pos))
         if as_matmul is not None:
             return _matmul_at(as_matmul, pos, bits)
-        width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
-        gathered = functools.partial(_chunked, width=width, fn=_rounded(part, bits))
+        def gathered(ps: np.ndarray) -> np.ndarray:
+            # (built when asked: the kernels below take nearly every position without these terms)
+            width, part = _CONVOLUTION_TERMS[op](args, kwargs, i)
+            return _chunked(ps, width=width, fn=_rounded(part, bits))
+
         out = _convolution_dots(op, args, kwargs, i, pos, bits, gathered)
         return gathered(pos) if out is None else out
 
