@@ -1153,18 +1153,18 @@ def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | Non
 
 
 _SAMPLE = 16  # values per line whose lsb bound the line's grain from above
-_WHOLE = 256  # lines up to this long are read whole at once: a sample would save nothing
 
 
 def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, addend: np.ndarray | None,
                     e: torch.Tensor | None, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
     """`_certify` for a @ b (+ an addend of grain `addend`) at positions (r, c), with grain
-    min_lsb(a[r]) min_lsb(b[:, c]). On long lines, a line's minimum lsb is at most that of its first _SAMPLE
-    values, so their grain bounds the true one from above and only the positions that bound certifies can
-    be certified: the lines are read in full for those only (on float32-grid values of all magnitudes, as
-    in an MLP, almost none; min_lsb cost 13 ms a step on the 2048-wide MLP). The result is the same."""
+    min_lsb(a[r]) min_lsb(b[:, c]). On large operands, a line's minimum lsb is at most that of its first
+    _SAMPLE values, so their grain bounds the true one from above and only the positions that bound certifies
+    can be certified: the lines are read in full for those only (on float32-grid values of all magnitudes, as
+    in an MLP or GPT-2, almost none; min_lsb cost 13 ms a step on the 2048-wide MLP, and reading 256-value
+    lines whole 1.9 ms of GPT-2-tiny d_model 256's). The result is the same."""
     k = a.shape[1]
-    if k <= _WHOLE:
+    if k <= _SAMPLE or a.numel() + b.numel() <= _SAMPLED_LINES:
         return _certify(_grain(a, b, r, c, addend), e, k, out, pos)
     return _certify_sampled(_grain(a[:, :_SAMPLE], b[:_SAMPLE], r, c, addend),
                             lambda sel: _grain(a, b, r[sel], c[sel], None if addend is None else addend[sel]),
@@ -1199,8 +1199,9 @@ def _grain(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, adden
 
 # Operands this small (in all) take `_pair_grains`: one compiled call in place of two deduplications and
 # two `_min_lsb` calls (~25 of a small MLP's ~50 us a certificate). Larger ones keep `_min_lsb`, whose
-# transposed path reads strided lines through a buffer.
+# transposed path reads strided lines through a buffer, and sample their lines first (`_certify_grains`).
 _PAIR_ELEMENTS = 1 << 16
+_SAMPLED_LINES = _PAIR_ELEMENTS
 
 
 def _lsb_bits(t: torch.Tensor) -> tuple[np.ndarray, int, int] | None:

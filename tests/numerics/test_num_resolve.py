@@ -696,16 +696,22 @@ def test_a_spiked_slice_is_refused_where_it_is_read(case: Case, seed: int) -> No
             assert any(c.any() for c in certs), (case.name, j)
 
 
-CONV_CERT_CASES = [c for c in CERT_CASES if c.op in (aten.convolution.default, aten.convolution_backward.default)]
+# where the certifiers of large operands sample their lines or slices first: the threshold's name in resolve
+SAMPLED_FROM = {aten.convolution.default: "_SAMPLED_SLICES", aten.convolution_backward.default: "_SAMPLED_SLICES",
+                aten.mm.default: "_SAMPLED_LINES", aten.addmm.default: "_SAMPLED_LINES"}
+# (lines longer than the sample; addmm-scaled is refused whatever its lines)
+SAMPLED_CASES = [c for c in CERT_CASES if c.op in SAMPLED_FROM and c.name not in REFUSED
+                 and (c.op not in (aten.mm.default, aten.addmm.default) or "-k40" in c.name)]
 
 
 @pytest.mark.parametrize("kind", ["normal", "quant", "spiked"])
-@pytest.mark.parametrize("case", CONV_CERT_CASES, ids=[c.name for c in CONV_CERT_CASES])
+@pytest.mark.parametrize("case", SAMPLED_CASES, ids=[c.name for c in SAMPLED_CASES])
 def test_sampled_slices_certify_as_the_whole_slices(case: Case, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Large convolutions bound each slice's grain by its first values before reading it (resolve._certify_slices):
-    # forced here on small ones, the certificates must be those of the whole slices. Quantised data passes
-    # the samples, so the slices are then read in full; spiked, a full significand sits after the samples
-    # (the last value of every input) and the full reading must refuse what the samples let through.
+    # Large convolutions and matmuls bound each slice's or line's grain by its first values before reading it
+    # (resolve._certify_slices, _certify_grains): forced here on small ones, the certificates must be those of
+    # the whole slices. Quantised data passes the samples, so the slices are then read in full; spiked, a full
+    # significand sits after the samples (the last value of every input) and the full reading must refuse
+    # what the samples let through.
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{kind}/sampled".encode()))
     args, kwargs = case.make(gen, torch.float32, 19, "normal" if kind == "normal" else "quant")
     if kind == "spiked":
@@ -714,7 +720,7 @@ def test_sampled_slices_certify_as_the_whole_slices(case: Case, kind: str, monke
                 args = spiked(args, j, a.numel() - 1)
     certs = {}
     for name, limit in (("whole", 1 << 62), ("sampled", 0)):
-        monkeypatch.setattr(resolve, "_SAMPLED_SLICES", limit)
+        monkeypatch.setattr(resolve, SAMPLED_FROM[case.op], limit)
         certs[name] = _certify(case, args, kwargs)[1]
     for whole, sampled in zip(certs["whole"], certs["sampled"]):
         assert (whole is None) == (sampled is None), case.name
