@@ -152,7 +152,7 @@ class RoundedExecution(TorchDispatchMode):
                         "exact_sums": 0}
         self._exact_seconds = 0.0  # time spent in certificates and exact recomputation
         self._uppers: tuple[int, list | None] = (-1, None)  # (op count, its outputs' pre-filters): `_prefilter`
-        self._norms: LineNorms | None = None  # the matmul operands' line norms while the mode is entered
+        self._norms: LineNorms | None = None  # the matmul and convolution operands' norms while the mode is entered
         self.by_op: dict[str, list[int]] = {}  # exact: op -> [checked, ambiguous, certified, refined, recomputed]
         self._seconds = 0.0
         self._t0 = 0.0

@@ -687,3 +687,52 @@ def test_engine_logs_the_same_with_and_without_the_line_norm_cache(everywhere: N
         results.append((rx.log.to_bytes(), x.grad, w.grad, rx.stats["logged"]))
     (log, gx, gw, logged), (log2, gx2, gw2, _) = results
     assert logged > 0 and log == log2 and torch.equal(gx, gx2) and torch.equal(gw, gw2)
+
+
+def _resnet_block(gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """A block's input read by two convolutions (a 3 x 3 and a 1 x 1 shortcut, as resnet-tiny's), values of many
+    magnitudes so that sums served for the wrong operand would move candidates."""
+    x = round_to_grid(torch.randn(4, 6, 9, 9, generator=gen, dtype=torch.float64)
+                      * 4.0 ** -(torch.arange(9.0) % 5), 12).requires_grad_()
+    w3, w1 = (round_to_grid(torch.randn(s, generator=gen, dtype=torch.float64), 12).requires_grad_()
+              for s in ((8, 6, 3, 3), (8, 6, 1, 1)))
+    return x, w3, w1
+
+
+def test_convolution_squares_are_read_once_a_step_and_log_the_same(everywhere: None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Forward and backward of two convolutions sharing their input: with the cache each operand's sums of
+    # squares come from one pass (the backward's gradients are new), and the step logs and computes exactly
+    # what it does when every convolution reads its operands afresh.
+    monkeypatch.setattr(resolve, "CERTIFIERS", {})  # (ties stay entries: there is something to compare)
+    without_grains(monkeypatch)
+    real = prefilter._squares
+    results = []
+    for cached in (True, False):
+        if not cached:
+            monkeypatch.setattr(prefilter.LineNorms, "squares", lambda self, t: prefilter._conv_squares(t))
+        reads = []
+        monkeypatch.setattr(prefilter, "_squares", lambda x, *a: reads.append(x.shape) or real(x, *a))
+        x, w3, w1 = _resnet_block(torch.Generator().manual_seed(21))
+        with RoundedExecution(bits=12, device=get_device("cpu")) as rx:
+            y = torch.nn.functional.conv2d(x, w3, padding=1) * torch.nn.functional.conv2d(x, w1)
+            y.square().sum().backward()
+        results.append((rx.log.to_bytes(), x.grad, w3.grad, w1.grad, rx.stats["logged"], reads))
+    (log, *grads, logged, reads), (log2, *grads2, _, reads2) = results
+    assert logged > 0 and log == log2 and all(torch.equal(a, b) for a, b in zip(grads, grads2))
+    # cached: x, w3 and w1 once each, then the two output gradients; afresh: x and a weight in each of four ops
+    assert sorted(reads) == sorted([(4, 6, 9, 9), (8, 6, 3, 3), (8, 6, 1, 1), (4, 8, 9, 9), (4, 8, 9, 9)])
+    assert sorted(reads2) == sorted([(4, 6, 9, 9)] * 4 + [(8, 6, 3, 3), (8, 6, 1, 1)] * 2 + [(4, 8, 9, 9)] * 2)
+
+
+def test_convolution_squares_recompute_after_an_in_place_change() -> None:
+    x, _, _ = _resnet_block(torch.Generator().manual_seed(22))
+    x = x.detach()
+    cache = prefilter.LineNorms()
+    first = cache.squares(x)
+    assert cache.squares(x) is first
+    x.mul_(4.0)  # bumps the version counter
+    again, fresh = cache.squares(x), prefilter._conv_squares(x)
+    assert again is not first
+    for a, b in zip(again, fresh):
+        assert np.array_equal(a, b)
