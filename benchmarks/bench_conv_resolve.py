@@ -60,14 +60,11 @@ class RecordingSession(FloorSession):
         return self.recorder
 
 
-def _timed(fn, reps: int) -> tuple[float, np.ndarray]:  # noqa: ANN001
-    """(median seconds, the last result) of reps calls."""
-    secs, out = [], None
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        secs.append(time.perf_counter() - t0)
-    return statistics.median(secs), out
+def _timed(fn) -> tuple[float, np.ndarray]:  # noqa: ANN001
+    """(seconds, result) of one call."""
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
 
 
 def main() -> None:
@@ -104,9 +101,9 @@ def main() -> None:
                            else resolve._convolution_backward_terms)(op_args, kwargs, i)
             old_s, new_s, old, new = [], [], None, None
             for _ in range(args.reps):  # alternating, so that machine load hits both alike
-                s, old = _timed(lambda: resolve._chunked(pos, width, resolve._rounded(part, 32)), 1)
+                s, old = _timed(lambda: resolve._chunked(pos, width, resolve._rounded(part, 32)))
                 old_s.append(s)
-                s, new = _timed(lambda: resolve.resolver_for(op)(op_args, kwargs, i, pos, 32), 1)
+                s, new = _timed(lambda: resolve.resolver_for(op)(op_args, kwargs, i, pos, 32))
                 new_s.append(s)
             if not np.array_equal(old.view(np.int64), new.view(np.int64)):
                 sys.exit(f"{name} output {i} {shapes}: the two ways differ")
