@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,6 +95,52 @@ def test_sites_without_entries_cost_their_tag_only_and_large_bodies_compress() -
     assert data[7] == 1 and len(data) < busy.sites[0].dir_pos.size  # zstd: under a byte an entry
     assert StepLog.from_bytes(data).sites == busy.sites
     assert StepLog.from_bytes(quiet.to_bytes()).sites == quiet.sites
+
+
+def test_short_varint_runs_code_as_the_vectorised_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A few varints (a step's counts, a quiet step's entries) are coded one by one in Python: the same bytes,
+    # values and errors as the vectorised numpy way, which every malformed buffer is handed to
+    from vtrain import roundlog
+    gen = np.random.default_rng(7)
+    few_ways = (roundlog._FEW_VARINTS, 0)  # (0: only empty runs go one by one)
+
+    def both(fn: Any, *args: Any) -> list:
+        out = []
+        for few in few_ways:
+            monkeypatch.setattr(roundlog, "_FEW_VARINTS", few)
+            try:
+                got = fn(*args)
+                out.append(got.tolist() if isinstance(got, np.ndarray) else got)
+            except ValueError as exc:
+                out.append(str(exc))
+        return out
+
+    cases = [(b"", 0), (b"", 1), (b"\x00", 0), (b"\x80", 1), (b"\x7f\x00", 1), (b"\xff" * 9 + b"\x01", 1),
+             (b"\xff" * 10 + b"\x01", 1), (b"\xff" * 9 + b"\x7f", 1)]  # trailing, truncated, 11 bytes, > 2^64
+    for _ in range(3000):
+        k = int(gen.integers(0, 8))
+        values = gen.integers(0, 2**63, k, dtype=np.uint64) >> gen.integers(0, 64, k).astype(np.uint64)
+        first, second = both(_varint_encode, values)
+        assert first == second
+        buf = bytearray(first)
+        if buf and gen.random() < 0.5:  # a damaged byte: a value split, merged or grown
+            buf[int(gen.integers(len(buf)))] = int(gen.choice([0x00, 0x7F, 0x80, 0xFF]))
+        cases.append((bytes(buf), k + int(gen.choice([0, 0, 0, -1, 1])) if k else k))
+    outcomes = [both(roundlog._varint_decode, buf, count) for buf, count in cases]
+    assert all(a == b for a, b in outcomes)
+    assert sum(isinstance(a, str) for a, _ in outcomes) > 500  # the malformed ones were refused, alike
+    assert outcomes[5][0] == outcomes[7][0] == [2**64 - 1]  # (the top byte wraps as uint64 does)
+
+
+def test_a_quiet_step_decodes_by_its_tags_and_a_body_of_another_length_is_refused() -> None:
+    quiet = StepLog([SiteLog(i, "aten.mm.default", (32, i + 1)) for i in range(5)])
+    data = quiet.to_bytes()
+    back = StepLog.from_bytes(data)
+    assert back.sites == quiet.sites and back.to_bytes() == data
+    rest = data[12:]
+    for blob in (_framed(0, 32, rest + b"\x00"), _framed(0, 32, rest[:-1]), _framed(0, 32, b"\x06" + rest[1:])):
+        with pytest.raises(CorruptLogError, match="q.vlog"):
+            StepLog.from_bytes(blob, "q.vlog")
 
 
 @pytest.mark.parametrize("bits", [10, 19, 32])
