@@ -188,6 +188,7 @@ def _matmul_upper(func: Any) -> Upper:
         usable_b, zeros_b = line_norms(b.transpose(1, 2), cols)
         if not usable_b:
             return None
+        empty_lines = not (rows.all() and cols.all())  # (lines of zeros only, which have norm zero: see below)
         a_max, b_max = rows.max(), cols.max()
         largest = max(a_max, b_max)  # >= every |operand|
         scale = a_max * b_max * (1 + 2.0**-8) * abs(alpha)  # >= every sum of |terms|
@@ -210,14 +211,18 @@ def _matmul_upper(func: Any) -> Upper:
         add = np.full(cols.shape, floor)
         if bias_abs is not None:
             add += bias_abs * (abs(beta) * factor)
-        # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and
-        # its bitsets would read W down its strided columns. Nor where every row of a and column of b have
-        # more than K nonzeros between them (at most zeros_a and zeros_b zeros of K): each pair then shares a
-        # nonzero product, so no sum lacks one. Dropout's zeros, a causal mask's and GELU's (none) leave
-        # GPT-2's products there (building the bitsets took 0.4 of its 0.57 ms pre-filter of a 16 x 128 x 128
-        # batched product, ~12 ms a step at d_model 256); a relu network's weight gradient, whose units'
-        # zeros can cover a line, keeps the filter.
-        if bias is None and not input_grad and zeros_a + zeros_b >= k:
+        # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and its
+        # bitsets would read W down its strided columns. Nor where every row of a and column of b have more than K
+        # nonzeros between them (at most zeros_a and zeros_b zeros of K) but for lines of zeros only: each other pair
+        # then shares a nonzero product, so only those lines' sums lack one. Dropout's zeros, a causal mask's and GELU's
+        # (none) leave GPT-2's products there (building the bitsets took 0.4 of its 0.57 ms pre-filter of a 16 x 128 x
+        # 128 batched product, ~12 ms a step at d_model 256); a relu network's weight gradient, whose units' zeros can
+        # cover a line, keeps the filter. Lines of zeros only (not counted by `_norms_both`) have norm zero, so U at
+        # their sums (exact zeros) is the floor: no band of it (at most 4 U) reaches the nearest boundary, 2^-150,
+        # unless the floor is 2^-152 or more (float32 work's always is; float64 work's for operands of ~2^30 and more),
+        # and then the filter drops those sums. Dropout's fully dropped causal rows built the bitsets in 5 of
+        # GPT-2-tiny's 12 attention products a step for those rows alone (~0.4 ms each).
+        if bias is None and not input_grad and (zeros_a + zeros_b >= k or (empty_lines and floor >= 2.0**-152)):
             support, nonzero = _nonzero_terms(a, b)
             return Prefilter(rows, cols, add, v.shape, v.dtype, nonzero, support)
         return Prefilter(rows, cols, add, v.shape, v.dtype)
@@ -396,7 +401,8 @@ _TINY_LINE = 2.0**-500
 def _line_norms(t: torch.Tensor, out: np.ndarray) -> tuple[bool, int]:
     """out[n, i] = the Euclidean norm of t[n, i, :] (computed in float64, so at most K/2 + 2 roundings of
     2^-53 below the exact norm); (whether every value was finite and none below _TINY_LINE but zero, the most
-    zeros in one line t[n, i, :]). The same pass as `LineNorms`', the other axis left unused."""
+    zeros in one line t[n, i, :] that has a nonzero value). The same pass as `LineNorms`', the other axis left
+    unused."""
     return _norms_into(*_canonical(_numpy(t)), out)
 
 
@@ -419,7 +425,7 @@ def _canonical(x: np.ndarray) -> tuple[np.ndarray, bool]:
 
 def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, int, int]]:
     """(the norms of each canon[n]'s rows, of its columns, (usable as `_line_norms` says, the most zeros in
-    one row, in one column)) in one pass (`_norms_both`)."""
+    one row, in one column, of those with a nonzero value)) in one pass (`_norms_both`)."""
     along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
     top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
     for n in range(canon.shape[0]):
@@ -550,8 +556,8 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
     # row's sum (reassociated: a norm bounds its sum in any order, see the module docstring) and to its
     # column's (one addition per value, in row order); with the largest magnitude, the tiny values and the
     # zeros of each row and column (integer reductions), of which the most in one row and in one column are
-    # returned. (Session 16: one pass per line took 0.44-0.48 ns a value in cache for a row's norm, against
-    # 0.7-1.1 for two.)
+    # returned, of the rows and columns with a nonzero value. (Session 16: one pass per line took 0.44-0.48 ns a
+    # value in cache for a row's norm, against 0.7-1.1 for two.)
     top, tiny, row_zeros = 0, 0, 0
     sq = np.zeros(x.shape[1])
     zc = np.zeros(x.shape[1], np.int64)
@@ -568,10 +574,14 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
             zr += z
             zc[k] += z
         rows[i] = math.sqrt(s)
-        row_zeros = max(row_zeros, zr)
+        if zr < line.size:  # (a line of zeros only is left out: see `_matmul_upper`)
+            row_zeros = max(row_zeros, zr)
+    col_zeros = 0
     for k in range(sq.size):
         cols[k] = math.sqrt(sq[k])
-    return top, tiny, row_zeros, zc.max() if zc.size else 0
+        if zc[k] < x.shape[0]:
+            col_zeros = max(col_zeros, zc[k])
+    return top, tiny, row_zeros, col_zeros
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})

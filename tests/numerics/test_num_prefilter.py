@@ -35,6 +35,9 @@ def _operand(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, b
         x = -x.clamp_min(0)
         if x.dim() > 1:
             x[..., :3, :] = 0
+    elif kind == "dropped":  # dense but for whole rows of zeros (dropout's fully dropped causal rows)
+        if x.dim() > 1:
+            x[..., :3, :] = 0
     elif kind == "flat":  # one magnitude: the products of block norms equal the block sums, so U is as
         x = torch.where(x < 0, -1.0, 1.0) * 0.375  # tight as E and any term a kernel dropped would show
     elif kind == "tiny":  # float32 products underflow
@@ -90,12 +93,12 @@ def everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("vtrain.bounds._F32_MIN_WORK", 0)
 
 
-@pytest.mark.parametrize("kind", ["normal", "relu", "neg-relu", "flat", "tiny", "huge", "quant"])
+@pytest.mark.parametrize("kind", ["normal", "relu", "neg-relu", "dropped", "flat", "tiny", "huge", "quant"])
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
 def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: torch.dtype, bits: int,
                                                       kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator().manual_seed(zlib.crc32(f"{kind}/{bits}".encode()))
-    filtered = []
+    filtered, unfiltered = [], []  # (the cases taking the filter; the sums without a term of those that do not)
     for name, func, args, kwargs in _cases(gen, dtype, bits, kind):
         v = func(*args, **kwargs)
         pre = prefilter_of(func, args, kwargs, [v])
@@ -115,21 +118,63 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
             assert (u >= e).all(), (name, kind, float((e - u).max()))
         if kind == "normal":  # and not uselessly loose (Cauchy-Schwarz on Gaussian lines: ~1.6x typically)
             assert torch.median(u / gathered) <= 2.5, name
-        # the nonzero-term filter, against its definition: sums with an addend have none, nor g @ W, nor
-        # products whose lines hold more than K nonzeros between any row of a and column of b (the most zeros
-        # in a row plus the most in a column below K): every sum then has a nonzero term, nothing to drop
+        # the nonzero-term filter, against its definition: sums with an addend have none, nor g @ W; products
+        # whose lines hold K nonzeros or fewer between some row of a and column of b (the most zeros in a row
+        # plus the most in a column, lines of zeros only left out, reach K) have it. Without it every sum has a
+        # nonzero term but those of lines of zeros only: exact zeros whose U (the floor) no band (at most 4 U)
+        # can carry to a boundary (2^-150 the nearest), so that the filter has nothing to drop
         a3, b3 = (args[-2], args[-1]) if func is aten.bmm.default else (args[-2][None], args[-1][None])
         has_term = ((a3 != 0).double() @ (b3 != 0).double() > 0).reshape(-1)
-        crowded = int((a3 == 0).sum(2).max()) + int((b3 == 0).sum(1).max()) >= a3.shape[2]
-        assert (pre.nonzero is None) == (func is aten.addmm.default or name == "mm-input-grad" or not crowded), name
+        k = a3.shape[2]
+        row_zeros, col_zeros = (a3 == 0).sum(2), (b3 == 0).sum(1)
+        crowded = sum(int(z[z < k].max()) if bool((z < k).any()) else 0 for z in (row_zeros, col_zeros)) >= k
+        if func is aten.addmm.default or name == "mm-input-grad":
+            assert pre.nonzero is None, name
+        elif crowded:
+            assert pre.nonzero is not None, name
         if pre.nonzero is not None:
             filtered.append(name)
             shuffled = torch.randperm(v.numel(), generator=gen)
             assert torch.equal(pre.nonzero(shuffled), has_term[shuffled]), name
         elif func is not aten.addmm.default and name != "mm-input-grad":
-            assert bool(has_term.all()), name  # (the pigeonhole: no sum lacks a nonzero term)
+            lacking = ~has_term
+            empty = ((row_zeros == k)[:, :, None] | (col_zeros == k)[:, None, :]).reshape(-1)
+            assert bool((empty | has_term).all()), name  # (the pigeonhole, lines of zeros aside)
+            assert bool((v.reshape(-1)[lacking] == 0).all() and (4 * u[lacking] < 2.0**-150).all()), name
+            unfiltered.append(int(lacking.sum()))
     if kind in ("relu", "neg-relu"):
         assert filtered, kind  # (relu's zeros can cover lines: the filter stays in use, and tested)
+    if kind == "dropped":  # whole rows of zeros alone: float64 work leaves them to U, float32 work's floor cannot
+        assert (not filtered and sum(unfiltered) > 0) if dtype == torch.float64 else filtered, kind
+
+
+@pytest.mark.parametrize("side", ["a-row", "b-column"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_lines_of_zeros_only_need_the_nonzero_filter_where_the_floor_reaches_a_boundary(
+        everywhere: None, dtype: torch.dtype, bits: int, side: str) -> None:
+    # a dense batched product but for one line of zeros only (a row of a in a forward's layout, read along
+    # memory; or a column of b in a weight gradient's, read across it): its sums are exact zeros, U there is
+    # the floor, and float32 work's floor reaches the nearest boundary (2^-150), float64 work's does not:
+    # only float32 work takes the filter
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{side}/{bits}".encode()))
+    if side == "a-row":
+        a, b = _operand((2, 24, 150), gen, dtype, bits, "normal"), _operand((2, 20, 150), gen, dtype, bits, "normal")
+        b = b.transpose(1, 2)
+        a[1, 5] = 0
+    else:
+        a, b = _operand((2, 150, 24), gen, dtype, bits, "normal"), _operand((2, 150, 20), gen, dtype, bits, "normal")
+        a = a.transpose(1, 2)
+        b[0, :, 7] = 0
+    v = torch.bmm(a, b)
+    pre = prefilter_of(aten.bmm.default, (a, b), {}, [v])
+    lacking = ((a != 0).double() @ (b != 0).double() == 0).reshape(-1)
+    assert int(lacking.sum()) == (20 if side == "a-row" else 24)
+    u = pre.upper().reshape(-1)
+    if dtype == torch.float64:
+        assert pre.nonzero is None and bool((4 * u[lacking] < 2.0**-150).all())
+    else:
+        assert pre.nonzero is not None and bool((4 * u[lacking] >= 2.0**-150).all())
+        assert torch.equal(pre.nonzero(torch.arange(v.numel())), ~lacking)
 
 
 def test_upper_leaves_small_and_non_finite_ops_to_the_full_bound(monkeypatch: pytest.MonkeyPatch) -> None:
