@@ -140,7 +140,7 @@ def test_upper_bounds_the_full_and_the_gathered_bound(everywhere: None, dtype: t
             lacking = ~has_term
             empty = ((row_zeros == k)[:, :, None] | (col_zeros == k)[:, None, :]).reshape(-1)
             assert bool((empty | has_term).all()), name  # (the pigeonhole, lines of zeros aside)
-            assert bool((v.reshape(-1)[lacking] == 0).all() and (4 * u[lacking] < 2.0**-150).all()), name
+            assert bool((v.reshape(-1)[lacking] == 0).all() and (4 * u[lacking].double() < 2.0**-150).all()), name
             unfiltered.append(int(lacking.sum()))
     if kind in ("relu", "neg-relu"):
         assert filtered, kind  # (relu's zeros can cover lines: the filter stays in use, and tested)
@@ -169,7 +169,7 @@ def test_lines_of_zeros_only_need_the_nonzero_filter_where_the_floor_reaches_a_b
     pre = prefilter_of(aten.bmm.default, (a, b), {}, [v])
     lacking = ((a != 0).double() @ (b != 0).double() == 0).reshape(-1)
     assert int(lacking.sum()) == (20 if side == "a-row" else 24)
-    u = pre.upper().reshape(-1)
+    u = pre.upper().reshape(-1).double()  # (2^-150 is no float32: compared in float64)
     if dtype == torch.float64:
         assert pre.nonzero is None and bool((4 * u[lacking] < 2.0**-150).all())
     else:
