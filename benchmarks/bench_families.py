@@ -12,15 +12,17 @@
 Data: the generated CIFAR-10-format batches and text corpus of tests/families (no download here).
 
     .venv/bin/python benchmarks/bench_families.py --steps 20 --fig-steps 50 --png docs/families-divergence.png
-    # the trainer's overhead as the models grow (timing only, auditor on cpu):
-    .venv/bin/python benchmarks/bench_families.py --family gpt2-tiny --set d_model=256 --set context=128 \
-        --set batch_size=8 --steps 8 --auditor cpu --no-figure [--exact]
+    # the trainer's overhead as the models grow (timing only, auditor on cpu; a comma list sweeps a field,
+    # one row per size):
+    .venv/bin/python benchmarks/bench_families.py --family gpt2-tiny --set d_model=128,256,384,512 \
+        --set context=128 --set batch_size=8 --steps 6 --auditor cpu --no-figure [--exact]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -152,13 +154,15 @@ def main() -> None:
     ap.add_argument("--only-allreduce", action="store_true", help="only measure the all-reduce orders")
     ap.add_argument("--family", action="append", choices=FAMILIES, default=[],
                     help="time this family only (repeatable; default: all)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
-                    help="change an integer spec field of the timed families, e.g. width=32 (repeatable)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=INT[,INT...]",
+                    help="change an integer spec field of the timed families, e.g. width=32 (repeatable); "
+                         "a comma list times each value, every combination of the lists one row")
     ap.add_argument("--auditor", default=AUDITOR, help=f"the auditor's device (default {AUDITOR})")
     ap.add_argument("--no-figure", action="store_true", help="skip the divergence figure")
     ap.add_argument("--exact", action="store_true", help='time resolution "exact" (no log) instead of the log')
     args = ap.parse_args()
-    changes = {k: int(v) for k, v in (item.split("=", 1) for item in args.set)}
+    sweep = {k: [int(x) for x in v.split(",")] for k, v in (item.split("=", 1) for item in args.set)}
+    sizes = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
     torch.set_num_threads(1)
     if args.only_allreduce:
         fractions = allreduce_orders()
@@ -169,11 +173,12 @@ def main() -> None:
         data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
         results, curves = {}, {}
         for family in args.family or FAMILIES:
-            name = family + "".join(f" {k}={v}" for k, v in changes.items())
-            spec = family_spec(family, data, steps=max(args.steps, 10), **changes)
-            if args.exact:
-                spec, name = dataclasses.replace(spec, resolution="exact"), name + " exact"
-            results[name] = timing(spec, args.steps, args.auditor)
+            for changes in sizes:
+                name = family + "".join(f" {k}={v}" for k, v in changes.items())
+                spec = family_spec(family, data, steps=max(args.steps, 10), **changes)
+                if args.exact:
+                    spec, name = dataclasses.replace(spec, resolution="exact"), name + " exact"
+                results[name] = timing(spec, args.steps, args.auditor)
             if not args.no_figure:
                 curves[family] = divergence(family_spec(f"scale/{family}", data, steps=args.fig_steps),
                                             args.fig_steps)

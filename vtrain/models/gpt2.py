@@ -1,7 +1,8 @@
 """A GPT-2-style decoder (nanoGPT's layout): token and position embeddings, pre-LayerNorm blocks of
 causal multi-head attention and a GELU MLP, dropout, and a head tied to the token embedding.
 
-Differences from nanoGPT, all so that every op has a class in the rounded execution's registry:
+Differences from nanoGPT, made so that every op had a class in the rounded execution's registry (which
+has since gained gelu and embedding_dense_backward; the forms below stay, as they define the computation):
 - the token embedding is a one-hot matmul (its backward is a matmul; embedding_dense_backward is a
   scatter-add whose order differs between devices), and sequences always have the full context;
 - LayerNorm and GELU (the tanh form of GPT-2) are written out (vtrain.models.norms);
