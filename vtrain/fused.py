@@ -81,7 +81,8 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
 
 
 def round_in_place(v: np.ndarray, m: int, limit: float) -> int:
-    """`round_into(v, v, m, limit)`, in a kernel of its own (see `_round_in_place`)."""
+    """`round_into(v, v, m, limit)`, in a kernel of its own (see `_round_in_place`), except that a value whose
+    rounding is off the grid stays as it was, so that the error can name it."""
     return _round_in_place(v, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
 
@@ -188,11 +189,15 @@ def _round_in_place(v: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.
     # v), LLVM cannot rule out a loop-carried overlap and runs the loop scalar: 2.5x slower on 4M values.
     # One array and the exponent from the value's own bits (float64's layout: a float32 value widens
     # exactly, with the same exponent) let it vectorise.
+    # A value that rounds off the grid is left as it was (a select, which vectorises too): only one beyond
+    # `limit` or NaN does, since rounding is monotone and `limit` a grid value, so `_first_bad` finds it.
     nbad = 0
     for i in range(v.size):
-        r = round_value(v[i], m, cast32, pow2)
-        nbad += not abs(r) <= limit
-        v[i] = r
+        x = v[i]
+        r = round_value(x, m, cast32, pow2)
+        good = abs(r) <= limit
+        nbad += not good
+        v[i] = r if good else x
     return _first_bad(v, limit) if nbad else -1
 
 

@@ -30,15 +30,21 @@ def take(like: torch.Tensor) -> torch.Tensor:
     return spare.view(like.shape) if spare is not None else torch.empty_like(like)
 
 
-def give(t: torch.Tensor) -> None:
-    """Keep t's memory for a later `take`. The caller must own t (an op's fresh output, not one of its
-    inputs) and be done with it; t is kept only when no other tensor (a view of it, or the base it views)
-    shares its storage, so nothing else can see the reuse."""
-    if _use_count is None or not (t.is_cpu and t.is_contiguous()) or t.numel() * t.element_size() < MIN_BYTES:
-        return
+def sole(t: torch.Tensor) -> bool:
+    """Whether t is a contiguous CPU tensor that alone sees its whole storage: no other tensor (a view of it,
+    or the base it views) shares it, so a write through t or a reuse of its memory shows nowhere else."""
+    if _use_count is None or not (t.is_cpu and t.is_contiguous()):
+        return False
     storage = t.untyped_storage()
     # references to the storage: t's own and `storage` here; any more is someone else's
-    if _use_count(storage._cdata) != 2 or t.storage_offset() or storage.nbytes() != t.numel() * t.element_size():
+    return (_use_count(storage._cdata) == 2 and not t.storage_offset()
+            and storage.nbytes() == t.numel() * t.element_size())
+
+
+def give(t: torch.Tensor) -> None:
+    """Keep t's memory for a later `take`. The caller must own t (an op's fresh output, not one of its
+    inputs) and be done with it; t is kept only where it is `sole`, so nothing else can see the reuse."""
+    if t.numel() * t.element_size() < MIN_BYTES or not sole(t):
         return
     key = (t.dtype, t.numel())
     _POOL.pop(key, None)

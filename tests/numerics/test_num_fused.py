@@ -55,7 +55,11 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
     for bad in (float("nan"), float("inf"), -float("inf"), beyond, -beyond, 2.0**130):
         x = np.array([1.0, top, -top, bad, 3.0, bad])
         assert fused.round_into(x, np.empty_like(x), bits - 9, top) == 3, bad
-        assert fused.round_in_place(x.copy(), bits - 9, top) == 3, bad
+        y = np.array([1.0 + 2.0**-40, top, -top, bad, 3.0 - 2.0**-40, bad])
+        assert fused.round_in_place(y, bits - 9, top) == 3, bad
+        # the values off the grid stay as they were (for the error that names them), the others are rounded
+        want = np.array([1.0, top, -top, bad, 3.0, bad])
+        assert np.array_equal(y, want, equal_nan=True), (bad, y)
         e = np.zeros(1)
         count, first = fused.round_near(x, e, 1.0, bits - 9, top, np.empty_like(x), np.empty(6, np.int64))
         assert first == 3, bad

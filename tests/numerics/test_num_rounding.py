@@ -214,6 +214,28 @@ def test_overflow_is_a_non_finite_error_naming_step_and_op() -> None:
             torch.zeros(3, dtype=torch.float32) / torch.zeros(3, dtype=torch.float32)
 
 
+def test_plain_rounding_and_a_quiet_replay_round_in_place_leaving_inputs_and_errors_as_they_were() -> None:
+    # Plain rounding and a replayed site without entries round a device op's lone output in its own memory:
+    # the same values as out of place, the inputs untouched, and a value off the grid still named as it was.
+    gen = torch.Generator().manual_seed(3)
+    a, b = (round_to_grid(torch.randn(*shape, generator=gen, dtype=torch.float64), 32)
+            for shape in ((64, 48), (48, 40)))
+    a0, b0 = a.clone(), b.clone()
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record") as rx:
+        want = a @ b
+    (site,) = rx.log.sites
+    quiet = StepLog([SiteLog(0, site.op, site.shape)])
+    for mode, log in (("plain", None), ("replay", quiet)):
+        with RoundedExecution(bits=32, device=get_device("cpu"), mode=mode, replay_log=log):
+            got = a @ b
+        assert torch.equal(got, want) and torch.equal(a, a0) and torch.equal(b, b0), mode
+    big = torch.full((2, 2), 1e30, dtype=torch.float64)
+    for mode, log in (("plain", None), ("replay", StepLog([SiteLog(0, site.op, (2, 2))]))):
+        with pytest.raises(NonFiniteError, match=r"value 2\.0000000000000003e\+60 is NaN, infinite or beyond"):
+            with RoundedExecution(bits=32, device=get_device("cpu"), step=5, mode=mode, replay_log=log):
+                big @ big
+
+
 @pytest.mark.parametrize("make_opt", [
     lambda p: torch.optim.Adam(p, amsgrad=True, weight_decay=0.1, foreach=False),
     lambda p: torch.optim.AdamW(p, foreach=False),

@@ -50,3 +50,14 @@ def test_the_pool_keeps_the_latest_few() -> None:
     for n in sizes:
         spare.give(_big(n))
     assert [n for _, n in spare._POOL] == sizes[-spare.KEEP:]
+
+
+def test_sole_means_nothing_else_sees_the_memory() -> None:
+    t = _big(100)  # (any size: rounding in place asks it of small outputs too)
+    assert spare.sole(t)
+    view = t[:50]
+    assert not spare.sole(t) and not spare.sole(view)  # each sees the other's writes
+    del view
+    assert spare.sole(t)
+    assert not spare.sole(_big(100).view(10, 10).t())  # not contiguous
+    assert not spare.sole(_big(100)[10:])  # a view into a larger storage, its base gone
