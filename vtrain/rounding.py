@@ -241,27 +241,17 @@ class RoundedExecution(TorchDispatchMode):
         # float32 work at bits = 32: every float32 is a grid value and no rounding can differ.
         return t.dtype == torch.float32 and self.bits == 32
 
-    def _round(self, t: torch.Tensor, spec: OpSpec, in_place: bool = False) -> torch.Tensor:
-        """t rounded; into t itself where `in_place` (the caller is done with the unrounded values) and nothing
-        else sees t's memory (`spare.sole`)."""
+    def _round(self, t: torch.Tensor, spec: OpSpec) -> torch.Tensor:
         if self._trivial(t):
             if t.numel():
                 self._check_finite(t, spec)
             return t
         self._counts["rounded"] += t.numel()
         if t.numel() and self._fused.usable(t):
-            if in_place and spare.sole(t):
-                # (1.0 against 1.7 ms a million values just computed, out of place into a kept buffer: no
-                # second buffer's lines to fetch and write back)
-                if self._fused.round_in_place(self._fused.flat(t), self.bits - 9, self._limit) < 0:
-                    return t
-            else:
-                out = spare.take(t)
-                if self._fused.round_into(self._fused.flat(t), self._fused.flat(out), self.bits - 9,
-                                          self._limit) < 0:
-                    return out
-            # out of range: the torch path below raises the error that names the value (in place, the values
-            # off the grid are left as they were)
+            out = spare.take(t)
+            if self._fused.round_into(self._fused.flat(t), self._fused.flat(out), self.bits - 9, self._limit) < 0:
+                return out
+            # out of range: the torch path below raises the error that names the value
         try:
             return round_to_grid(t, self.bits)
         except GridOverflowError as exc:
@@ -336,7 +326,12 @@ class RoundedExecution(TorchDispatchMode):
             if self.mode == "record" and self.policy == "bound":
                 r, cand, e_cand, bounds = self._round_near(spec, args, kwargs, floats, i, 2 * BAND_SLACK, bounds)
             else:
-                r = self._round(v, spec, in_place=self._done_with(site, floats) and not any(v is a for a in args))
+                # In place where nothing reads v unrounded afterwards and nothing else sees its memory: 1.0
+                # against 1.7 ms a million values just computed, out of place into a kept buffer (no second
+                # buffer's lines to fetch and write back). The in-place kernel leaves values off the grid as
+                # they were, so the error still names them.
+                done = self._done_with(site, floats) and spare.sole(v) and not any(v is a for a in args)
+                r = self._round_into(v, spec) if done else self._round(v, spec)
             if self.mode == "plain":
                 outs[i] = r
                 continue
