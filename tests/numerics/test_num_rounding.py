@@ -11,8 +11,10 @@ from numkit import batch, make_model, make_optimizer, params_equal, run
 from vtrain.devices import get_device, list_devices
 from vtrain.grid import round_to_grid
 from vtrain.ops import UnsupportedOpError
-from vtrain.rounding import IllegitimateLogEntryError, NonFiniteError, RoundedExecution, TraceMismatchError
+from vtrain.rounding import (BAND_SLACK, IllegitimateLogEntryError, NonFiniteError, RoundedExecution,
+                             TraceMismatchError)
 from vtrain.roundlog import SiteLog, StepLog
+from vtrain.valuecode import encode
 
 EMULATED = [d.name for d in list_devices() if d.emulated]
 STEPS = {"mlp": 16, "cnn": 10}
@@ -185,6 +187,33 @@ def test_certified_exact_ties_need_no_entry_and_admit_none() -> None:
     agrees = SiteLog(0, site.op, site.shape, np.array([0]), np.array([False]))
     replayed, rx3 = _pool_log("replay", StepLog([agrees]))
     assert replayed.tolist() == [1.0, 1.0] and rx3.stats["corrections"] == 0
+
+
+def test_the_band_is_read_only_at_value_entries_and_at_entries_that_change_a_value() -> None:
+    """A direction entry that claims the auditor's own rounding passes the check whatever the band (rounding
+    is monotone), so E and the certificates are asked for only where an entry changes r or names a value."""
+    v = torch.tensor([1.5 + 2.0**-26, 1.5 - 2.0**-26, 2.5 + 2.0**-24 - 2.0**-28, 3.25 + 2.0**-25], dtype=torch.float64)
+    r = round_to_grid(v, 32)
+    e = torch.full((4,), 2.0**-22, dtype=torch.float64)
+    res, widths = encode(v[3:].numpy(), r[3:].numpy(), (e[3:] * (2 * BAND_SLACK)).numpy(), 32)
+    # positions 0 and 1 claim r's own value (the near boundary above, then below), 2 the value across it
+    entry = SiteLog(0, "aten.mm.default", (4,), np.array([0, 1, 2]), np.array([False, True, True]),
+                    np.array([3]), res, widths)
+    asked: dict[str, list] = {"E": [], "certificate": []}
+
+    def bound_at(pos: torch.Tensor) -> torch.Tensor:
+        asked["E"] += pos.tolist()
+        return e[pos]
+
+    def certify(pos: torch.Tensor, e_pos: torch.Tensor) -> torch.Tensor:
+        asked["certificate"] += pos.tolist()
+        return torch.zeros(pos.numel(), dtype=torch.bool)
+
+    rx = RoundedExecution(bits=32, device=get_device("cpu"), mode="replay", replay_log=StepLog([entry]))
+    out = rx._apply_entries(entry, entry.op, v, r.clone(), bound_at, certify)
+    assert asked == {"E": [2, 3], "certificate": [2, 3]}
+    assert out.tolist() == [1.5, 1.5, 2.5 + 2.0**-22, 3.25]
+    assert rx.stats["corrections"] == 1 and rx.stats["logged"] == 4 and rx.stats["logged_values"] == 1
 
 
 def test_entry_outside_the_output_is_named() -> None:
