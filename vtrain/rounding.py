@@ -727,11 +727,12 @@ class RoundedExecution(TorchDispatchMode):
         """r (v rounded) with the site's entries imposed, each checked first: the value it claims must lie
         between the roundings of v - w and v + w, w the band there (zero where a certificate proves v exact).
 
-        A direction entry that claims r's own value passes that check whatever w is (rounding is monotone and
-        r is v's rounding), so the band, E and the certificates are computed only at the value entries, whose
-        decoding reads the band, and at the direction entries that change r. Honest replays on the trainer's
-        own device change nothing, and most of their sites hold direction entries only: E and a certificate
-        cost ~100-200 us a site at GPT-2-tiny's default size, about a tenth of its auditor step in all."""
+        An entry that claims r's own value passes that check whatever w is (rounding is monotone and r is v's
+        rounding). So E is computed only at the value entries, whose decoding reads the band, and at the
+        direction entries that change r, and the certificates only at the entries that change r. Honest
+        replays on the trainer's own device change nothing: E and a certificate cost ~100-200 us a site at
+        GPT-2-tiny's default size, about a tenth of its auditor step in all. (A value entry is decoded with
+        the band E gives: where a certificate proves the value exact, the value it names must be r.)"""
         r = r.contiguous()
         n = r.numel()
         for where in (entry.dir_pos, entry.val_pos):
@@ -739,7 +740,9 @@ class RoundedExecution(TorchDispatchMode):
                 raise IllegitimateLogEntryError(self.step, entry.site, op, int(where[-1]),
                                                 f"the op's output has {n} elements")
         if entry.dir_pos.size and entry.val_pos.size:  # (two claims on one value: which one wins would be up
-            twice = np.intersect1d(entry.dir_pos, entry.val_pos)  # to the device's scatter)
+            # to the device's scatter; both lists strictly increase, so numpy's intersect1d's sort is not needed)
+            k = np.searchsorted(entry.dir_pos, entry.val_pos).clip(max=entry.dir_pos.size - 1)
+            twice = entry.val_pos[entry.dir_pos[k] == entry.val_pos]
             if twice.size:
                 raise IllegitimateLogEntryError(self.step, entry.site, op, int(twice[0]),
                                                 "a direction entry and a value entry at the same position")
@@ -762,19 +765,20 @@ class RoundedExecution(TorchDispatchMode):
         if sel.size:
             at = torch.from_numpy(pos[sel]).to(dev)
             vs = torch.from_numpy(vv[sel]).to(dev)
+            nv = entry.val_pos.size
             if self.policy == "bound":
                 e = bound_at(at)
                 w = e * (2 * BAND_SLACK)
-                exact = certify(at, e) if certify is not None else None
-                if exact is not None:  # an exact value has no band: only its own rounding is legitimate there
-                    w = w.masked_fill(exact, 0.0)
             else:
                 w = spacing_below(torch.from_numpy(rr[sel]).to(dev), self.bits) * (0.5 - self.tau) * BAND_SLACK
-            if entry.val_pos.size:
-                nv = entry.val_pos.size
-                values, ok[nd:] = valuecode.decode(vv[nd:], w[-nv:].cpu().numpy(), entry.val_res, entry.val_bits,
-                                                   self.bits)  # (a residue must name a value of that range)
-                claim[nd:] = values
+            if nv:  # (a residue must name a value of its range)
+                claim[nd:], ok[nd:] = valuecode.decode(vv[nd:], w[-nv:].cpu().numpy(), entry.val_res,
+                                                       entry.val_bits, self.bits)
+            moved = np.flatnonzero(claim[sel] != rr[sel])
+            if certify is not None and moved.size:
+                exact = certify(at[moved], e[moved])
+                if exact is not None:  # an exact value has no band: only its own rounding is legitimate there
+                    w[torch.from_numpy(moved[exact.cpu().numpy()]).to(dev)] = 0.0
             cs = torch.from_numpy(claim[sel]).to(dev)
             big = torch.finfo(vs.dtype).max  # (v' -+ w' past the work dtype: its rounding, not inf / inf = NaN)
             within = (round_unchecked((vs - w).clamp(-big, big), self.bits) <= cs) \
