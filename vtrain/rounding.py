@@ -417,7 +417,13 @@ class RoundedExecution(TorchDispatchMode):
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
-                    exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos)
+                    # Certificates only spare the exact recomputation its work, and certify nothing in most
+                    # matmuls (all of GPT-2-tiny's at d_model 256, where sums have all theirs certified): where
+                    # they failed lately at this op, skipped. Either way each value is the correctly rounded one.
+                    key, exact = (self._counts["ops"], i, spec.name, "certificates"), None
+                    if self._worth_trying(key):
+                        exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos)
+                        self._tried(key, exact is not None and bool(exact.any()))
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]
@@ -518,23 +524,35 @@ class RoundedExecution(TorchDispatchMode):
         return out, torch.from_numpy(cand), e_cand, bounds
 
     def _exact_all(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int) -> bool:
-        """spec.exact_all for output i, skipped where it failed lately at this op of the step (the same op
-        position, output and name in earlier steps). Skipping it never changes a result, only what it costs:
-        the band's candidates are then certified one by one, as they would be without vtrain.grains. An op
-        that fails f times running is next tested 2^(f-1) steps after its last failure (at most 16): a test
-        costs ~10-30 us on a small model, and most ops (any dot product over FP32-grid values) always fail."""
+        """spec.exact_all for output i, skipped where it failed lately at this op of the step (`_worth_trying`).
+        Skipping it never changes a result, only what it costs: the band's candidates are then certified one
+        by one, as they would be without vtrain.grains. A test costs ~10-30 us on a small model, and most ops
+        (any dot product over FP32-grid values) always fail."""
+        key = (self._counts["ops"], i, spec.name)
+        if not self._worth_trying(key):
+            return False
+        passed = spec.exact_all(args, kwargs, floats, i)
+        self._tried(key, passed)
+        return passed
+
+    def _worth_trying(self, key: tuple) -> bool:
+        """Whether to run the speed-only test `key` (this op's position in the step, output, name, and which
+        test) at this step: a test that failed f times running is next run 2^(f-1) steps after its last
+        failure (at most 16). Always, without hints."""
+        if self.grain_hints is None:
+            return True
+        failures, last = self.grain_hints.get(key, (0, 0))
+        return not failures or self.step - last >= min(1 << (failures - 1), 16)
+
+    def _tried(self, key: tuple, passed: bool) -> None:
+        """Remember how the test `key` went (`_worth_trying`): a pass starts its schedule over."""
         hints = self.grain_hints
         if hints is None:
-            return spec.exact_all(args, kwargs, floats, i)
-        key = (self._counts["ops"], i, spec.name)
-        failures, last = hints.get(key, (0, 0))
-        if failures and self.step - last < min(1 << (failures - 1), 16):
-            return False
-        if spec.exact_all(args, kwargs, floats, i):
+            return
+        if passed:
             hints.pop(key, None)
-            return True
-        hints[key] = (failures + 1, self.step)
-        return False
+        else:
+            hints[key] = (hints.get(key, (0, 0))[0] + 1, self.step)
 
     def _round_alone(self, v: torch.Tensor, bounds: list | None) -> tuple | None:
         """`_fused_near` for an output with no band (an exact count, or exact sums): v rounded, no candidates,

@@ -232,6 +232,26 @@ def test_the_band_is_read_only_where_an_entry_names_a_value_or_changes_one() -> 
             assert rx._apply_entries(moved, moved.op, v, r.clone(), bound_at, certify_as)[3] == up
 
 
+def test_the_exact_resolution_retries_failed_certificates_on_a_doubling_schedule(monkeypatch) -> None:  # noqa: ANN001
+    """Under `exact` a certificate only spares an exact recomputation: one that failed lately at an op is
+    skipped (as vtrain.grains' whole-op tests are), and the values are the correctly rounded ones either way."""
+    x = _pool_ties()[1:]  # a tie that no grain-based certificate proves exact
+    steps: list[int] = []
+    certified = RoundedExecution._certified
+
+    def counted(self: RoundedExecution, *args: object) -> torch.Tensor | None:
+        steps.append(self.step)
+        return certified(self, *args)
+
+    monkeypatch.setattr(RoundedExecution, "_certified", counted)
+    hints: dict = {}
+    for t in range(1, 10):
+        with RoundedExecution(bits=32, device=get_device("cpu"), resolution="exact", step=t, grain_hints=hints) as rx:
+            assert F.avg_pool2d(x, 2).item() == 1.0  # the exact tie, to even
+        assert rx.stats["ambiguous"] == 1 and rx.stats["recomputed"] == 1 and rx.stats["certified"] == 0
+    assert steps == [1, 2, 4, 8]
+
+
 def test_entry_outside_the_output_is_named() -> None:
     out, rx = _pool_log("record")
     (site,) = rx.log.sites
