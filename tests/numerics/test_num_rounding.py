@@ -230,6 +230,13 @@ def test_the_band_is_read_only_where_an_entry_names_a_value_or_changes_one() -> 
             assert err.value.index == 3
         else:
             assert rx._apply_entries(moved, moved.op, v, r.clone(), bound_at, certify_as)[3] == up
+    # a value entry naming -0 where the auditor rounded to +0: no correction, but the trainer's zero
+    tiny = torch.tensor([2.0**-160], dtype=torch.float64)
+    res, widths = encode(tiny.numpy(), np.array([-0.0]), np.array([2.0**-149]), 32)
+    zero = SiteLog(0, entry.op, (1,), val_pos=np.array([0]), val_res=res, val_bits=widths)
+    out = rx._apply_entries(zero, zero.op, tiny, round_to_grid(tiny, 32), lambda pos: tiny[pos] * 0 + 2.0**-150,
+                            certify)
+    assert out.item() == 0.0 and torch.signbit(out).item()
 
 
 def test_the_exact_resolution_retries_failed_certificates_on_a_doubling_schedule(monkeypatch) -> None:  # noqa: ANN001
