@@ -746,11 +746,13 @@ class RoundedExecution(TorchDispatchMode):
         between the roundings of v - w and v + w, w the band there (zero where a certificate proves v exact).
 
         An entry that claims r's own value passes that check whatever w is (rounding is monotone and r is v's
-        rounding). So E is computed only at the value entries, whose decoding reads the band, and at the
-        direction entries that change r, and the certificates only at the entries that change r. Honest
-        replays on the trainer's own device change nothing: E and a certificate cost ~100-200 us a site at
-        GPT-2-tiny's default size, about a tenth of its auditor step in all. (A value entry is decoded with
-        the band E gives: where a certificate proves the value exact, the value it names must be r.)"""
+        rounding), and a value entry whose residue is r's own names r (`valuecode.names_own`). So E is
+        computed only at the other value entries, whose decoding reads the band, and at the direction entries
+        that change r, and the certificates only at the entries that change r. Honest replays on the
+        trainer's own device change nothing, so they compute neither: E and a certificate cost ~100-200 us a
+        site at GPT-2-tiny's default size, about a tenth of its auditor step in all. (A value entry is
+        decoded with the band E gives: where a certificate proves the value exact, the value it names must
+        be r.)"""
         r = r.contiguous()
         n = r.numel()
         for where in (entry.dir_pos, entry.val_pos):
@@ -776,22 +778,26 @@ class RoundedExecution(TorchDispatchMode):
             lo = np.where(near_lo, rd - down, rd)
             hi = np.where(near_lo, rd, rd + up)
             claim[:nd] = np.where(entry.dir_up, hi, lo)
-        need = np.ones(pos.size, bool)
-        need[:nd] = claim[:nd] != rr[:nd]
+        # the entries that may change r: direction entries claiming the other neighbour, value entries whose
+        # residue is not r's own (those name r whatever the band: `valuecode.names_own`)
+        need = claim != rr
+        need[nd:] = ~valuecode.names_own(rr[nd:], entry.val_res, entry.val_bits, self.bits)
         sel = np.flatnonzero(need)  # (the value entries last, as in pos)
         ok = np.ones(pos.size, bool)
         if sel.size:
             at = torch.from_numpy(pos[sel]).to(dev)
             vs = torch.from_numpy(vv[sel]).to(dev)
-            nv = entry.val_pos.size
             if self.policy == "bound":
                 e = bound_at(at)
                 w = e * (2 * BAND_SLACK)
             else:
                 w = spacing_below(torch.from_numpy(rr[sel]).to(dev), self.bits) * (0.5 - self.tau) * BAND_SLACK
-            if nv:  # (a residue must name a value of its range)
-                claim[nd:], ok[nd:] = valuecode.decode(vv[nd:], w[-nv:].cpu().numpy(), entry.val_res,
-                                                       entry.val_bits, self.bits)
+            vals = np.flatnonzero(sel >= nd)  # (where in sel: a residue must name a value of its range)
+            if vals.size:
+                at_v = sel[vals]
+                claim[at_v], ok[at_v] = valuecode.decode(vv[at_v], w[torch.from_numpy(vals)].cpu().numpy(),
+                                                         entry.val_res[at_v - nd], entry.val_bits[at_v - nd],
+                                                         self.bits)
             moved = np.flatnonzero(claim[sel] != rr[sel])
             if certify is not None and moved.size:
                 exact = certify(at[moved], e[moved])

@@ -52,6 +52,26 @@ def decode(vv: np.ndarray, ww: np.ndarray, res: np.ndarray, widths: np.ndarray,
     return values, named
 
 
+def names_own(rr: np.ndarray, res: np.ndarray, widths: np.ndarray, bits: int) -> np.ndarray:
+    """Whether each residue is that of the auditor's own grid value rr. In an honest log that holds exactly
+    where the trainer's value is rr (two values of one code's span differ modulo 2^width), and `decode`
+    would name rr: the auditor then needs no band to decode it. (In a dishonest log whose code spans fewer
+    values than the auditor's range, `decode` may name a smaller value of the same residue; rr, the auditor's
+    own rounding, is the harmless choice.)"""
+    m = check_bits(bits)
+    out = np.empty(rr.size, np.bool_)
+    if rr.size:
+        _names_own(rr, res.astype(np.int64), widths.astype(np.int64), m, _top(bits), grid_max(bits), out)
+    return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _names_own(rr: np.ndarray, res: np.ndarray, widths: np.ndarray, m: int, top: int, gmax: float,
+               out: np.ndarray) -> None:
+    for i in range(rr.size):  # (a value off the grid, which `_index` clips to its end, is nobody's)
+        out[i] = abs(rr[i]) <= gmax and (_index(rr[i], m, top) & ((1 << widths[i]) - 1)) == res[i]
+
+
 @functools.lru_cache(maxsize=None)
 def _top(bits: int) -> int:
     return int(grid_index(np.float32(grid_max(bits)), bits))

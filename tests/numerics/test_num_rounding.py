@@ -189,10 +189,10 @@ def test_certified_exact_ties_need_no_entry_and_admit_none() -> None:
     assert replayed.tolist() == [1.0, 1.0] and rx3.stats["corrections"] == 0
 
 
-def test_the_band_is_read_only_where_an_entry_names_a_value_or_changes_one() -> None:
+def test_the_band_is_read_only_where_an_entry_changes_a_value() -> None:
     """An entry that claims the auditor's own rounding passes the check whatever the band (rounding is
-    monotone), so E is asked for only where an entry changes r or names a value, and the certificates only
-    where an entry changes r."""
+    monotone), and a residue that is r's own names r, so E and the certificates are asked for only where an
+    entry changes r."""
     v = torch.tensor([1.5 + 2.0**-26, 1.5 - 2.0**-26, 2.5 + 2.0**-24 - 2.0**-28, 3.25 + 2.0**-25], dtype=torch.float64)
     r = round_to_grid(v, 32)
     e = torch.full((4,), 2.0**-22, dtype=torch.float64)
@@ -212,7 +212,7 @@ def test_the_band_is_read_only_where_an_entry_names_a_value_or_changes_one() -> 
 
     rx = RoundedExecution(bits=32, device=get_device("cpu"), mode="replay", replay_log=StepLog([entry]))
     out = rx._apply_entries(entry, entry.op, v, r.clone(), bound_at, certify)
-    assert asked == {"E": [2, 3], "certificate": [2]}
+    assert asked == {"E": [2], "certificate": [2]}
     assert out.tolist() == [1.5, 1.5, 2.5 + 2.0**-22, 3.25]
     assert rx.stats["corrections"] == 1 and rx.stats["logged"] == 4 and rx.stats["logged_values"] == 1
     # a value entry that names the next grid value up, within E's band: followed unless a certificate proves

@@ -12,7 +12,7 @@ from vtrain.grid import grid_at_index, grid_index, grid_max, round_unchecked
 from vtrain.devices import get_device
 from vtrain.rounding import BAND_SLACK, RoundedExecution
 from vtrain.roundlog import SiteLog, StepLog
-from vtrain.valuecode import decode, encode
+from vtrain.valuecode import decode, encode, names_own
 
 
 def _round(x: np.ndarray, bits: int) -> np.ndarray:
@@ -60,6 +60,11 @@ def test_an_honest_code_names_the_trainers_value_on_every_honest_auditor(bits: i
                                           widths[real], bits)
             assert named.all()
             assert _same_bits(claims, r[real].astype(np.float64)), (shift, rel)  # -0.0 stays -0.0
+            # the residue is the auditor's own value's exactly where that is the trainer's (no band needed)
+            mine = _round(v_aud[real], bits)
+            same = np.asarray(mine, np.float64).view(np.int64) == np.asarray(r[real], np.float64).view(np.int64)
+            assert np.array_equal(names_own(mine, res[real], widths[real], bits), same), (shift, rel)
+            assert not same.all() or shift == 0.0  # (the auditors off the trainer's value test the other side)
 
 
 def test_signed_zero_and_the_subnormal_grid() -> None:
