@@ -746,13 +746,12 @@ class RoundedExecution(TorchDispatchMode):
         between the roundings of v - w and v + w, w the band there (zero where a certificate proves v exact).
 
         An entry that claims r's own value passes that check whatever w is (rounding is monotone and r is v's
-        rounding), and a value entry whose residue is r's own names r (`valuecode.names_own`). So E is
-        computed only at the other value entries, whose decoding reads the band, and at the direction entries
-        that change r, and the certificates only at the entries that change r. Honest replays on the
-        trainer's own device change nothing, so they compute neither: E and a certificate cost ~100-200 us a
-        site at GPT-2-tiny's default size, about a tenth of its auditor step in all. (A value entry is
-        decoded with the band E gives: where a certificate proves the value exact, the value it names must
-        be r.)"""
+        rounding), and a value entry whose residue is r's own names r (`valuecode.names_own`). So E and the
+        certificates are computed only at the direction entries that change r and the other value entries
+        (whose decoding reads the band). Honest replays on the trainer's own device change nothing, so they
+        compute neither: E and a certificate cost ~100-200 us a site at GPT-2-tiny's default size, about a
+        tenth of its auditor step in all. (A value entry is decoded with the band E gives: where a certificate
+        proves the value exact, the value it names must be r.)"""
         r = r.contiguous()
         n = r.numel()
         for where in (entry.dir_pos, entry.val_pos):
@@ -798,11 +797,9 @@ class RoundedExecution(TorchDispatchMode):
                 claim[at_v], ok[at_v] = valuecode.decode(vv[at_v], w[torch.from_numpy(vals)].cpu().numpy(),
                                                          entry.val_res[at_v - nd], entry.val_bits[at_v - nd],
                                                          self.bits)
-            moved = np.flatnonzero(claim[sel] != rr[sel])
-            if certify is not None and moved.size:
-                exact = certify(at[moved], e[moved])
-                if exact is not None:  # an exact value has no band: only its own rounding is legitimate there
-                    w[torch.from_numpy(moved[exact.cpu().numpy()]).to(dev)] = 0.0
+            exact = certify(at, e) if certify is not None else None
+            if exact is not None:  # an exact value has no band: only its own rounding is legitimate there
+                w = w.masked_fill(exact, 0.0)
             cs = torch.from_numpy(claim[sel]).to(dev)
             big = torch.finfo(vs.dtype).max  # (v' -+ w' past the work dtype: its rounding, not inf / inf = NaN)
             within = (round_unchecked((vs - w).clamp(-big, big), self.bits) <= cs) \

@@ -189,17 +189,29 @@ def test_certified_exact_ties_need_no_entry_and_admit_none() -> None:
     assert replayed.tolist() == [1.0, 1.0] and rx3.stats["corrections"] == 0
 
 
+def _entries_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RoundedExecution]:
+    """(v, its rounding r, a band E of two spacings at 2.5, a replaying RoundedExecution) for four values."""
+    v = torch.tensor([1.5 + 2.0**-26, 1.5 - 2.0**-26, 2.5 + 2.0**-24 - 2.0**-28, 3.25 + 2.0**-25], dtype=torch.float64)
+    rx = RoundedExecution(bits=32, device=get_device("cpu"), mode="replay", replay_log=StepLog([]))
+    return v, round_to_grid(v, 32), torch.full((4,), 2.0**-22, dtype=torch.float64), rx
+
+
+def _value_entry(v: torch.Tensor, named: torch.Tensor, e: torch.Tensor, at: int) -> SiteLog:
+    """A site with one value entry at `at` naming `named` (the trainer's band: 2 E BAND_SLACK)."""
+    res, widths = encode(v[at:at + 1].numpy(), named.reshape(1).numpy(), (e[at:at + 1] * (2 * BAND_SLACK)).numpy(),
+                         32)
+    return SiteLog(0, "aten.mm.default", tuple(v.shape), val_pos=np.array([at]), val_res=res, val_bits=widths)
+
+
 def test_the_band_is_read_only_where_an_entry_changes_a_value() -> None:
     """An entry that claims the auditor's own rounding passes the check whatever the band (rounding is
     monotone), and a residue that is r's own names r, so E and the certificates are asked for only where an
     entry changes r."""
-    v = torch.tensor([1.5 + 2.0**-26, 1.5 - 2.0**-26, 2.5 + 2.0**-24 - 2.0**-28, 3.25 + 2.0**-25], dtype=torch.float64)
-    r = round_to_grid(v, 32)
-    e = torch.full((4,), 2.0**-22, dtype=torch.float64)
-    res, widths = encode(v[3:].numpy(), r[3:].numpy(), (e[3:] * (2 * BAND_SLACK)).numpy(), 32)
+    v, r, e, rx = _entries_case()
+    own = _value_entry(v, r[3], e, 3)
     # positions 0 and 1 claim r's own value (the near boundary above, then below), 2 the value across it
-    entry = SiteLog(0, "aten.mm.default", (4,), np.array([0, 1, 2]), np.array([False, True, True]),
-                    np.array([3]), res, widths)
+    entry = SiteLog(0, own.op, own.shape, np.array([0, 1, 2]), np.array([False, True, True]), own.val_pos,
+                    own.val_res, own.val_bits)
     asked: dict[str, list] = {"E": [], "certificate": []}
 
     def bound_at(pos: torch.Tensor) -> torch.Tensor:
@@ -210,33 +222,27 @@ def test_the_band_is_read_only_where_an_entry_changes_a_value() -> None:
         asked["certificate"] += pos.tolist()
         return torch.zeros(pos.numel(), dtype=torch.bool)
 
-    rx = RoundedExecution(bits=32, device=get_device("cpu"), mode="replay", replay_log=StepLog([entry]))
     out = rx._apply_entries(entry, entry.op, v, r.clone(), bound_at, certify)
     assert asked == {"E": [2], "certificate": [2]}
     assert out.tolist() == [1.5, 1.5, 2.5 + 2.0**-22, 3.25]
     assert rx.stats["corrections"] == 1 and rx.stats["logged"] == 4 and rx.stats["logged_values"] == 1
-    # a value entry that names the next grid value up, within E's band: followed unless a certificate proves
-    # the value exact, which leaves r's own value the only legitimate one
-    up = r[3:] + 2.0**-22
-    res, widths = encode(v[3:].numpy(), up.numpy(), (e[3:] * (2 * BAND_SLACK)).numpy(), 32)
-    moved = SiteLog(0, entry.op, (4,), val_pos=np.array([3]), val_res=res, val_bits=widths)
-    for proven in (False, True):
-        def certify_as(pos: torch.Tensor, e_pos: torch.Tensor, proven: bool = proven) -> torch.Tensor:
-            return torch.full((pos.numel(),), proven)
 
-        if proven:
-            with pytest.raises(IllegitimateLogEntryError) as err:
-                rx._apply_entries(moved, moved.op, v, r.clone(), bound_at, certify_as)
-            assert err.value.index == 3
-        else:
-            assert rx._apply_entries(moved, moved.op, v, r.clone(), bound_at, certify_as)[3] == up
-    # a value entry naming -0 where the auditor rounded to +0: no correction, but the trainer's zero
+
+def test_a_value_entry_that_changes_a_value_is_followed_unless_the_value_is_certified_exact() -> None:
+    v, r, e, rx = _entries_case()
+    up = r[3] + 2.0**-22  # the next grid value up, within E's band
+    moved = _value_entry(v, up, e, 3)
+    never = torch.zeros(1, dtype=torch.bool)
+    assert rx._apply_entries(moved, moved.op, v, r.clone(), lambda pos: e[pos], lambda pos, e_pos: never)[3] == up
+    with pytest.raises(IllegitimateLogEntryError) as err:  # an exact value admits only its own rounding
+        rx._apply_entries(moved, moved.op, v, r.clone(), lambda pos: e[pos], lambda pos, e_pos: ~never)
+    assert err.value.index == 3
+    # a value entry naming -0 where the auditor rounded to +0: no correction, but the trainer's zero is written
     tiny = torch.tensor([2.0**-160], dtype=torch.float64)
-    res, widths = encode(tiny.numpy(), np.array([-0.0]), np.array([2.0**-149]), 32)
-    zero = SiteLog(0, entry.op, (1,), val_pos=np.array([0]), val_res=res, val_bits=widths)
-    out = rx._apply_entries(zero, zero.op, tiny, round_to_grid(tiny, 32), lambda pos: tiny[pos] * 0 + 2.0**-150,
-                            certify)
-    assert out.item() == 0.0 and torch.signbit(out).item()
+    band = torch.tensor([2.0**-150], dtype=torch.float64)
+    zero = _value_entry(tiny, torch.tensor(-0.0, dtype=torch.float64), band, 0)
+    out = rx._apply_entries(zero, zero.op, tiny, round_to_grid(tiny, 32), lambda pos: band, lambda pos, e_pos: never)
+    assert out.item() == 0.0 and torch.signbit(out).item() and rx.stats["corrections"] == 1
 
 
 def test_the_exact_resolution_retries_failed_certificates_on_a_doubling_schedule(monkeypatch) -> None:  # noqa: ANN001
