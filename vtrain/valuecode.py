@@ -15,10 +15,10 @@ of the value itself (log format version 2).
 The auditor takes the smallest value of its own range with that residue; a residue that names none is
 illegitimate (no honest device could have produced it). A residue that is the auditor's own value's names
 that value (`names_own`), with no band to compute: the common case (on the trainer's own device every entry
-names the auditor's value, on others all but the few corrections a step do). The kernels run per op site on the few entries
-there, where numpy's ~15 calls cost ~30 us a site (1 ms a step on the scale CNN); the numbering is
-`vtrain.grid.grid_index`'s, bit for bit (tests/numerics/test_num_value_entries.py). The residues travel in
-one bit stream, each in its width's bits, least significant first (`pack`, `unpack`).
+names the auditor's value, on others all but the few corrections a step do). The kernels run per op site on
+the few entries there, where numpy's ~15 calls cost ~30 us a site (1 ms a step on the scale CNN); the
+numbering is `vtrain.grid.grid_index`'s, bit for bit (tests/numerics/test_num_value_entries.py). The residues
+travel in one bit stream, each in its width's bits, least significant first (`pack`, `unpack`).
 """
 
 from __future__ import annotations
