@@ -71,7 +71,7 @@ def names_own(rr: np.ndarray, res: np.ndarray, widths: np.ndarray, bits: int) ->
 def _names_own(rr: np.ndarray, res: np.ndarray, widths: np.ndarray, m: int, top: int, gmax: float,
                out: np.ndarray) -> None:
     for i in range(rr.size):  # (a value off the grid, which `_index` clips to its end, is nobody's)
-        out[i] = abs(rr[i]) <= gmax and (_index(rr[i], m, top) & ((1 << widths[i]) - 1)) == res[i]
+        out[i] = abs(rr[i]) <= gmax and _residue(rr[i], widths[i], m, top) == res[i]
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,6 +86,13 @@ def _index(g: float, m: int, top: int) -> int:
     mag = (b & 0x7FFFFFFF) >> (23 - m)
     k = -mag - 1 if b >> 31 else mag
     return min(max(k, -top - 1), top)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _residue(g: float, width: int, m: int, top: int) -> int:
+    """The code of grid value g in `width` bits: its index modulo 2^width (two's complement: the residue of a
+    negative index)."""
+    return _index(g, m, top) & ((1 << width) - 1)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -104,7 +111,7 @@ def _encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, margin: float, m: in
         while span >> width:
             width += 1
         width = min(width, bits)
-        res[i] = _index(rr[i], m, top) & ((1 << width) - 1)  # (two's complement: the residue of a negative)
+        res[i] = _residue(rr[i], width, m, top)
         widths[i] = width
 
 
