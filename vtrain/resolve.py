@@ -1095,7 +1095,10 @@ def _certified(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch
     if k * u >= 0.5:
         return None
     s_upper = _np(e) * (divisor * _MARGIN * (1 - k * u) / (k * u))  # E / gamma_k, rounded up
-    return (s_upper < np.multiply(q, 2.0**p)) & (np.asarray(q) >= tiny * divisor)
+    # (q 2^p beyond float64's range, for grains near its top, is rightly infinite: any finite S of such
+    # grains counts fewer than 2^p of them)
+    with np.errstate(over="ignore"):
+        return (s_upper < np.multiply(q, 2.0**p)) & (np.asarray(q) >= tiny * divisor)
 
 
 def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,

@@ -147,3 +147,19 @@ def test_a_device_overflow_with_a_finite_exact_value_is_settled_exactly():
         assert float(total) == 0.0, device
         with pytest.raises(NonFiniteError), RoundedExecution(bits=19, device=get_device(device), resolution="exact"):
             torch.tensor([a, a], dtype=torch.float64).sum()
+
+
+def test_an_overflow_beside_an_ambiguous_value_in_an_output_rounded_in_place():
+    # The trainer rounds a fresh output in place (RoundedExecution._fused_near), keeping only its values near
+    # a boundary. Where one value is off the grid, the others are settled from the op run again: row 1's sum
+    # lands on a float32 midpoint on every device (ties-to-even: 1) while its exact value rounds up, so
+    # settling it from the already rounded output would miss it; row 0 overflows on the orders that add
+    # the two huge values first, and its exact sum is 0.
+    big, half = 2.0**1023, 2.0**-24
+    x = torch.tensor([[big, big, -big, -big], [1.0, half, 2.0**-70, 0.0]], dtype=torch.float64)
+    up = float(np.nextafter(np.float32(1.0), np.float32(2.0)))
+    for device in DEVICES:
+        with RoundedExecution(bits=32, device=get_device(device), resolution="exact") as rx:
+            total = x.sum(dim=1)
+        assert total.tolist() == [0.0, up], device
+        assert rx.stats["recomputed"] >= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -30,6 +31,25 @@ def _values(bits: int, dtype: np.dtype) -> np.ndarray:
         x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(-np.inf)),
                             np.array([1e-45, -1e-45, 0.0, -0.0], dtype=np.float32)])
     return x[np.abs(x) < (2 - 2.0 ** -(bits - 8)) * 2.0**127]  # beyond, values round off the grid (tested apart)
+
+
+def _both_ways(kernel: Callable[..., tuple[int, int]], x: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """kernel(v, out, cand, held), a candidate kernel, into another array and in place (out = v) on copies of
+    x: the same count, first off-grid position, candidates and rounding's bits (values off the grid as they
+    were, for the error that names them), x untouched out of place, and held = x at the candidates either
+    way. Returns (count, first bad position, the rounding, the candidates)."""
+    v, out, cand, held = x.copy(), np.empty_like(x), np.empty(x.size, np.int64), np.empty_like(x)
+    count, bad = kernel(v, out, cand, held)
+    assert np.array_equal(v.view(np.uint8), x.view(np.uint8))
+    assert np.array_equal(held[:count].view(np.uint8), x[cand[:count]].view(np.uint8))
+    w, cand_w, held_w = x.copy(), np.empty(x.size, np.int64), np.empty_like(x)
+    assert kernel(w, w, cand_w, held_w) == (count, bad)
+    assert np.array_equal(w.view(np.uint8), out.view(np.uint8))
+    assert np.array_equal(cand_w[:count], cand[:count])
+    assert np.array_equal(held_w[:count].view(np.uint8), held[:count].view(np.uint8))
+    off = ~(np.abs(x.astype(np.float64)) <= grid_max(32))  # (beyond every grid's largest value, or NaN)
+    assert np.array_equal(out[off].view(np.uint8), x[off].view(np.uint8))
+    return count, bad, out, cand[:count]
 
 
 def _cases(bits: list[int]) -> list[tuple[int, type]]:
@@ -61,8 +81,9 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
         want = np.array([1.0, top, -top, bad, 3.0, bad])
         assert np.array_equal(y, want, equal_nan=True), (bad, y)
         e = np.zeros(1)
-        count, first = fused.round_near(x, e, 1.0, bits - 9, top, np.empty_like(x), np.empty(6, np.int64))
+        count, first, out, _ = _both_ways(lambda *a: fused.round_near(a[0], e, 1.0, bits - 9, top, *a[1:]), y)
         assert first == 3, bad
+        assert np.array_equal(out, want, equal_nan=True), (bad, out)  # rounded but for the values off the grid
 
 
 @pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
@@ -77,8 +98,8 @@ def test_round_near_gives_the_torch_candidates(bits: int, dtype: np.dtype) -> No
     e = (np.abs(x) * 2.0 ** -(bits - 9) * gen.choice([0.0, 1e-9, 0.1, 0.3, 0.49, 0.5, 0.51, 2.0], x.size)).astype(dtype)
     rx = RoundedExecution(bits=bits, device=get_device("cpu"), mode="plain")
     for band in (e, e[:1]):
-        out, cand = np.empty_like(x), np.empty(x.size, np.int64)
-        count, bad = fused.round_near(x, band, 2.0, bits - 9, grid_max(bits), out, cand)
+        count, bad, out, cand = _both_ways(lambda *a: fused.round_near(a[0], band, 2.0, bits - 9, grid_max(bits),
+                                                                       *a[1:]), x)
         assert bad == -1
         v = torch.from_numpy(x)
         r = round_unchecked(v, bits)
@@ -106,12 +127,14 @@ def test_sparse_candidates_are_all_found(bits: int) -> None:
     v = torch.from_numpy(x)
     want = rx._candidates(v, round_unchecked(v, bits), torch.from_numpy(e) * 2.0).numpy()
     assert set(lone.tolist()) <= set(want.tolist())
-    out, cand = np.empty_like(x), np.empty(x.size, np.int64)
-    count, bad = fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), out, cand)
-    assert (bad, cand[:count].tolist()) == (-1, want.tolist())
+    def near(*a: np.ndarray) -> tuple[int, int]:
+        return fused.round_near(a[0], e, 2.0, bits - 9, grid_max(bits), *a[1:])
+
+    count, bad, _, cand = _both_ways(near, x)
+    assert (bad, cand.tolist()) == (-1, want.tolist())
     x[17_000] = np.inf
-    assert fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), out, cand)[1] == 17_000
-    assert fused.round_into(x, out, bits - 9, grid_max(bits)) == 17_000
+    assert _both_ways(near, x)[1] == 17_000
+    assert fused.round_into(x, np.empty_like(x), bits - 9, grid_max(bits)) == 17_000
 
 
 @pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
@@ -121,9 +144,9 @@ def test_round_near_makes_zeros_positive_when_asked(bits: int, dtype: np.dtype) 
     x = np.concatenate([_values(bits, dtype), np.array([-0.0, 0.0, -1e-60, 1e-60, -2.0**-151], dtype=dtype)])
     e = np.full(1, 1e-9, dtype=dtype)
     as_is, zeroed = np.empty_like(x), np.empty_like(x)
-    cand = np.empty(x.size, np.int64)
-    want = fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), as_is, cand)
-    assert fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), zeroed, cand, 0.0) == want
+    cand, held = np.empty(x.size, np.int64), np.empty_like(x)
+    want = fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), as_is, cand, held)
+    assert fused.round_near(x, e, 2.0, bits - 9, grid_max(bits), zeroed, cand, held, 0.0) == want
     negative_zero = (as_is == 0) & np.signbit(as_is)
     assert negative_zero.sum() >= 2  # -0.0 itself and a negative value below half the smallest subnormal
     assert not np.signbit(zeroed[as_is == 0]).any()
@@ -149,13 +172,11 @@ def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, i
         x = v.copy()
         if bad is not None:
             x[bad] = np.inf
-        want_out, want_cand = np.empty_like(x), np.empty(x.size, np.int64)
-        want = fused.round_near(x, e.numpy().reshape(-1), 2.0, 23, top, want_out, want_cand)
-        out, cand = np.empty_like(x), np.empty(x.size, np.int64)
-        got = fused.round_near_outer(x, rows, cols, add, 2.0, top, out, cand)
-        assert got == want and got[1] == (-1 if bad is None else bad)
-        assert np.array_equal(out.view(np.int64), want_out.view(np.int64))
-        assert np.array_equal(cand[:got[0]], want_cand[:want[0]])
+        want = _both_ways(lambda *a: fused.round_near(a[0], e.numpy().reshape(-1), 2.0, 23, top, *a[1:]), x)
+        got = _both_ways(lambda *a: fused.round_near_outer(a[0], rows, cols, add, 2.0, top, *a[1:]), x)
+        assert got[:2] == want[:2] and got[1] == (-1 if bad is None else bad)
+        assert np.array_equal(got[2].view(np.int64), want[2].view(np.int64))
+        assert np.array_equal(got[3], want[3])
         assert 0 < got[0] < x.size  # the bands leave both candidates and others
 
 
@@ -181,15 +202,13 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
         vv = v.copy()
         if bad is not None:
             vv[bad] = np.nan
-        want_out, want_cand = np.empty_like(vv), np.empty(vv.size, np.int64)
-        want = fused.round_near(vv, e.numpy(), factor, 23, top, want_out, want_cand)
-        out, cand = np.empty_like(vv), np.empty(vv.size, np.int64)
-        got = fused.round_near_relative(vv, k, a, c, f, factor, top, out, cand)
-        assert got == want and got[1] == (-1 if bad is None else bad)
-        assert np.array_equal(out.view(np.int64), want_out.view(np.int64), equal_nan=True)
-        assert np.array_equal(cand[:got[0]], want_cand[:want[0]])
-        at = fused.relative_at(vv, cand[:got[0]], k, a, c, f)
-        assert np.array_equal(at.view(np.int64), e.numpy()[cand[:got[0]]].view(np.int64))
+        want = _both_ways(lambda *x: fused.round_near(x[0], e.numpy(), factor, 23, top, *x[1:]), vv)
+        got = _both_ways(lambda *x: fused.round_near_relative(x[0], k, a, c, f, factor, top, *x[1:]), vv)
+        assert got[:2] == want[:2] and got[1] == (-1 if bad is None else bad)
+        assert np.array_equal(got[2].view(np.int64), want[2].view(np.int64))
+        assert np.array_equal(got[3], want[3])
+        at = fused.relative_at(vv[got[3]], k, a, c, f)  # (the values the kernel holds for the candidates)
+        assert np.array_equal(at.view(np.int64), e.numpy()[got[3]].view(np.int64))
         if factor == 2.0**28:
             assert 0 < got[0] < vv.size
 
@@ -246,13 +265,13 @@ def test_round_near_outer_drops_zero_sums_with_no_nonzero_term() -> None:
     x[1] = 1e-300  # not an exact zero: kept whatever the bitsets say
     rows, cols, add = np.full((2, 6), 1e-10), np.full((2, 600), 1.0), np.zeros((2, 600))
     top = grid_max(32)
-    cand_all, cand = np.empty(x.size, np.int64), np.empty(x.size, np.int64)
-    n_all, _ = fused.round_near_outer(x, rows, cols, add, 2.0, top, np.empty_like(x), cand_all)
-    n, bad = fused.round_near_outer(x, rows, cols, add, 2.0, top, np.empty_like(x), cand, support=support)
-    everything = cand_all[:n_all]
+    n_all, _, _, everything = _both_ways(lambda *a: fused.round_near_outer(a[0], rows, cols, add, 2.0, top, *a[1:]),
+                                         x)
+    n, bad, _, cand = _both_ways(lambda *a: fused.round_near_outer(a[0], rows, cols, add, 2.0, top, *a[1:],
+                                                                   support=support), x)
     keep = (x[everything] != 0) | nonzero(torch.from_numpy(everything)).numpy()
-    assert bad == -1 and np.array_equal(cand[:n], everything[keep])
-    assert 0 in cand[:n] and 1 in cand[:n]
+    assert bad == -1 and np.array_equal(cand, everything[keep])  # (and the held values with them: _both_ways)
+    assert 0 in cand and 1 in cand
     assert (x[everything] == 0).sum() > 1000 and n < n_all - 1000  # many dropped
 
 
@@ -351,9 +370,12 @@ def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, 
     for p in range(v.size):
         mid = (Fraction(float(r[p])) + Fraction(float(up[p]))) / 2
         v[p] = float(mid + offsets[p % len(offsets)] * Fraction(float(e_all[p])))
-    out, cand, e_cand = np.empty_like(v), np.empty(v.size, np.int64), np.empty(v.size)
-    count, bad = fused.round_near_mm(v, inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale,
-                                     inline.floor, factor, grid_max(32), out, cand, e_cand)
+    e_cand = np.empty(v.size)
+    def near(*x: np.ndarray) -> tuple[int, int]:
+        return fused.round_near_mm(x[0], inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale,
+                                   inline.floor, factor, grid_max(32), *x[1:], e_cand)
+
+    count, bad, out, cand = _both_ways(near, v)
     assert bad == -1
     assert np.array_equal(out.view(np.int64), round_unchecked(torch.from_numpy(v), 32).numpy().view(np.int64))
     for t in range(count):
@@ -392,12 +414,12 @@ def test_entry_classification_is_the_numpy_test_bit_for_bit(bits: int, dtype: np
     for ww in bands + [b.astype(np.float64) for b in bands]:
         ww = ww[idx]
         for inclusive in (False, True):  # (the trainer's test, and the exact resolution's)
-            got = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, ww, bits - 9, VALUE_FRACTION, inclusive)
+            got = fused.classify(x[idx], r[idx], ww, bits - 9, VALUE_FRACTION, inclusive)
             within = dist[idx] <= ww if inclusive else dist[idx] < ww
             want = (d_lo[idx] <= d_hi[idx], within, ww >= (np.minimum(down, up) * VALUE_FRACTION)[idx])
             for g, w in zip(got, want):
                 assert g.dtype == np.bool_ and np.array_equal(g, w)
-    mixed = fused.classify(torch.from_numpy(x), torch.from_numpy(r), idx, bands[4][idx], bits - 9, VALUE_FRACTION)
+    mixed = fused.classify(x[idx], r[idx], bands[4][idx], bits - 9, VALUE_FRACTION)
     assert all(0 < m.sum() < idx.size for m in mixed)  # (the test can tell a wrong decision either way)
 
 

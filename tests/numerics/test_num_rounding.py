@@ -100,10 +100,11 @@ def _far_from_boundaries(rx_log: StepLog, kind: str) -> tuple[int, int, bool]:
     site_of_interest = next(s for s in rx_log.sites if s.op == "aten.addmm.default")
 
     class Capture(RoundedExecution):
-        def _find_entries(self, site, op, shape, v, r, *rest):  # noqa: ANN001, ANN002, ANN202
-            if site == site_of_interest.site:
-                captured["v"], captured["r"] = v.reshape(-1).clone(), r.reshape(-1).clone()
-            return super()._find_entries(site, op, shape, v, r, *rest)
+        def _round_near(self, spec, args, kwargs, floats, i, factor, bounds, in_place=False):  # noqa: ANN001, ANN202
+            near = super()._round_near(spec, args, kwargs, floats, i, factor, bounds)  # (not in place: v stays)
+            if self._counts["sites"] - 1 == site_of_interest.site:
+                captured["v"], captured["r"] = floats[i].reshape(-1).clone(), near.r.reshape(-1).clone()
+            return near
 
     model = make_model(kind, torch.float32, 19)
     x, _ = batch(0, torch.float32)
