@@ -275,8 +275,8 @@ class RoundedExecution(TorchDispatchMode):
     def _done_with(self, site: int, floats: list) -> bool:
         """Whether a device op's output at `site` is not read unrounded after its rounding: plain rounding reads
         none; a replay reads one at its log entries (and E there, which may read any of the op's outputs), so
-        only a lone output whose site has no entries. (The recording trainer keeps them all: its kernels
-        round out of place.)"""
+        only a lone output whose site has no entries. (The recording trainer's kernels keep the unrounded
+        values at their candidates: see `_in_place`.)"""
         if self.mode == "plain":
             return True
         if self.mode != "replay" or sum(f is not None for f in floats) != 1:

@@ -3,10 +3,13 @@ tensor, is kept and becomes the buffer the next output of its size is rounded in
 
 Why: a fresh CPU tensor of more than 32 MB (glibc's largest mmap threshold) is mapped anew on every
 allocation, and first-touch page faults then cost ~0.5 ms a MB, more than rounding it (~0.25 ms a MB).
-The trainer rounds each large device output out of place (it must keep the unrounded values for the log
-and the exact resolution), so without reuse it paid those faults once more per output than plain training:
-12 ms a step on the 2048-wide MLP's weight gradient alone (its filter pass: 28 against 16 ms). Buffers
-are kept per (dtype, size), at most KEEP of them, and only for tensors nothing else references.
+The trainer rounded each large device output out of place (it kept the unrounded values for the log and
+the exact resolution), so without reuse it paid those faults once more per output than plain training:
+12 ms a step on the 2048-wide MLP's weight gradient alone (its filter pass: 28 against 16 ms). It now
+rounds most outputs in place, keeping the unrounded values at their candidates only
+(vtrain.rounding.RoundedExecution._in_place); the rest (outputs beside others whose bounds may read
+them, and outputs other tensors see) still come here, and so do a replay's. Buffers are kept per (dtype,
+size), at most KEEP of them, and only for tensors nothing else references.
 """
 
 from __future__ import annotations
