@@ -553,7 +553,8 @@ class RoundedExecution(TorchDispatchMode):
                             else e.expand(count)
         if bad >= 0 and not (in_place and self.exact):
             return None
-        self._counts["rounded"] += v.numel()
+        if bad < 0:  # (`Near.bad`: the op runs again, and its values are counted there)
+            self._counts["rounded"] += v.numel()
         found, values = torch.from_numpy(cand[:count].copy()), held[:count].copy()
         if pre is not None:
             return Near(out, *self._settle(spec, args, kwargs, floats, i, found, values, pre, self._cast32(v)),

@@ -163,3 +163,4 @@ def test_an_overflow_beside_an_ambiguous_value_in_an_output_rounded_in_place():
             total = x.sum(dim=1)
         assert total.tolist() == [0.0, up], device
         assert rx.stats["recomputed"] >= 1
+        assert rx.stats["rounded"] == rx.stats["checked"] == 2, device  # (counted once, however computed)
