@@ -432,8 +432,7 @@ class RoundedExecution(TorchDispatchMode):
                 if fused is not None:
                     r, cand, held, e_cand, bounds = fused[:5]
                 else:
-                    cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, BAND_SLACK, bounds)
-                    held = _at(v, cand.cpu().numpy())
+                    cand, held, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, BAND_SLACK, bounds)[1:5]
                 if e_cand is None:  # an output without an error bound is an exact count
                     if any_bad:
                         raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
@@ -492,8 +491,7 @@ class RoundedExecution(TorchDispatchMode):
         if near is not None:
             return near
         r = self._round(floats[i], spec)  # raises for a value off the grid (left in v as it was, if rounded in place)
-        cand, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, factor, bounds)
-        return Near(r, cand, _at(floats[i], cand.cpu().numpy()), e_cand, bounds)
+        return self._near(spec, args, kwargs, floats, i, r, factor, bounds)
 
     def _fused_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
                     bounds: list | None, in_place: bool = False) -> Near | None:
@@ -643,8 +641,9 @@ class RoundedExecution(TorchDispatchMode):
         return torch.sub(v.reshape(-1), r.reshape(-1)).abs_().add_(band).ge_(half).nonzero().squeeze(1)
 
     def _near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, r: torch.Tensor, factor: float,
-              bounds: list | None) -> tuple[torch.Tensor, torch.Tensor | None, list | None]:
-        """(candidate positions for a band of factor * E, E at them (None: no bound), the op's bounds).
+              bounds: list | None) -> Near:
+        """r with its candidate positions for a band of factor * E, v's values and E there (None: no bound),
+        and the op's bounds (`Near`), v and r apart.
 
         E is computed everywhere, once per op call, except for large matmuls: there the pre-filter of
         vtrain.prefilter finds the candidates and E is taken at them only (`_settle`). (Small matmuls keep
@@ -654,27 +653,27 @@ class RoundedExecution(TorchDispatchMode):
             pre = self._prefilter(spec, args, kwargs, floats, i)
             if pre is not None:
                 cand = self._candidates(v, r, pre.upper().reshape(-1) * factor)
-                cand, _, e_cand, bounds = self._settle(spec, args, kwargs, floats, i, cand, None, pre)
-                return cand, e_cand, bounds
+                return Near(r, *self._settle(spec, args, kwargs, floats, i, cand, _at(v, cand.cpu().numpy()), pre))
             bounds = spec.bound(args, kwargs, floats)
         if bounds[i] is None:
-            return torch.zeros(0, dtype=torch.long, device=v.device), None, bounds
+            return Near(r, torch.zeros(0, dtype=torch.long, device=v.device), _at(v, np.zeros(0, np.int64)), None,
+                        bounds)
         e = bounds[i].expand(v.shape).reshape(-1)
         cand = self._candidates(v, r, e * factor)
-        return cand, e[cand], bounds
+        return Near(r, cand, _at(v, cand.cpu().numpy()), e[cand], bounds)
 
     def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, cand: torch.Tensor,
-                held: np.ndarray | None, pre: Prefilter,
-                dropped: bool = False) -> tuple[torch.Tensor, np.ndarray | None, torch.Tensor, list | None]:
-        """(the pre-filter's candidates, their values `held` (None: not kept), E at them, the full bounds or
-        None). Candidates whose sum has no nonzero term are dropped (E could not make them candidates, see
+                held: np.ndarray, pre: Prefilter,
+                dropped: bool = False) -> tuple[torch.Tensor, np.ndarray, torch.Tensor, list | None]:
+        """(the pre-filter's candidates, v's values there (`held`, given for them), E at them, the full bounds
+        or None). Candidates whose sum has no nonzero term are dropped (E could not make them candidates, see
         prefilter.Prefilter), unless the kernel `dropped` them already; E at the others is gathered where that
         pays, else taken from the full bound (which reads the operands only: v may be rounded by now). Either
         way the decisions that follow (which candidates lie within the band) use E itself; U only chose where
         to look."""
         if pre.nonzero is not None and cand.numel() and not dropped:
             keep = pre.nonzero(cand)
-            cand, held = cand[keep], None if held is None else held[keep.cpu().numpy()]
+            cand, held = cand[keep], held[keep.cpu().numpy()]
         v = floats[i]
         if cand.numel() == 0:  # nothing near a boundary: no E to gather
             return cand, held, torch.zeros(0, dtype=v.dtype, device=v.device), None
