@@ -436,14 +436,15 @@ class RoundedExecution(TorchDispatchMode):
                 if e_cand is None:  # an output without an error bound is an exact count
                     if any_bad:
                         raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
-                    cand = cand[:0]
-                pos, e_pos = cand, e_cand
+                    cand, held = cand[:0], held[:0]
+                pos, e_pos, held_pos = cand, e_cand, held
                 if cand.numel():
                     near = self._ambiguous(held, r, cand, e_cand * BAND_SLACK)
-                    pos, e_pos = cand[near], e_cand[near]
+                    pos, e_pos, held_pos = cand[near], e_cand[near], held[near.cpu().numpy()]
                 if any_bad:
                     pos = torch.cat([pos, bad.reshape(-1).nonzero().squeeze(1)]).unique()
                     e_pos = self._bound_at(spec, args, kwargs, floats, i, pos, full=bounds)
+                    held_pos = None  # (v's values off the grid are not held)
                 if pos.numel():
                     self._counts["ambiguous"] += pos.numel()
                     tally[1] += pos.numel()
@@ -452,7 +453,7 @@ class RoundedExecution(TorchDispatchMode):
                     # they failed lately at this op, skipped. Either way each value is the correctly rounded one.
                     key, exact = (self._counts["ops"], i, spec.name, "certificates"), None
                     if self._worth_trying(key):
-                        exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos)
+                        exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos, held_pos)
                         self._tried(key, exact is not None and bool(exact.any()))
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
@@ -475,13 +476,13 @@ class RoundedExecution(TorchDispatchMode):
         return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
 
     def _certified(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int,
-                   pos: torch.Tensor, e: torch.Tensor) -> torch.Tensor | None:
-        """Where output i at flat positions `pos` (E there: `e`) is provably its exact value whatever order
-        any device summed in (vtrain.resolve's certificates), or None: there every honest device holds the
-        same value, so its rounding is nobody's choice (no log entry, no exact recomputation)."""
-        from vtrain.resolve import CERTIFIERS  # noqa: PLC0415 (resolve pulls in mpmath: only ops near a boundary pay)
-        certifier = CERTIFIERS.get(spec.functional or func)
-        return certifier(args, kwargs, floats, e, i, pos) if certifier else None
+                   pos: torch.Tensor, e: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
+        """Where output i at flat positions `pos` (E there: `e`; v's unrounded values there: `held`, if known)
+        is provably its exact value whatever order any device summed in (vtrain.resolve's certificates), or
+        None: there every honest device holds the same value, so its rounding is nobody's choice (no log
+        entry, no exact recomputation)."""
+        from vtrain.resolve import certify  # noqa: PLC0415 (resolve pulls in mpmath: only ops near a boundary pay)
+        return certify(spec.functional or func, args, kwargs, floats, e, i, pos, held)
 
     def _round_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
                     bounds: list | None, in_place: bool = False) -> Near:
@@ -725,7 +726,7 @@ class RoundedExecution(TorchDispatchMode):
         if certify is not None and logged.any():
             sel = np.flatnonzero(logged)
             # (gathered in numpy: torch indexing costs ~20 us a call here, the certifiers read numpy anyway)
-            exact = certify(torch.from_numpy(idx[sel]), torch.from_numpy(e.cpu().numpy()[sel]))
+            exact = certify(torch.from_numpy(idx[sel]), torch.from_numpy(e.cpu().numpy()[sel]), held[sel])
             if exact is not None:
                 exact = exact.cpu().numpy()
                 logged[sel[exact]] = False
