@@ -1114,15 +1114,16 @@ def _sum_bound(e: torch.Tensor | None, k: int, out: torch.Tensor,
 def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
             pos: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
     """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier). Given the
-    output's own values there (`held`: the device's unrounded v), a matmul answers False without reading its
-    operands wherever v rules its certificate out (`_ruled_out`); the answer is the certifier's everywhere."""
+    output's own values there (`held`: the device's unrounded v), a matmul or convolution answers False without
+    reading its operands wherever v rules its certificate out (`_ruled_out`); the answer is the certifier's
+    everywhere."""
     certifier = CERTIFIERS.get(op)
     if certifier is None:
         return None
-    terms = _MATMUL_TERMS.get(op)
+    terms = _TERMS.get(op)
     if held is None or terms is None or e is None:
         return certifier(args, kwargs, outs, e, i, pos)
-    open_ = np.flatnonzero(~_ruled_out(held, e, terms(args, kwargs), outs[i]))
+    open_ = np.flatnonzero(~_ruled_out(held, e, terms(args, kwargs, i), outs[i]))
     if open_.size == len(pos):
         return certifier(args, kwargs, outs, e, i, pos)
     exact = torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
@@ -1135,11 +1136,15 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor 
     return exact
 
 
-# the term count k a matmul's certificate takes (`_certify_grains`: its a's line length), from its arguments
-_MATMUL_TERMS: dict[Any, Callable[[tuple, dict], int]] = {
-    aten.mm.default: lambda args, kwargs: args[0].shape[-1],
-    aten.bmm.default: lambda args, kwargs: args[0].shape[-1],
-    aten.addmm.default: lambda args, kwargs: _bind(aten.addmm.default, args, kwargs)["mat1"].shape[-1],
+# The term count k the certificate of a sum of products takes at output i, from the op's arguments (a matmul's:
+# `_certify_grains`' line length of a; a convolution's: `_conv_terms`): the ops whose certified values are
+# exact sums, which `_ruled_out` reads.
+_TERMS: dict[Any, Callable[[tuple, dict, int], int]] = {
+    aten.mm.default: lambda args, kwargs, i: args[0].shape[-1],
+    aten.bmm.default: lambda args, kwargs, i: args[0].shape[-1],
+    aten.addmm.default: lambda args, kwargs, i: _bind(aten.addmm.default, args, kwargs)["mat1"].shape[-1],
+    **{op: functools.partial(lambda op, args, kwargs, i: _conv_terms(_bind(op, args, kwargs), i), op)
+       for op in (aten.convolution.default, aten.convolution_backward.default)},
 }
 
 
@@ -1348,7 +1353,18 @@ def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor
     # out[n, co] sums x[n] * w[co] terms (plus bias[co]): grain qin[n] * qw[co]
     n, co = _image_channel(pos, outs[0].shape)
     extra = None if kw["bias"] is None else _lsb_np(kw["bias"])[co]
-    return _certify_slices([(x, 0, n), (w, 0, co)], extra, e, w[0].numel(), outs[0], pos)
+    return _certify_slices([(x, 0, n), (w, 0, co)], extra, e, _conv_terms(kw, 0), outs[0], pos)
+
+
+def _conv_terms(kw: dict, i: int) -> int:
+    """The term count k a convolution's certificate takes for output i (of aten.convolution: i = 0): the forward's
+    channels times taps of one filter; grad_input's output channels of a group times taps; grad_weight's and
+    grad_bias's images times output positions."""
+    if "grad_output" not in kw:
+        return kw["weight"][0].numel()
+    if i == 0:
+        return (kw["weight"].shape[0] // int(kw["groups"])) * kw["weight"][0, 0].numel()
+    return kw["grad_output"].shape[0] * kw["grad_output"][0, 0].numel()
 
 
 def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
@@ -1364,16 +1380,15 @@ def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: tor
     if x.numel() == 0 or w.numel() == 0 or g.numel() == 0 or i > 2 or outs[i] is None:
         return None
     c_out, c_g = w.shape[:2]
-    per_pixel = (c_out // groups) * w[0, 0].numel()  # grad_input terms: (co in the group, kernel tap)
-    per_weight = g.shape[0] * g[0, 0].numel()  # grad_weight and grad_bias terms: (n, output position)
+    k = _conv_terms(kw, i)  # grad_input: (co in the group, kernel tap); grad_weight and grad_bias: (n, output position)
     if i == 0:  # grad_input[n, ci]: grad[n] * w[:, ci mod Cg]
         n, ci = _image_channel(pos, outs[0].shape)
-        return _certify_slices([(g, 0, n), (w, 1, ci % c_g)], None, e, per_pixel, outs[0], pos)
+        return _certify_slices([(g, 0, n), (w, 1, ci % c_g)], None, e, k, outs[0], pos)
     if i == 1:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
         co, cl = _image_channel(pos, outs[1].shape)
         ci = (co // (c_out // groups)) * c_g + cl
-        return _certify_slices([(g, 1, co), (x, 1, ci)], None, e, per_weight, outs[1], pos)
-    return _certify_slices([(g, 1, pos.cpu().numpy())], None, e, per_weight, outs[2], pos)  # grad_bias: grad[:, co]
+        return _certify_slices([(g, 1, co), (x, 1, ci)], None, e, k, outs[1], pos)
+    return _certify_slices([(g, 1, pos.cpu().numpy())], None, e, k, outs[2], pos)  # grad_bias: grad[:, co]
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:

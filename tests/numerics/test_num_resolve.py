@@ -779,42 +779,46 @@ def test_certificate_at_a_few_positions_is_the_certificate_at_all(case: Case, ki
             assert got.shape == pos.shape and got.tolist() == want[pos.numpy()].tolist(), (case.name, i)
 
 
-MATMUL_CERT_CASES = [c for c in CERT_CASES if c.op in resolve._MATMUL_TERMS]
+PRODUCT_CERT_CASES = [c for c in CERT_CASES if c.op in resolve._TERMS]
 
 
 @pytest.mark.parametrize("kind", ["normal", "quant", "spiked"])
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
-@pytest.mark.parametrize("case", MATMUL_CERT_CASES, ids=[c.name for c in MATMUL_CERT_CASES])
-def test_a_matmul_value_rules_out_only_what_its_certificate_refuses(case: Case, dtype: torch.dtype, bits: int,
-                                                                   kind: str) -> None:
-    # Given the output's own values (as the engine holds them, from each device that computes the op),
-    # resolve.certify answers as the certifier at every position: a certified sum is exact, a multiple of the
-    # grain, so its lowest set bit never rules it out. On float data the values alone rule out many positions
-    # (whose certificates then read nothing); quantised data, all certified, is never ruled out; the spike
-    # (a full significand as every input's last value) leaves some positions certified and refuses others.
+@pytest.mark.parametrize("case", PRODUCT_CERT_CASES, ids=[c.name for c in PRODUCT_CERT_CASES])
+def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dtype: torch.dtype, bits: int,
+                                                                 kind: str) -> None:
+    # Given a matmul's or convolution's output values (as the engine holds them, from each device that computes
+    # the op), resolve.certify answers as the certifier at every position: a certified sum is exact, a multiple
+    # of the grain, so its lowest set bit never rules it out. On float data the values alone rule out many
+    # positions (whose certificates then read nothing); quantised data, all certified, is never ruled out; the
+    # spike (a full significand as every input's last value) leaves some positions certified, refuses others.
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/ruled".encode()))
     args, kwargs = case.make(gen, dtype, bits, "normal" if kind == "normal" else "quant")
     if kind == "spiked":
         for j, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.is_floating_point():
                 args = spiked(args, j, a.numel() - 1)
-    outs, (want,) = _certify(case, args, kwargs)
-    out = outs[0]
-    pos = torch.arange(out.numel())
-    e = _e_at(BOUNDS[case.op](args, kwargs, [out])[0], out, pos)
-    for v in [out] + [o[0] for o in emulated_outputs(case, args, kwargs)]:
-        got = resolve.certify(case.op, args, kwargs, [out], e, 0, pos, v.detach().reshape(-1).numpy())
-        assert (got is None) == (want is None), case.name
-        if got is not None:
-            assert got.tolist() == want.tolist(), case.name
-    if want is None:
-        return
-    ruled = resolve._ruled_out(out.reshape(-1).numpy(), e, resolve._MATMUL_TERMS[case.op](args, kwargs), out)
-    assert not (ruled & want).any(), case.name
-    if kind == "normal":  # (most at K = 40; fewer at K = 8 or 9, whose sums keep their products' low zeros)
-        assert ruled.mean() >= (0.5 if "-k40" in case.name else 0.1), (case.name, ruled.mean())
-    if kind == "quant":
-        assert want.all() and not ruled.any(), case.name
+    outs, certs = _certify(case, args, kwargs)
+    floats = [o if isinstance(o, torch.Tensor) and o.is_floating_point() else None for o in outs]
+    bounds = BOUNDS[case.op](args, kwargs, floats)
+    devices = [outs] + emulated_outputs(case, args, kwargs)
+    for i, want in enumerate(certs):
+        if want is None:
+            continue
+        out = floats[i]
+        pos = torch.arange(out.numel())
+        e = _e_at(bounds[i], out, pos)
+        for values in devices:
+            got = resolve.certify(case.op, args, kwargs, floats, e, i, pos, values[i].detach().reshape(-1).numpy())
+            assert got is not None and got.tolist() == want.tolist(), (case.name, i)
+        ruled = resolve._ruled_out(out.reshape(-1).numpy(), e, resolve._TERMS[case.op](args, kwargs, i), out)
+        assert not (ruled & want).any(), (case.name, i)
+        # (products of float data, none certified: most ruled out at K = 40, fewer at K = 8 or 9, whose sums keep
+        # their products' low zeros; grad_bias sums float32 values, exactly, and is certified)
+        if kind == "normal" and not want.any():
+            assert ruled.mean() >= (0.5 if "-k40" in case.name else 0.1), (case.name, i, ruled.mean())
+        if kind == "quant":
+            assert want.all() and not ruled.any(), (case.name, i)
 
 
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
