@@ -840,7 +840,7 @@ class RoundedExecution(TorchDispatchMode):
                 claim[at_v], ok[at_v] = valuecode.decode(vv[at_v], w[torch.from_numpy(vals)].cpu().numpy(),
                                                          entry.val_res[at_v - nd], entry.val_bits[at_v - nd],
                                                          self.bits)
-            exact = certify(at, e) if certify is not None else None
+            exact = certify(at, e, vv[sel]) if certify is not None else None
             if exact is not None:  # an exact value has no band: only its own rounding is legitimate there
                 w = w.masked_fill(exact, 0.0)
             cs = torch.from_numpy(claim[sel]).to(dev)

@@ -213,18 +213,19 @@ def test_the_band_is_read_only_where_an_entry_changes_a_value() -> None:
     # positions 0 and 1 claim r's own value (the near boundary above, then below), 2 the value across it
     entry = SiteLog(0, own.op, own.shape, np.array([0, 1, 2]), np.array([False, True, True]), own.val_pos,
                     own.val_res, own.val_bits)
-    asked: dict[str, list] = {"E": [], "certificate": []}
+    asked: dict[str, list] = {"E": [], "certificate": [], "held": []}
 
     def bound_at(pos: torch.Tensor) -> torch.Tensor:
         asked["E"] += pos.tolist()
         return e[pos]
 
-    def certify(pos: torch.Tensor, e_pos: torch.Tensor) -> torch.Tensor:
+    def certify(pos: torch.Tensor, e_pos: torch.Tensor, held: np.ndarray) -> torch.Tensor:
         asked["certificate"] += pos.tolist()
+        asked["held"] += held.tolist()  # (the auditor's own unrounded values there, which may rule it out)
         return torch.zeros(pos.numel(), dtype=torch.bool)
 
     out = rx._apply_entries(entry, entry.op, v, r.clone(), bound_at, certify)
-    assert asked == {"E": [2], "certificate": [2]}
+    assert asked == {"E": [2], "certificate": [2], "held": [v[2].item()]}
     assert out.tolist() == [1.5, 1.5, 2.5 + 2.0**-22, 3.25]
     assert rx.stats["corrections"] == 1 and rx.stats["logged"] == 4 and rx.stats["logged_values"] == 1
 
@@ -234,15 +235,16 @@ def test_a_value_entry_that_changes_a_value_is_followed_unless_the_value_is_cert
     up = r[3] + 2.0**-22  # the next grid value up, within E's band
     moved = _value_entry(v, up, e, 3)
     never = torch.zeros(1, dtype=torch.bool)
-    assert rx._apply_entries(moved, moved.op, v, r.clone(), lambda pos: e[pos], lambda pos, e_pos: never)[3] == up
+    assert rx._apply_entries(moved, moved.op, v, r.clone(), lambda pos: e[pos], lambda pos, e_pos, held: never)[3] == up
     with pytest.raises(IllegitimateLogEntryError) as err:  # an exact value admits only its own rounding
-        rx._apply_entries(moved, moved.op, v, r.clone(), lambda pos: e[pos], lambda pos, e_pos: ~never)
+        rx._apply_entries(moved, moved.op, v, r.clone(), lambda pos: e[pos], lambda pos, e_pos, held: ~never)
     assert err.value.index == 3
     # a value entry naming -0 where the auditor rounded to +0: no correction, but the trainer's zero is written
     tiny = torch.tensor([2.0**-160], dtype=torch.float64)
     band = torch.tensor([2.0**-150], dtype=torch.float64)
     zero = _value_entry(tiny, torch.tensor(-0.0, dtype=torch.float64), band, 0)
-    out = rx._apply_entries(zero, zero.op, tiny, round_to_grid(tiny, 32), lambda pos: band, lambda pos, e_pos: never)
+    out = rx._apply_entries(zero, zero.op, tiny, round_to_grid(tiny, 32), lambda pos: band,
+                            lambda pos, e_pos, held: never)
     assert out.item() == 0.0 and torch.signbit(out).item() and rx.stats["corrections"] == 1
 
 
