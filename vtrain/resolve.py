@@ -30,7 +30,8 @@ things per op:
   pooling) are exact too when q / n does not underflow. Structural certificates: a single term is copied
   exactly (non-overlapping max pooling, embedding rows gathered once, the unweighted NLL loss and its
   backward). Quantised data (k/16 pixels) is certified almost everywhere; float64 sums of FP32-grid
-  values often are.
+  values often are. The engine asks through `certify`, which first reads a matmul's or convolution's own
+  values: a certified sum is exact, so its lowest set bit bounds q from above (`_ruled_out`).
 
 Ops are read through their aten schema (_bind), so positional and keyword calls look the same. Only
 2-d pooling and 1-d/2-d non-transposed convolutions (any groups, stride, padding, dilation) are
