@@ -1150,11 +1150,14 @@ def _ruled_out(held: np.ndarray, e: torch.Tensor, k: int, out: torch.Tensor) -> 
     where S's bound reaches 2^p lsb(v) no q can pass. A float sum near a rounding boundary has lsb(v) ~ 2^-52
     |v| and S >= |v|, so this rules out most of them (the trainer's matmul and convolution positions: 94 % at
     GPT-2-tiny d_model 256, 95 % at resnet-tiny width 32). An exact tie on a float32 midpoint has lsb(v) ~
-    2^-24 |v| and is never ruled out; zeros, infinities and NaN are not (lsb: inf, inf and NaN)."""
+    2^-24 |v| and is never ruled out; nor are NaN (no lsb), zeros and infinities (lsb: inf), unless E is
+    infinite, where no certificate passes either."""
     ruled = np.zeros(len(held), dtype=bool)
     bound = _sum_bound(e, k, out)
     if bound is not None:
         s_upper, p, _ = bound
+        if s_upper.shape != held.shape:  # (the kernel reads both by index, unchecked)
+            raise ValueError(f"{len(held)} values for {s_upper.size} bounds")
         bits, mant, emask, _ = fused._layout(np.ascontiguousarray(held))
         _below_sums(bits, mant, emask, _LSB_SCALE[mant], s_upper, 2.0**p, ruled)
     return ruled

@@ -821,6 +821,50 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
             assert want.all() and not ruled.any(), (case.name, i)
 
 
+# t1 per op: E counts the addmm's three roundings of the bias and alpha, beta and a convolution forward's bias
+# term on top of the k = 2 products the certificate takes, so their S must stay lower to be certified
+_FIRST_TERM = {aten.addmm.default: 2.0**51 + 2.0**49 + 1, aten.convolution.default: 2.0**52 + 1}
+
+
+def _two_terms(op: Any) -> tuple[tuple, int]:
+    """(args, output index) of `op` summing two terms, an odd t1 (`_FIRST_TERM`, else 2^52 + 2^51 + 1) and 2,
+    times ones: the exact sum is odd, so its lsb is the grain q = 1, and S = t1 + 2 lies within a factor 2 of the
+    largest S a certificate of two terms passes, so that a rule taking k = 1 refuses it."""
+    t = torch.tensor([_FIRST_TERM.get(op, 2.0**52 + 2.0**51 + 1), 2.0], dtype=torch.float64)
+    ones = torch.ones(2, dtype=torch.float64)
+    if op is aten.mm.default:
+        return (t[None], ones[:, None]), 0
+    if op is aten.bmm.default:
+        return (t[None, None], ones[None, :, None]), 0
+    if op is aten.addmm.default:
+        return (torch.zeros(1, dtype=torch.float64), t[None], ones[:, None]), 0
+    if op is aten.convolution.default:  # one image, one channel, two taps of ones over two values
+        return (t.view(1, 1, 2), ones.view(1, 1, 2), None, [1], [0], [1], False, [0], 1), 0
+    # grad_weight of a 1-tap convolution over two positions: t as the output gradient, ones as the input
+    return (t.view(1, 1, 2), ones.view(1, 1, 2), torch.ones(1, 1, 1, dtype=torch.float64), [0], [1], [0], [1],
+            False, [0], 1, [False, True, False]), 1
+
+
+@pytest.mark.parametrize("op", list(resolve._TERMS), ids=str)
+def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
+    # A certified sum whose S's bound sits between 2^52 and 2^53 times its lsb: the term count k the rule takes
+    # (`_TERMS`) must be the certifier's, since with k = 1 instead of 2 the rule would refuse it.
+    args, i = _two_terms(op)
+    outs = op(*args)
+    floats = list(outs) if isinstance(outs, tuple) else [outs]
+    floats = [o if j == i else None for j, o in enumerate(floats)]
+    out = floats[i]
+    pos = torch.zeros(1, dtype=torch.int64)
+    e = _e_at(BOUNDS[op](args, {}, floats)[i], out, pos)
+    held = out.reshape(-1)[:1].numpy()
+    k = resolve._TERMS[op](args, {}, i)
+    assert k == 2 and held[0] == _FIRST_TERM.get(op, 2.0**52 + 2.0**51 + 1) + 2  # (exact: 52 bits at most)
+    assert CERTIFIERS[op](args, {}, floats, e, i, pos).tolist() == [True]
+    assert resolve.certify(op, args, {}, floats, e, i, pos, held).tolist() == [True]
+    assert not resolve._ruled_out(held, e, k, out).any()
+    assert resolve._ruled_out(held, e, k - 1, out).all()  # (the limit is this close)
+
+
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
     a = torch.tensor([[1.0, 2.0**-30]], dtype=torch.float64)
     b = torch.full((2, 1), 1 + 2.0**-23, dtype=torch.float64)  # exact sum 1 + 2^-23 + 2^-30 + 2^-53: 54 bits

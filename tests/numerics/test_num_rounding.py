@@ -190,6 +190,35 @@ def test_certified_exact_ties_need_no_entry_and_admit_none() -> None:
     assert replayed.tolist() == [1.0, 1.0] and rx3.stats["corrections"] == 0
 
 
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+def test_a_certificate_is_handed_the_unrounded_values_it_is_asked_about(resolution: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rows 0 and 2 sum to exact float32 midpoints (1 + 2^-23 + 2^-24, 4 + 2^-21 + 2^-22), candidates that the
+    # grains certify (row 3, 1 + 2^-60, is inexact: the whole op is not, so each candidate is asked about); the
+    # trainer (the log's entries, or the exact resolution's ambiguous values) must hand
+    # vtrain.resolve.certify the op's own unrounded values at exactly the positions it asks about, which the
+    # values' rule (resolve._ruled_out) reads.
+    from vtrain import resolve  # noqa: PLC0415
+    calls: list = []
+    real = resolve.certify
+
+    def spy(op, args, kwargs, outs, e, i, pos, held=None):  # noqa: ANN001, ANN202
+        calls.append((pos.tolist(), None if held is None else held.tolist()))
+        return real(op, args, kwargs, outs, e, i, pos, held)
+
+    monkeypatch.setattr(resolve, "certify", spy)
+    a = torch.tensor([[1 + 2.0**-23, 2.0**-24], [1.5, 0.25], [4 + 2.0**-21, 2.0**-22], [1.0, 2.0**-60]],
+                     dtype=torch.float64)
+    b = torch.ones(2, 1, dtype=torch.float64)
+    want = (a @ b).reshape(-1)
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record", resolution=resolution) as rx:
+        out = torch.mm(a, b)
+    assert calls and all(held is not None for _, held in calls)
+    assert all(held == want[pos].tolist() for pos, held in calls)
+    assert sorted(p for pos, _ in calls for p in pos) == [0, 2] and rx.stats["certified"] == 2
+    assert out.reshape(-1).tolist() == [1 + 2.0**-22, 1.75, 4 + 2.0**-20, 1.0]  # (ties to even)
+
+
 def _entries_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RoundedExecution]:
     """(v, its rounding r, a band E of two spacings at 2.5, a replaying RoundedExecution) for four values."""
     v = torch.tensor([1.5 + 2.0**-26, 1.5 - 2.0**-26, 2.5 + 2.0**-24 - 2.0**-28, 3.25 + 2.0**-25], dtype=torch.float64)
