@@ -178,9 +178,12 @@ class RoundedExecution(TorchDispatchMode):
     def __enter__(self) -> RoundedExecution:
         self._t0 = time.perf_counter()
         # TF32 matmuls/convolutions (on by default for cuDNN) carry 10-bit products: far outside the
-        # float32 error bounds. Inside rounded execution float32 means IEEE float32.
-        self._tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        # float32 error bounds. Inside rounded execution float32 means IEEE float32. And cuDNN is off: its FFT
+        # and Winograd convolutions are not sums of the products, which every error bound here assumes
+        # (torch's own CUDA convolutions are: im2col and cuBLAS, or direct sums).
+        backends = torch.backends
+        self._cuda_flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled)
+        backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = backends.cudnn.enabled = False
         self._norms = LineNorms()  # (it holds operands: they go with it at the end)
         super().__enter__()
         return self
@@ -188,7 +191,8 @@ class RoundedExecution(TorchDispatchMode):
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         super().__exit__(exc_type, exc, tb)
         self._norms = None
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._tf32
+        backends = torch.backends
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled = self._cuda_flags
         self._seconds += time.perf_counter() - self._t0
         self._derived = None  # storage numbers are computed (once) on the first stats access after this
         if exc_type is None and self.mode == "replay" and self._counts["sites"] != len(self.replay_log.sites):
@@ -324,9 +328,7 @@ class RoundedExecution(TorchDispatchMode):
         op = spec.functional or func
         if self.exact and refine.widens(args, kwargs):  # float32 work's, in float64 (vtrain.refine)
             wide = refine.widen(args)
-            # (cuDNN off: its FFT and Winograd convolutions are not sums of the products, which E64 assumes)
-            with torch.backends.cudnn.flags(enabled=False):
-                out = self.device.execute(op, wide, kwargs)
+            out = self.device.execute(op, wide, kwargs)  # (cuDNN is off in here: `__enter__`)
             # the correctly rounded values are grid values at bits <= 32: float32s (an in-place op's result
             # lands in the float64 copy of its operand, and from there in the operand)
             out = self._canonical(func, spec, wide, kwargs, out, widened=True)

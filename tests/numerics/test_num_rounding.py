@@ -219,6 +219,22 @@ def test_a_certificate_is_handed_the_unrounded_values_it_is_asked_about(resoluti
     assert out.reshape(-1).tolist() == [1 + 2.0**-22, 1.75, 4 + 2.0**-20, 1.0]  # (ties to even)
 
 
+def test_tf32_and_cudnn_are_off_inside_rounded_execution_and_restored_after() -> None:
+    # TF32's 10-bit products and cuDNN's FFT and Winograd convolutions fall outside every error bound. The flags
+    # are process-wide (read the same on a machine without CUDA), so this checks them on any machine.
+    backends = torch.backends
+    saved = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled)
+    try:
+        backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = backends.cudnn.enabled = True
+        with pytest.raises(RuntimeError, match="inside"):
+            with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
+                assert not (backends.cuda.matmul.allow_tf32 or backends.cudnn.allow_tf32 or backends.cudnn.enabled)
+                raise RuntimeError("inside")  # (restored on the way out of an error too)
+        assert backends.cuda.matmul.allow_tf32 and backends.cudnn.allow_tf32 and backends.cudnn.enabled
+    finally:
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled = saved
+
+
 def _entries_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RoundedExecution]:
     """(v, its rounding r, a band E of two spacings at 2.5, a replaying RoundedExecution) for four values."""
     v = torch.tensor([1.5 + 2.0**-26, 1.5 - 2.0**-26, 2.5 + 2.0**-24 - 2.0**-28, 3.25 + 2.0**-25], dtype=torch.float64)
