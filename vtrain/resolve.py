@@ -1132,12 +1132,21 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor 
 # The term count k the certificate of a sum of products takes at output i, from the op's arguments (a matmul's:
 # `_certify_grains`' line length of a; a convolution's: `_conv_terms`): the ops whose certified values are
 # exact sums, which `_ruled_out` reads.
+def _line_terms(args: tuple, kwargs: dict, i: int) -> int:
+    return args[0].shape[-1]
+
+
+def _bound_terms(op: Any) -> Callable[[tuple, dict, int], int]:
+    """The term count from the op's arguments by schema name (addmm: its mat1's lines; convolutions)."""
+    if op is aten.addmm.default:
+        return lambda args, kwargs, i: _bind(op, args, kwargs)["mat1"].shape[-1]
+    return lambda args, kwargs, i: _conv_terms(_bind(op, args, kwargs), i)
+
+
 _TERMS: dict[Any, Callable[[tuple, dict, int], int]] = {
-    aten.mm.default: lambda args, kwargs, i: args[0].shape[-1],
-    aten.bmm.default: lambda args, kwargs, i: args[0].shape[-1],
-    aten.addmm.default: lambda args, kwargs, i: _bind(aten.addmm.default, args, kwargs)["mat1"].shape[-1],
-    **{op: functools.partial(lambda op, args, kwargs, i: _conv_terms(_bind(op, args, kwargs), i), op)
-       for op in (aten.convolution.default, aten.convolution_backward.default)},
+    aten.mm.default: _line_terms, aten.bmm.default: _line_terms,
+    **{op: _bound_terms(op) for op in (aten.addmm.default, aten.convolution.default,
+                                       aten.convolution_backward.default)},
 }
 
 
