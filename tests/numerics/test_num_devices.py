@@ -47,26 +47,24 @@ def test_emulated_profiles_differ_from_cpu_and_each_other_but_not_in_accuracy(na
         dev.execute(aten.convolution.default, (img, w[:, :1], None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3), {})
 
 
-def _fixed_order_sums(line: list[float]) -> tuple[float, float]:
-    """The CPU device's order for one line, written out in Python floats (each + one IEEE float64 addition):
-    eight interleaved partial sums, combined pairwise, then the tail in order; the same for |x|."""
-    n8 = len(line) - len(line) % 8
-    out = []
-    for vals in (line, [abs(v) for v in line]):
-        lanes = [0.0] * 8
-        for j in range(0, n8, 8):
-            for lane in range(8):
-                lanes[lane] += vals[j + lane]
-        s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
-        for v in vals[n8:]:
-            s += v
-        out.append(s)
-    return out[0], out[1]
+def _fixed_order_sums(lines: list[list[float]], lanes: int) -> float:
+    """The CPU device's order for one kept element's lines (one per outer index), written out in Python floats
+    (each + one IEEE float64 addition): value k of each line goes to lane k % lanes, each lane adds from 0.0 in
+    order of line, then k, and the lanes combine by the halving tree (value k + n // 2 added to value k, an odd
+    count's last moved down, until one is left)."""
+    acc = [0.0] * lanes
+    for line in lines:
+        for k, v in enumerate(line):
+            acc[k % lanes] += v
+    while len(acc) > 1:
+        h = len(acc) // 2
+        acc = [acc[k] + acc[k + h] for k in range(h)] + acc[2 * h:]
+    return acc[0]
 
 
-@pytest.mark.parametrize("shape,dims", [((3, 5, 37), [2]), ((4, 6, 5, 7), [0, 2, 3]), ((6, 13), [0]),
-                                        ((2, 3, 9), [0, 1]), ((5, 19), [0, 1])],
-                         ids=["trailing", "batch-norm", "leading", "leading-2", "all"])
+@pytest.mark.parametrize("shape,dims", [((3, 5, 37), [2]), ((4, 6, 5, 7), [0, 2, 3]), ((3, 4, 10, 13), [0, 2, 3]),
+                                        ((2, 3, 128), [0, 2]), ((6, 13), [0]), ((2, 3, 9), [0, 1]), ((5, 19), [0, 1])],
+                         ids=["trailing", "batch-norm", "batch-norm-rows", "rows-exactly", "leading", "leading-2", "all"])
 def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: list[int],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from vtrain import fused
@@ -82,17 +80,13 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
     if dims == list(range(len(dims))) and kept:  # reduced dims lead: a column's values, row after row, one add each
         want = [sum(col, 0.0) for col in lines.tolist()]  # (Python's sum adds left to right from 0.0)
         want_abs = [sum((abs(v) for v in col), 0.0) for col in lines.tolist()]
-    else:  # lines of the innermost reduced block, in the fixed order, added per outer index in order
+    else:  # lines of the innermost reduced block, one per outer index, in lanes (64 or the line's length)
         inner = math.prod(x.shape[d] for d in dims if d > max(kept, default=-1))
         outer = math.prod(x.shape[d] for d in dims if d < min(kept, default=x.dim()))
-        want, want_abs = [], []
-        for row in lines.tolist():
-            s = t = 0.0
-            for o in range(outer):
-                a, b = _fixed_order_sums(row[o * inner:(o + 1) * inner])
-                s, t = s + a, t + b
-            want.append(s)
-            want_abs.append(t)
+        split = [[row[o * inner:(o + 1) * inner] for o in range(outer)] for row in lines.tolist()]
+        lanes = min(inner, fused.SUM_LANES)
+        want = [_fixed_order_sums(rows, lanes) for rows in split]
+        want_abs = [_fixed_order_sums([[abs(v) for v in r] for r in rows], lanes) for rows in split]
     assert got.shape == tuple(1 if d in dims else n for d, n in enumerate(shape))
     assert got.reshape(-1).tolist() == want  # exact equality: the order is the code's
     assert fused.take_abs_sums(got).tolist() == want_abs
