@@ -27,6 +27,18 @@ def test_classes_of_representative_ops() -> None:
         classify(aten._foreach_add_.List, (), {})
 
 
+@pytest.mark.parametrize("mode", ["record", "plain"])
+def test_a_gradient_held_elsewhere_is_accumulated_under_rounded_execution(mode: str) -> None:
+    # A gradient that something else still references (here a hook's list; in a step, any module holding the
+    # tensor) cannot be taken over by AccumulateGrad, which copies it into new_empty_strided's tensor instead.
+    p = torch.tensor([[0.1, -2.5], [3.0, 7.25]], dtype=torch.float64, requires_grad=True)
+    held: list[torch.Tensor] = []
+    p.register_hook(held.append)
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode=mode):
+        (p * 3.0).sum().backward()
+    assert held[0] is not p.grad and torch.equal(p.grad, torch.full((2, 2), 3.0, dtype=torch.float64))
+
+
 def test_decomposed_ops_follow_their_fixed_formula_on_every_device() -> None:
     gen = torch.Generator().manual_seed(2)
     x, t1, t2 = (torch.randn(1000, generator=gen, dtype=torch.float64).to(torch.float32).double() for _ in range(3))
