@@ -324,25 +324,32 @@ def _conv_abs_weight(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np
     s0, s1, p0, p1, d0, d1 = geometry[:6]
     c_out, c_g, kh, kw = shape
     co_g = c_out // groups
+    # per position: output channel, input channel, the output rows [y0, y1) and columns [z0, z1) whose tap reads
+    # inside the image (the inner loop has no tests), the input column of output column z0, the tap's row offset
+    at = np.empty((pos.size, 8), np.int64)
     for t in range(pos.size):
         co, cl, a, b = _unravel4(pos[t], c_g, kh, kw)
-        ci, acc = (co // co_g) * c_g + cl, 0.0
-        # the output rows and columns whose tap (a, b) reads inside the image: the inner loop has no tests
-        # (and, reassociated, LLVM vectorises it: 32,768 terms a position at width 32)
         y0, y1 = _inside(g.shape[2], s0, a * d0 - p0, x.shape[2])
         z0, z1 = _inside(g.shape[3], s1, b * d1 - p1, x.shape[3])
-        z = z0 * s1 - p1 + b * d1  # the input column of output column z0
-        for n in range(g.shape[0]):
+        at[t] = (co, (co // co_g) * c_g + cl, y0, y1, z0, z1, z0 * s1 - p1 + b * d1, a * d0 - p0)
+        out[t] = 0.0
+    # Image by image, every position's terms there: an image's planes (256 + 256 KB at resnet-tiny width 32) stay
+    # in L2 for the positions that share a channel, where position by position each read its 32 images' planes
+    # from memory again (161 positions of a 32 x 32 x 3 x 3 weight gradient: 2.8 against 4.0 ms)
+    for n in range(g.shape[0]):
+        for t in range(pos.size):
+            co, ci, y0, y1, z0, z1, z, ya = at[t]
+            acc = 0.0
             for oy in range(y0, y1):
-                grow, xrow = g[n, co, oy, z0:z1], x[n, ci, oy * s0 - p0 + a * d0]
-                if s1 == 1:  # (contiguous slices: vectorised loads)
+                grow, xrow = g[n, co, oy, z0:z1], x[n, ci, oy * s0 + ya]
+                if s1 == 1:  # (contiguous slices: vectorised loads; reassociated, LLVM vectorises the sum)
                     xs = xrow[z:z + z1 - z0]
                     for k in range(grow.size):
                         acc += abs(np.float64(grow[k])) * abs(np.float64(xs[k]))
                 else:
                     for k in range(grow.size):
                         acc += abs(np.float64(grow[k])) * abs(np.float64(xrow[z + k * s1]))
-        out[t] = acc
+            out[t] += acc
 
 
 def _convolution_at(func: Any) -> PositionBound:
