@@ -567,6 +567,7 @@ BLOCK_SUM_ELEMENTS = 1 << 19
 # The lanes of the CPU device's line sums (`_lane_sums_with_abs`): at 64, a lane is touched again every 64 values
 # (no wait on its last addition) and the lanes of both sums sit in L1. On batch norm's 1M-value input, read from
 # memory: 64 lanes 0.82 ms, 32 0.86, 128 0.86, torch's own sum 0.69-0.71, the eight partial sums before them 1.20.
+# The CPU device's sums are defined by this count: another gives other bits (a new device order).
 SUM_LANES = 64
 
 
@@ -662,7 +663,8 @@ def _abs_column_sums(x: np.ndarray, out: np.ndarray) -> None:
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _halving_tree(acc: np.ndarray) -> float:
     """acc's values summed pairwise, acc overwritten: while n > 1 values remain, value k + n // 2 is added to
-    value k for k < n // 2, and an odd n's last value moves to n // 2 (one fixed tree for each n)."""
+    value k for k < n // 2, and an odd n's last value moves to n // 2 (one fixed tree for each n). Inlined:
+    its callers must not be compiled with fast-math, which would let LLVM reassociate the tree."""
     n = acc.size
     while n > 1:
         h = n // 2
@@ -677,7 +679,7 @@ def _halving_tree(acc: np.ndarray) -> float:
 @njit(cache=True, nogil=True, error_model="numpy")
 def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> None:
     # `sum_with_abs`'s lines: the inner loop runs across SUM_LANES independent lanes, so LLVM vectorises it with
-    # nothing reassociated (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
+    # nothing reassociated (no fast-math here: the order defines the CPU device's sums) (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
     # values from memory)
     lanes = min(x.shape[2], SUM_LANES)
     acc, acc_abs = np.empty(lanes), np.empty(lanes)

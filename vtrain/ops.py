@@ -101,7 +101,8 @@ _EXACT = _names(
     aten.new_empty.default, aten.zero_.default, aten.scalar_tensor.default, aten.arange.default,
     aten.arange.start, aten.arange.start_step,
     # (autograd's AccumulateGrad copies a gradient it cannot take over, one something else still references,
-    # into a new_empty_strided tensor in the parameter's layout)
+    # into a new_empty_strided tensor in the parameter's layout, every value written before it is read, as
+    # with the empty tensors above)
     aten.new_empty_strided.default, aten.empty_strided.default,
     # exact elementwise functions and selections
     aten.relu.default, aten.relu_.default, aten.threshold_backward.default, aten.neg.default, aten.neg_.default,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 import torch
@@ -47,6 +48,10 @@ def test_emulated_profiles_differ_from_cpu_and_each_other_but_not_in_accuracy(na
         dev.execute(aten.convolution.default, (img, w[:, :1], None, [1, 1], [1, 1], [1, 1], False, [0, 0], 3), {})
 
 
+def _bits(values: list[float]) -> list[int]:
+    return [struct.unpack("<q", struct.pack("<d", v))[0] for v in values]
+
+
 def _fixed_order_sums(lines: list[list[float]], lanes: int) -> float:
     """The CPU device's order for one kept element's lines (one per outer index), written out in Python floats
     (each + one IEEE float64 addition): value k of each line goes to lane k % lanes, each lane adds from 0.0 in
@@ -63,8 +68,10 @@ def _fixed_order_sums(lines: list[list[float]], lanes: int) -> float:
 
 
 @pytest.mark.parametrize("shape,dims", [((3, 5, 37), [2]), ((4, 6, 5, 7), [0, 2, 3]), ((3, 4, 10, 13), [0, 2, 3]),
-                                        ((2, 3, 128), [0, 2]), ((6, 13), [0]), ((2, 3, 9), [0, 1]), ((5, 19), [0, 1])],
-                         ids=["trailing", "batch-norm", "batch-norm-rows", "rows-exactly", "leading", "leading-2", "all"])
+                                        ((2, 3, 128), [0, 2]), ((6, 13), [0]), ((2, 3, 9), [0, 1]), ((5, 19), [0, 1]),
+                                        ((2, 6, 70), [2])],
+                         ids=["trailing", "batch-norm", "batch-norm-rows", "rows-exactly", "leading", "leading-2", "all",
+                              "special"])
 def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: list[int],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from vtrain import fused
@@ -73,6 +80,11 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
     gen = torch.Generator().manual_seed(len(shape) * 7 + len(dims))
     x = torch.randn(*shape, generator=gen, dtype=torch.float64) * torch.exp2(
         torch.randint(-40, 40, shape, generator=gen).double())
+    if shape == (2, 6, 70):  # -0 only (lanes start at +0); inf; inf and -inf in two lanes, then in one; NaN
+        x[:, 0] = -0.0
+        x[0, 1, 3] = x[0, 2, 5] = x[0, 3, 3] = math.inf
+        x[0, 2, 6] = x[0, 3, 67] = -math.inf
+        x[1, 4, 9] = math.nan
     cpu = get_device("cpu")
     got = cpu.execute(aten.sum.dim_IntList, (x, dims, True), {})
     kept = [d for d in range(x.dim()) if d not in dims]
@@ -82,18 +94,20 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
         want_abs = [sum((abs(v) for v in col), 0.0) for col in lines.tolist()]
     else:  # lines of the innermost reduced block, one per outer index, in lanes (64 or the line's length)
         inner = math.prod(x.shape[d] for d in dims if d > max(kept, default=-1))
-        outer = math.prod(x.shape[d] for d in dims if d < min(kept, default=x.dim()))
+        outer = math.prod(x.shape[d] for d in dims if d < min(kept)) if kept else 1
         split = [[row[o * inner:(o + 1) * inner] for o in range(outer)] for row in lines.tolist()]
-        lanes = min(inner, fused.SUM_LANES)
+        lanes = min(inner, 64)  # (the device's sums are defined by 64 lanes: fused.SUM_LANES changes them)
         want = [_fixed_order_sums(rows, lanes) for rows in split]
         want_abs = [_fixed_order_sums([[abs(v) for v in r] for r in rows], lanes) for rows in split]
     assert got.shape == tuple(1 if d in dims else n for d, n in enumerate(shape))
-    assert got.reshape(-1).tolist() == want  # exact equality: the order is the code's
-    assert fused.take_abs_sums(got).tolist() == want_abs
+    # bit for bit (a zero's sign and NaN included): the order is the code's
+    assert _bits(got.reshape(-1).tolist()) == _bits(want)
+    assert _bits(fused.take_abs_sums(got).tolist()) == _bits(want_abs)
     assert fused.take_abs_sums(got) is None  # handed out once
     torch.set_num_threads(2)
     try:
-        assert torch.equal(cpu.execute(aten.sum.dim_IntList, (x, dims, True), {}), got)  # any thread count
+        assert _bits(cpu.execute(aten.sum.dim_IntList, (x, dims, True), {}).reshape(-1).tolist()) == _bits(
+            got.reshape(-1).tolist())  # any thread count
     finally:
         torch.set_num_threads(1)
 
