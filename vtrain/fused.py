@@ -679,8 +679,8 @@ def _halving_tree(acc: np.ndarray) -> float:
 @njit(cache=True, nogil=True, error_model="numpy")
 def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> None:
     # `sum_with_abs`'s lines: the inner loop runs across SUM_LANES independent lanes, so LLVM vectorises it with
-    # nothing reassociated (no fast-math here: the order defines the CPU device's sums) (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
-    # values from memory)
+    # nothing reassociated (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
+    # values from memory). No fast-math here: the order defines the CPU device's sums.
     lanes = min(x.shape[2], SUM_LANES)
     acc, acc_abs = np.empty(lanes), np.empty(lanes)
     for c in range(x.shape[1]):
