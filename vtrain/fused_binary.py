@@ -24,7 +24,9 @@ value off the grid, whose error the two-pass way then names.
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -56,50 +58,126 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     """The rounded output of the binary op `func` on (args, kwargs), a fresh contiguous tensor, or None where
     this path does not apply (see the module docstring) or a value is off the grid."""
     code = _CODES.get(func)
-    alpha = kwargs.get("alpha", 1)
-    if code is None or not fused.ENABLED or len(args) != 2 or type(alpha) not in (int, float) or alpha != 1:
+    if code is None or not fused.ENABLED or len(args) != 2 or (kwargs and not _unit_alpha(kwargs)):
         return None
     x, y = args
     least = max(MIN_ELEMENTS, 1)  # (an empty output is torch's)
     if _numel(x) * _numel(y) < least:  # (no output is larger: small ops leave here, in ~1 us)
         return None
-    shape = _shape(x, y)
-    if shape is None or math.prod(shape) < least or (func in _IN_PLACE and not _writable(x, y, shape)):
+    plan = _plan(_key(x), _key(y))
+    if plan is None or plan.size < least or (func in _IN_PLACE and not (plan.in_place and _apart(x, y))):
         return None
-    a, b = _operand(x, shape), _operand(y, shape)
+    a, b = _memory(x, plan.x_span), _memory(y, plan.y_span)
     if a is None or b is None:
         return None
-    merged = _merge(shape, a[1], b[1])
-    if merged is None:
-        return None
-    dims, sa, sb = merged
-    out = torch.empty(shape, dtype=torch.float64)
-    if _binary(code, a[0], sa, b[0], sb, dims, out.numpy().reshape(-1), m, m == 23, limit, POW2):
+    out = torch.empty(plan.shape, dtype=torch.float64)
+    if _binary(code, a, plan.sa, b, plan.sb, plan.dims, out.numpy().reshape(-1), m, m == 23, limit, POW2):
         return None
     return out
 
 
-def _writable(x: torch.Tensor, y: Any, shape: tuple[int, ...]) -> bool:
-    """Whether an in-place op's output may be copied into x: x has the output's shape, is contiguous and
-    shares no memory with y. Otherwise torch's own op raises the error that names it (a broadcast that would
-    grow x, operands that overlap)."""
-    return tuple(x.shape) == shape and x.is_contiguous() and not (
-        isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
+def _unit_alpha(kwargs: dict) -> bool:
+    alpha = kwargs.get("alpha", 1)
+    return type(alpha) in (int, float) and alpha == 1
 
 
 def _numel(v: Any) -> int:
     return v.numel() if isinstance(v, torch.Tensor) else 1
 
 
-def _shape(x: Any, y: Any) -> tuple[int, ...] | None:
-    """The broadcast output shape where one operand at least is a tensor of one dim or more (None otherwise,
-    or where the shapes do not broadcast)."""
-    shapes = [tuple(t.shape) for t in (x, y) if isinstance(t, torch.Tensor)]
+def _apart(x: torch.Tensor, y: Any) -> bool:
+    """Whether an in-place op's operand y shares no memory with x (else torch's own op raises the error that
+    names it)."""
+    return not (isinstance(y, torch.Tensor) and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
+
+
+# An operand's memory as `_binary` reads it: one value (a number or a 0-d tensor), a contiguous tensor's
+# values in order, or a broadcast view's span of its storage (a positive count).
+_VALUE, _FLAT = -1, 0
+
+
+def _memory(v: Any, span: int) -> np.ndarray | None:
+    """The operand's memory as a flat float64 array (`_Plan`'s spans), or None (a negated view's span)."""
+    if span == _VALUE:
+        return np.array([v.item() if isinstance(v, torch.Tensor) else float(v)])
+    if span == _FLAT:  # (`force` detaches, and resolves a negated view into a copy)
+        return v.numpy(force=True).reshape(-1)
+    if v.is_neg():
+        return None
+    return torch.as_strided(v.detach(), (span,), (1,), v.storage_offset()).numpy()
+
+
+def _key(v: Any) -> tuple:
+    """What `_plan` reads of an operand: a tensor's layout, or of a number whether float64 holds it exactly
+    (a float, or an int of at most 53 bits: for others torch's own conversion decides; a bool is no number
+    here)."""
+    if isinstance(v, torch.Tensor):
+        return v.shape, v.stride(), v.dtype, v.is_cpu
+    return (isinstance(v, float) or (isinstance(v, int) and not isinstance(v, bool) and abs(v) <= 2**53),)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    shape: tuple[int, ...]  # the output's
+    size: int
+    dims: np.ndarray  # `_merge`'s
+    sa: np.ndarray
+    sb: np.ndarray
+    x_span: int  # `_memory`'s
+    y_span: int
+    in_place: bool  # whether an in-place op may write the output into x (a contiguous x of the output's shape)
+
+
+# An op's operands keep their layouts step after step, so each pair is worked out once. Worked out on every
+# call it took ~20 Python calls, 12 us, and ~60 us in situ, where the large kernel before it has pushed the
+# interpreter's own memory out of the core's cache.
+@functools.lru_cache(maxsize=1024)
+def _plan(kx: tuple, ky: tuple) -> _Plan | None:
+    """How `_binary` reads operands of these `_key`s, or None where this path does not take them."""
+    shape = _shape([k[0] for k in (kx, ky) if len(k) == 4])
+    if shape is None:
+        return None
+    layouts = [_layout(k, shape) for k in (kx, ky)]
+    if None in layouts:
+        return None
+    (x_span, sa), (y_span, sb) = layouts
+    merged = _merge(shape, sa, sb)
+    if merged is None:
+        return None
+    return _Plan(shape, math.prod(shape), *merged, x_span, y_span,
+                 in_place=x_span == _FLAT and tuple(kx[0]) == shape)
+
+
+def _layout(key: tuple, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
+    """(the operand's span for `_memory`, its element strides over `shape`), or None.
+
+    A Python number or a 0-d floating tensor is one value (a float64 tensor of one dim or more decides the
+    result's dtype, and float64 holds any float32 or Python float exactly). A tensor of one dim or more must
+    be float64 and `_canonical`: contiguous, or a broadcast view of a contiguous tensor (a mean's gradient,
+    expanded over the dims it averaged)."""
+    if len(key) == 1:  # a number
+        return (_VALUE, [0] * len(shape)) if key[0] else None
+    size, stride, dtype, cpu = key
+    if not cpu:
+        return None
+    if not size:
+        return (_VALUE, [0] * len(shape)) if dtype.is_floating_point else None
+    if dtype is not torch.float64 or not _canonical(size, stride):
+        return None
+    lead = len(shape) - len(size)
+    strides = [0] * lead + [0 if d == 1 else s for d, s in zip(size, stride)]
+    expanded = any(s == 0 and d > 1 for d, s in zip(size, stride))
+    return (1 + sum((d - 1) * s for d, s in zip(size, stride)) if expanded else _FLAT), strides
+
+
+def _shape(shapes: list) -> tuple[int, ...] | None:
+    """The tensors' broadcast shape where one at least has a dim (None otherwise, or where the shapes do not
+    broadcast)."""
+    shapes = [tuple(s) for s in shapes]
     if not any(shapes):
         return None
     if len(shapes) == 1 or shapes[0] == shapes[1]:
         return shapes[0]
-    # (by hand: torch.broadcast_shapes took 15 us, a quarter of this path's cost on a small op)
     (p, q), out = shapes, []
     for i in range(1, max(len(p), len(q)) + 1):
         d, e = p[-i] if i <= len(p) else 1, q[-i] if i <= len(q) else 1
@@ -109,35 +187,13 @@ def _shape(x: Any, y: Any) -> tuple[int, ...] | None:
     return tuple(reversed(out))
 
 
-def _operand(v: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, list[int]] | None:
-    """(the operand's memory as a flat float64 array, its element strides over `shape`), or None.
-
-    A Python number or a 0-d floating tensor is one value (a float64 tensor of one dim or more decides the
-    result's dtype, and float64 holds any float32 or Python float exactly). A tensor of one dim or more must
-    be float64 and `_canonical`: contiguous, or a broadcast view of a contiguous tensor (a mean's gradient,
-    expanded over the dims it averaged)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, torch.Tensor)):
-        return None
-    if not isinstance(v, torch.Tensor):  # (an int float64 cannot hold exactly: torch's own conversion decides)
-        return (np.array([float(v)]), [0] * len(shape)) if isinstance(v, float) or abs(v) <= 2**53 else None
-    if not v.is_cpu or v.is_neg():
-        return None
-    if v.dim() == 0:
-        return (np.array([v.item()]), [0] * len(shape)) if v.is_floating_point() else None
-    if v.dtype is not torch.float64 or not _canonical(v):
-        return None
-    span = 1 + sum((d - 1) * s for d, s in zip(v.shape, v.stride()))
-    memory = torch.as_strided(v.detach(), (span,), (1,), v.storage_offset())
-    return memory.numpy(), list(v.expand(shape).stride())
-
-
-def _canonical(v: torch.Tensor) -> bool:
-    """Whether v is a contiguous tensor with row-major strides on every dim, size-1 dims included, or such a
-    tensor expanded (stride 0 on dims longer than 1). Torch lays its output out by its operands' strides,
-    size-1 dims' too (a pooled channels_last tensor's (4, 1, 4, 4) gives a channels_last product): with
-    these operands only is its output the row-major tensor this path writes."""
+def _canonical(size: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """Whether a tensor of this layout is contiguous with row-major strides on every dim, size-1 dims included,
+    or such a tensor expanded (stride 0 on dims longer than 1). Torch lays its output out by its operands'
+    strides, size-1 dims' too (a pooled channels_last tensor's (4, 1, 4, 4) gives a channels_last product):
+    with these operands only is its output the row-major tensor this path writes."""
     expected = 1
-    for d, s in zip(reversed(v.shape), reversed(v.stride())):
+    for d, s in zip(reversed(size), reversed(stride)):
         if s == 0 and d > 1:
             continue
         if s != expected:

@@ -88,6 +88,20 @@ def test_broadcast_views_of_contiguous_tensors(func: object) -> None:
         assert got is not None and got.stride() == func(x, y).stride() and _same_bits(got, _two_pass(func, (x, y), 32))
 
 
+def test_a_layout_seen_before_reads_each_calls_own_operands() -> None:
+    # The path works each pair of operand layouts out once (fused_binary._plan); every call must still read
+    # its own operands: views of one shape and strides at other storage offsets (flat and broadcast), other
+    # numbers, and a negated view, which this path resolves
+    full = _hard((6, 4, 6, 8), 32, 8, least=2.0**-60)
+    rows = _hard((3, 1, 6, 8), 32, 9, least=2.0**-60)
+    for func in OPS:
+        for k in range(3):
+            for x, y in [(full[k:k + 4], rows[k:k + 1].expand(4, 4, 6, 8)), (full[k:k + 4], 0.5 + k),
+                         (full[k:k + 4], np.float64(3.0 - k)), (torch._neg_view(full[k:k + 4]), rows[k:k + 1])]:
+                got = fused_binary.binary(func, (x, y), {}, 23, grid_max(32))
+                assert got is not None and _same_bits(got, _two_pass(func, (x, y), 32)), (func, k)
+
+
 def test_a_float32_zero_dim_operand_and_signed_zeros() -> None:
     x = torch.tensor([0.0, -0.0, 1.0, -1.0] * 64, dtype=torch.float64).reshape(16, 16)
     for y in (torch.tensor(-0.0, dtype=torch.float32), torch.tensor(0.0), -0.0):
