@@ -129,8 +129,9 @@ class _Plan:
 
 
 # An op's operands keep their layouts step after step, so each pair is worked out once. Worked out on every
-# call it took ~20 Python calls, 12 us, and ~60 us in situ, where the large kernel before it has pushed the
-# interpreter's own memory out of the core's cache.
+# call (~20 Python calls more) the path took 44 against 9 us a call on a 64 x 64 op, and 131 against 70 us
+# right after a pass over 8 MB, which pushes the interpreter's own memory out of the core's cache, as the
+# large op before it does in a training step.
 @functools.lru_cache(maxsize=1024)
 def _plan(kx: tuple, ky: tuple) -> _Plan | None:
     """How `_binary` reads operands of these `_key`s, or None where this path does not take them."""

@@ -565,9 +565,9 @@ class RoundedExecution(TorchDispatchMode):
 
     def _scratch(self, n: int, dtype: Any) -> np.ndarray:
         """n values of dtype from a buffer kept for the step: where the fused kernels write an output's
-        candidates (room for every value, though a few hundred at most come), which `_fused_near` copies out.
-        Fresh, two such arrays per device op took ~20 us each at GPT-2-tiny d_model 256 (6 MB: mapped anew
-        every time), 4 ms a step."""
+        candidates (room for every value; a few hundred come, as a rule), which `_fused_near` copies out before
+        the next op can write there. Fresh, two such arrays per device op took ~20 us each at GPT-2-tiny
+        d_model 256 (6 MB: mapped anew every time), 4 ms a step."""
         buf = self._scratch_bufs.get(dtype)
         if buf is None or buf.size < n:
             buf = self._scratch_bufs[dtype] = np.empty(n, dtype)
