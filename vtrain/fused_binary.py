@@ -19,7 +19,8 @@ broadcast against each other, or a 0-d tensor or Python number; alpha = 1. After
 that both operands step through alike, at most four remain, and each operand's innermost step is 1 or 0 (a
 broadcast), the cases the loops below vectorise. Everything else (other dtypes and devices, strided views,
 small outputs, which stay in cache anyway) returns None and goes the two-pass way, as does an output with a
-value off the grid, whose error the two-pass way then names.
+value off the grid, whose error the two-pass way then names. (A negated view, which torch resolves before an op
+reaches a dispatch mode, is read resolved where it is contiguous, else left to the two-pass way.)
 """
 
 from __future__ import annotations

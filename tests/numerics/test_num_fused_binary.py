@@ -91,13 +91,15 @@ def test_broadcast_views_of_contiguous_tensors(func: object) -> None:
 def test_a_layout_seen_before_reads_each_calls_own_operands() -> None:
     # The path works each pair of operand layouts out once (fused_binary._plan); every call must still read
     # its own operands: views of one shape and strides at other storage offsets (flat and broadcast), other
-    # numbers, and a negated view, which this path resolves
+    # numbers and 0-d tensors, and a negated view, which this path resolves (torch resolves such views before
+    # they reach a dispatch mode; called directly, the path takes them)
     full = _hard((6, 4, 6, 8), 32, 8, least=2.0**-60)
     rows = _hard((3, 1, 6, 8), 32, 9, least=2.0**-60)
     for func in OPS:
         for k in range(3):
             for x, y in [(full[k:k + 4], rows[k:k + 1].expand(4, 4, 6, 8)), (full[k:k + 4], 0.5 + k),
-                         (full[k:k + 4], np.float64(3.0 - k)), (torch._neg_view(full[k:k + 4]), rows[k:k + 1])]:
+                         (full[k:k + 4], np.float64(3.0 - k)), (full[k:k + 4], torch.tensor(0.25 * (k + 1))),
+                         (torch._neg_view(full[k:k + 4]), rows[k:k + 1])]:
                 got = fused_binary.binary(func, (x, y), {}, 23, grid_max(32))
                 assert got is not None and _same_bits(got, _two_pass(func, (x, y), 32)), (func, k)
 
