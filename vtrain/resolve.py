@@ -31,7 +31,8 @@ things per op:
   exactly (non-overlapping max pooling, embedding rows gathered once, the unweighted NLL loss and its
   backward). Quantised data (k/16 pixels) is certified almost everywhere; float64 sums of FP32-grid
   values often are. The engine asks through `certify`, which first reads a matmul's or convolution's own
-  values: a certified sum is exact, so its lowest set bit bounds q from above (`_ruled_out`).
+  values: a certified sum is exact, so its lowest set bit bounds q from above (`_ruled_out`); and then a
+  matmul's line samples, whose lowest lsb bound q from above too (`_sampled_out`).
 
 Ops are read through their aten schema (_bind), so positional and keyword calls look the same. Only
 2-d pooling and 1-d/2-d non-transposed convolutions (any groups, stride, padding, dilation) are
@@ -1116,16 +1117,19 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor 
             pos: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
     """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier). Given the
     output's own values there (`held`: the device's unrounded v), a matmul or convolution whose values rule a
-    certificate out at every position (`_ruled_out`) answers False there without reading its operands; the
-    answer is the certifier's everywhere. (Where some position stays open the certifier takes them all: its
+    certificate out at every position (`_ruled_out`) answers False there without reading its operands, and a
+    matmul whose values and line samples do (`_sampled_out`) after reading 32 values a position; the answer is
+    the certifier's everywhere. (Where some position stays open the certifier takes them all: its
     cost is per call, ~50-200 us, and asking it for fewer positions saved nothing.)"""
     certifier = CERTIFIERS.get(op)
     if certifier is None:
         return None
     terms = _TERMS.get(op)
-    if held is not None and terms is not None and e is not None and len(pos) \
-            and _ruled_out(held, e, terms(args, kwargs, i), outs[i]).all():
-        return torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
+    if held is not None and terms is not None and e is not None and len(pos):
+        k = terms(args, kwargs, i)
+        ruled = _ruled_out(held, e, k, outs[i])
+        if ruled.all() or _sampled_out(op, args, kwargs, e, k, outs[i], pos, ruled).all():
+            return torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
     return certifier(args, kwargs, outs, e, i, pos)
 
 
@@ -1180,6 +1184,88 @@ def _below_sums(bits: np.ndarray, mant: int, emask: int, scale: np.ndarray, s_up
     for t in range(bits.size):
         key = _lsb_key(bits[t], mant, emask, scale)
         out[t] = key >= 0 and s_upper[t] >= np.int64(key).view(np.float64) * top
+
+
+def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, out: torch.Tensor, pos: torch.Tensor,
+                 ruled: np.ndarray) -> np.ndarray:
+    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a matmul's output `out`), and where a sample
+    of each position's two lines refuses a grain certificate: the first _SAMPLE values of a's row and of b's
+    column bound their lines' lowest lsb from above, so q_sample >= the certifier's grain (an addend's grain
+    only lowers that), and S's bound >= 2^p q_sample fails the certificate. The near misses the values leave
+    (a sum with a few low zero bits by chance) mostly fall here: at GPT-2-tiny d_model 256, 25 of a step's 28
+    matmul certificate calls that read operands (docs/benchmarks.md, session 28). mm, addmm and bmm on CPU
+    float64/float32 operands; other ops as given."""
+    operands = _SAMPLED.get(op)
+    bound = _sum_bound(e, k, out)
+    if operands is None or bound is None:
+        return ruled
+    if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
+        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
+    a, b = operands(args, kwargs)
+    abits, bbits = _strided_bits(a), _strided_bits(b)
+    if abits is None or bbits is None:
+        return ruled
+    ruled = ruled.copy()
+    _refuse_sampled(abits, *a.stride(), bbits, *b.stride(), pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE),
+                    bound[0], 2.0**bound[1], ruled)
+    return ruled
+
+
+# The ops `_sampled_out` takes: (a, b) of their products a @ b, batched (B, M, K) and (B, K, N)
+_SAMPLED: dict[Any, Callable[[tuple, dict], tuple[torch.Tensor, torch.Tensor]]] = {
+    aten.mm.default: lambda args, kwargs: (args[0][None], args[1][None]),
+    aten.bmm.default: lambda args, kwargs: (args[0], args[1]),
+    aten.addmm.default: lambda args, kwargs: _addmm_products(_bind(aten.addmm.default, args, kwargs)),
+}
+
+
+def _addmm_products(kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    return kw["mat1"][None], kw["mat2"][None]
+
+
+def _strided_bits(t: torch.Tensor) -> np.ndarray | None:
+    """The bits of t's memory from t[0, 0, 0] to its last value, as a flat integer array (int64 for float64,
+    int32 for float32), for a float64/float32 CPU tensor, else None: one compiled signature per dtype whatever
+    the layout (a transposed operand's too)."""
+    if not t.is_cpu or t.dtype not in _BITS or t.numel() == 0:
+        return None
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return t.detach().as_strided((span,), (1,)).numpy().view(_BITS[t.dtype])
+
+
+_BITS = {torch.float64: np.int64, torch.float32: np.int32}
+
+
+@njit(cache=True, nogil=True)
+def _refuse_sampled(abits: np.ndarray, an: int, ar: int, ak: int, bbits: np.ndarray, bn: int, bk: int, bc: int,
+                    pos: np.ndarray, m: int, n: int, sample: int, s_upper: np.ndarray, top: float,
+                    ruled: np.ndarray) -> None:
+    """ruled[t] |= s_upper[t] >= top * (min lsb of a[i, r, :sample]) (min lsb of b[i, :sample, c]) at flat
+    position pos[t] = (i, r, c) of the (B, m, n) output; a's and b's memory flat, with strides (an, ar, ak) and
+    (bn, bk, bc) (`_sampled_out`; a NaN among them rules nothing out)."""
+    am, ae, ascale = _bits_layout(abits)
+    bm, be, bscale = _bits_layout(bbits)
+    for t in range(pos.size):
+        i, rc = divmod(pos[t], m * n)
+        r, c = divmod(rc, n)
+        at, bt = i * an + r * ar, i * bn + c * bc
+        qa, qb = _INF_BITS, _INF_BITS
+        for j in range(sample):
+            qa = min(qa, _lsb_key(abits[at + j * ak], am, ae, ascale))
+            qb = min(qb, _lsb_key(bbits[bt + j * bk], bm, be, bscale))
+        if qa >= 0 and qb >= 0:
+            ruled[t] |= s_upper[t] >= np.int64(qa).view(np.float64) * np.int64(qb).view(np.float64) * top
+
+
+_SCALE64, _SCALE32 = _LSB_SCALE[52], _LSB_SCALE[23]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bits_layout(bits: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """(mantissa bits, exponent mask, `_LSB_SCALE`) of float bits held as int64 (float64) or int32 (float32)."""
+    if bits.itemsize == 8:
+        return 52, 0x7FF, _SCALE64
+    return 23, 0xFF, _SCALE32
 
 
 def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,

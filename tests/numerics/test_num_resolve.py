@@ -811,14 +811,20 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
         for values in devices:
             got = resolve.certify(case.op, args, kwargs, floats, e, i, pos, values[i].detach().reshape(-1).numpy())
             assert got is not None and got.tolist() == want.tolist(), (case.name, i)
-        ruled = resolve._ruled_out(out.reshape(-1).numpy(), e, resolve._TERMS[case.op](args, kwargs, i), out)
+        k = resolve._TERMS[case.op](args, kwargs, i)
+        ruled = resolve._ruled_out(out.reshape(-1).numpy(), e, k, out)
         assert not (ruled & want).any(), (case.name, i)
+        # and then the samples of a matmul's lines (`_sampled_out`), which read the operands: they never refuse a
+        # certified position either, and refuse every float one at K = 8 (lines read whole) and K = 40 alike
+        sampled = resolve._sampled_out(case.op, args, kwargs, e, k, out, pos, ruled)
+        assert not (sampled & want).any() and (sampled | ~ruled).all(), (case.name, i)
         # (products of float data, none certified: most ruled out at K = 40, fewer at K = 8 or 9, whose sums keep
         # their products' low zeros; grad_bias sums float32 values, exactly, and is certified)
         if kind == "normal" and not want.any():
             assert ruled.mean() >= (0.5 if "-k40" in case.name else 0.1), (case.name, i, ruled.mean())
+            assert sampled.all() or case.op not in resolve._SAMPLED, (case.name, i, sampled.mean())
         if kind == "quant":
-            assert want.all() and not ruled.any(), (case.name, i)
+            assert want.all() and not sampled.any(), (case.name, i)
 
 
 # t1 per op: E counts the addmm's three roundings of the bias and alpha, beta and a convolution forward's bias
@@ -845,6 +851,48 @@ def _two_terms(op: Any) -> tuple[tuple, int]:
             False, [0], 1, [False, True, False]), 1
 
 
+def _sample_lines(t: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
+    """t (B, M, K) or (B, K, N) with the first 16 values of the lines along `dim` chosen by `rows` quantised (k/16):
+    a grain certificate of their sums' float terms fails, and the samples of those lines do not say so."""
+    t = t.clone()
+    lines = t[:, :, :16] if dim == 2 else t[:, :16, :].transpose(1, 2)  # (B, lines, 16)
+    quantised = torch.randint(-16, 17, lines[:, rows].shape, generator=torch.Generator().manual_seed(3)) / 16
+    lines[:, rows] = quantised.to(t.dtype)
+    return t
+
+
+@pytest.mark.parametrize("op", list(resolve._SAMPLED), ids=str)
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int) -> None:
+    # `_sampled_out` reads the first 16 values of each asked position's row of a and column of b through the
+    # operands' strides: against lsb's of contiguous copies, in every layout a linear layer's passes take (x @ W^T,
+    # g @ W, g^T @ x) and batched, with some lines' samples quantised so that the answer varies by position.
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/samples".encode()))
+    nb = 2 if op is aten.bmm.default else 1
+    a = grid((nb, 6, 40), gen, dtype, bits, "normal")
+    b = grid((nb, 40, 7), gen, dtype, bits, "normal")
+    a, b = _sample_lines(a, 2, torch.tensor([1, 4])), _sample_lines(b, 1, torch.tensor([0, 2, 5]))
+    for ta, tb in itertools.product((False, True), repeat=2):
+        # the same values through transposed memory: a's rows then run across memory, b's columns along it
+        la = a.mT.contiguous().mT if ta else a
+        lb = b.mT.contiguous().mT if tb else b
+        assert torch.equal(la, a) and torch.equal(lb, b) and (la.stride(2) != 1) == ta and (lb.stride(1) == 1) == tb
+        args = (la, lb) if op is aten.bmm.default else (la[0], lb[0])
+        if op is aten.addmm.default:
+            args = (torch.zeros(7, dtype=dtype), *args)
+        out = op(*args)
+        pos = torch.randperm(out.numel(), generator=gen)
+        e = _e_at(BOUNDS[op](args, {}, [out])[0], out, pos)
+        k, none = 40, np.zeros(len(pos), dtype=bool)
+        got = resolve._sampled_out(op, args, {}, e, k, out, pos, none)
+        n, r, c = np.unravel_index(pos.numpy(), (nb, 6, 7))
+        q = resolve.lsb(a[n, r, :16]).amin(1) * resolve.lsb(b[n, :16, c]).amin(1)
+        s_upper, p, _ = resolve._sum_bound(e, k, out)
+        want = s_upper >= q.double().numpy() * 2.0**p
+        assert got.tolist() == want.tolist() and want.any() and not want.all(), (ta, tb)
+        assert not none.any()  # (the answer is a new array)
+
+
 @pytest.mark.parametrize("op", list(resolve._TERMS), ids=str)
 def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
     # A certified sum whose S's bound sits between 2^52 and 2^53 times its lsb: the term count k the rule takes
@@ -863,6 +911,10 @@ def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
     assert resolve.certify(op, args, {}, floats, e, i, pos, held).tolist() == [True]
     assert not resolve._ruled_out(held, e, k, out).any()
     assert resolve._ruled_out(held, e, k - 1, out).all()  # (the limit is this close)
+    if op in resolve._SAMPLED:  # (the samples read both lines whole: the same limit)
+        none = np.zeros(1, dtype=bool)
+        assert not resolve._sampled_out(op, args, {}, e, k, out, pos, none).any()
+        assert resolve._sampled_out(op, args, {}, e, k - 1, out, pos, none).all()
 
 
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
