@@ -786,12 +786,13 @@ PRODUCT_CERT_CASES = [c for c in CERT_CASES if c.op in resolve._TERMS]
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
 @pytest.mark.parametrize("case", PRODUCT_CERT_CASES, ids=[c.name for c in PRODUCT_CERT_CASES])
 def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dtype: torch.dtype, bits: int,
-                                                                 kind: str) -> None:
+                                                                 kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a matmul's or convolution's output values (as the engine holds them, from each device that computes
     # the op), resolve.certify answers as the certifier at every position: a certified sum is exact, a multiple
     # of the grain, so its lowest set bit never rules it out. On float data the values alone rule out many
     # positions (whose certificates then read nothing); quantised data, all certified, is never ruled out; the
     # spike (a full significand as every input's last value) leaves some positions certified, refuses others.
+    monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)  # (the samples of these small operands too)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/ruled".encode()))
     args, kwargs = case.make(gen, dtype, bits, "normal" if kind == "normal" else "quant")
     if kind == "spiked":
@@ -863,10 +864,13 @@ def _sample_lines(t: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor
 
 @pytest.mark.parametrize("op", list(resolve._SAMPLED), ids=str)
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
-def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int) -> None:
+def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     # `_sampled_out` reads the first 16 values of each asked position's row of a and column of b through the
     # operands' strides: against lsb's of contiguous copies, in every layout a linear layer's passes take (x @ W^T,
-    # g @ W, g^T @ x) and batched, with some lines' samples quantised so that the answer varies by position.
+    # g @ W, g^T @ x) and batched, with some lines' samples quantised so that the answer varies by position. (Small
+    # operands skip the samples: the certifier reads their lines whole as cheaply.)
+    assert resolve._SAMPLED_LINES >= 6 * 40 + 40 * 7
     gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/samples".encode()))
     nb = 2 if op is aten.bmm.default else 1
     a = grid((nb, 6, 40), gen, dtype, bits, "normal")
@@ -884,7 +888,10 @@ def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: tor
         pos = torch.randperm(out.numel(), generator=gen)
         e = _e_at(BOUNDS[op](args, {}, [out])[0], out, pos)
         k, none = 40, np.zeros(len(pos), dtype=bool)
+        assert not resolve._sampled_out(op, args, {}, e, k, out, pos, none).any()
+        monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
         got = resolve._sampled_out(op, args, {}, e, k, out, pos, none)
+        monkeypatch.undo()
         n, r, c = np.unravel_index(pos.numpy(), (nb, 6, 7))
         q = resolve.lsb(a[n, r, :16]).amin(1) * resolve.lsb(b[n, :16, c]).amin(1)
         s_upper, p, _ = resolve._sum_bound(e, k, out)
@@ -894,7 +901,7 @@ def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: tor
 
 
 @pytest.mark.parametrize("op", list(resolve._TERMS), ids=str)
-def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
+def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A certified sum whose S's bound sits between 2^52 and 2^53 times its lsb: the term count k the rule takes
     # (`_TERMS`) must be the certifier's, since with k = 1 instead of 2 the rule would refuse it.
     args, i = _two_terms(op)
@@ -912,6 +919,7 @@ def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
     assert not resolve._ruled_out(held, e, k, out).any()
     assert resolve._ruled_out(held, e, k - 1, out).all()  # (the limit is this close)
     if op in resolve._SAMPLED:  # (the samples read both lines whole: the same limit)
+        monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
         none = np.zeros(1, dtype=bool)
         assert not resolve._sampled_out(op, args, {}, e, k, out, pos, none).any()
         assert resolve._sampled_out(op, args, {}, e, k - 1, out, pos, none).all()
