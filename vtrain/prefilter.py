@@ -434,11 +434,24 @@ def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, 
     """(the norms of each canon[n]'s rows, of its columns, (usable as `_line_norms` says, the most zeros in
     one row, in one column, of those with a nonzero value)) in one pass (`_norms_both`)."""
     along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
-    top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
-    for n in range(canon.shape[0]):
-        a, b, zr, zc = _norms_both(canon[n], along[n], across[n])
-        top, tiny, row_zeros, col_zeros = max(top, a), tiny + b, max(row_zeros, zr), max(col_zeros, zc)
+    if canon.shape[0] > 1 and canon.flags.c_contiguous:  # (a batch in one compiled call: bmm's 16-128 slices)
+        top, tiny, row_zeros, col_zeros = _norms_batched(canon, along, across)
+    else:
+        top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
+        for n in range(canon.shape[0]):
+            a, b, zr, zc = _norms_both(canon[n], along[n], across[n])
+            top, tiny, row_zeros, col_zeros = max(top, a), tiny + b, max(row_zeros, zr), max(col_zeros, zc)
     return along, across, (top < 0x7FF0000000000000 and tiny == 0, int(row_zeros), int(col_zeros))
+
+
+@njit(cache=True, nogil=True)
+def _norms_batched(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int, int]:
+    """`_norms_both` over each x[n] of a C-contiguous (B, M, K) x, its flags combined as `_both_norms` does."""
+    top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
+    for n in range(x.shape[0]):
+        a, b, zr, zc = _norms_both(x[n], rows[n], cols[n])
+        top, tiny, row_zeros, col_zeros = max(top, a), tiny + b, max(row_zeros, zr), max(col_zeros, zc)
+    return top, tiny, row_zeros, col_zeros
 
 
 def _axis(flags: tuple[bool, int, int], rows: bool) -> tuple[bool, int]:

@@ -666,6 +666,27 @@ def test_line_norms_serve_the_other_axis_from_one_pass_and_let_go(monkeypatch: p
         assert (np.abs(got * got - exact) <= 64 * 2.0**-53 * exact).all()
 
 
+def test_a_batch_is_normed_in_one_call_as_slice_by_slice() -> None:
+    # `_both_norms` hands a C-contiguous batch to one compiled call (`_norms_batched`): the norms and the flags
+    # (finite and no tiny value, the most zeros in a row and in a column) are the slice-by-slice pass's
+    rng = np.random.default_rng(5)
+    for trial in range(12):
+        x = rng.standard_normal((int(rng.integers(2, 7)), int(rng.integers(1, 30)), int(rng.integers(1, 30))))
+        x[rng.random(x.shape) < 0.4] = 0
+        x[int(rng.integers(x.shape[0])), 0] = 0  # (a row of zeros only: left out of the most zeros)
+        if trial % 3 == 1:
+            x.flat[int(rng.integers(x.size))] = 1e-300  # tiny
+        if trial % 3 == 2:
+            x.flat[int(rng.integers(x.size))] = np.inf
+        along, across = np.empty(x.shape[:2]), np.empty((x.shape[0], x.shape[2]))
+        flags = [prefilter._norms_both(x[n], along[n], across[n]) for n in range(x.shape[0])]
+        top, tiny = max(f[0] for f in flags), sum(f[1] for f in flags)
+        want = (top < 0x7FF0000000000000 and tiny == 0, max(f[2] for f in flags), max(f[3] for f in flags))
+        got = prefilter._both_norms(x)
+        assert np.array_equal(got[0], along) and np.array_equal(got[1], across) and got[2] == want, trial
+        assert want[0] == (trial % 3 == 0) and want[1:] != (0, 0)
+
+
 def test_line_norms_recompute_after_an_in_place_change(monkeypatch: pytest.MonkeyPatch) -> None:
     x, _ = _linear_operands(torch.Generator().manual_seed(4))
     cache, first, again = prefilter.LineNorms(), np.empty((1, 48)), np.empty((1, 40))
