@@ -343,11 +343,16 @@ def _unknown(lines: int) -> np.ndarray:
 
 
 def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(contiguous float64 copies of the distinct lines x[batch, line, :], their short flags, index per position)."""
+    """(contiguous float64 lines holding x[batch, line, :], their short flags, index per position): x's own
+    memory as (N R, K) where x is float64 and C-contiguous (a row-major matrix's rows, a transposed weight's
+    columns), else copies of the distinct lines. (Copying a linear layer's rows and weight columns took half
+    the resolution's time at GPT-2-tiny d_model 512: docs/benchmarks.md, session 28.)"""
     keys = batch * x.shape[1] + line
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    if uniq.size and (uniq[0] < 0 or uniq[-1] >= x.shape[0] * x.shape[1]):
+    if keys.size and (keys.min() < 0 or keys.max() >= x.shape[0] * x.shape[1]):
         raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
+    if x.dtype == np.float64 and x.flags.c_contiguous:
+        return x.reshape(-1, x.shape[2]), _unknown(x.shape[0] * x.shape[1]), keys
+    uniq, inverse = np.unique(keys, return_inverse=True)
     out = np.empty((uniq.size, x.shape[2]))
     copy_lines(x, uniq // x.shape[1], uniq % x.shape[1], out)
     return out, _unknown(uniq.size), inverse.reshape(-1)
