@@ -279,17 +279,24 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_near32_relative(v: np.ndarray, k: float, a: float, c: float, f: float, factor: float, limit: float,
                            out: np.ndarray, cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
+    # (the band computed value by value inside the block's vectorised loop: written to a block buffer first and
+    # read back, it cost 1.68 against 1.19 ms on 1M values fresh from a tanh, and 0.89 for rounding alone)
     count = nbad = 0
     flags = np.empty(NEAR_BLOCK, np.bool_)
     buf = np.empty(NEAR_BLOCK)
     same = _same(v, out)
-    eb = np.empty(NEAR_BLOCK)  # a block's band, in cache
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
         vb, ob = v[start:stop], out[start:stop]
+        nflag = bad = 0
+        target = buf if same else ob
         for j in range(vb.size):
-            eb[j] = ((k * abs(vb[j])) + a) * c + f
-        nflag, bad = _near_block32(vb, eb[:vb.size], factor, limit, buf if same else ob, flags, plus)
+            x = vb[j]
+            r, near, off = _near32(x, ((k * abs(x)) + a) * c + f, factor, limit)
+            target[j] = x if off else r + plus
+            flags[j] = near
+            nflag += near
+            bad += off
         nbad += bad
         count = _finish_block(vb, buf, flags, nflag, start, ob, same, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1

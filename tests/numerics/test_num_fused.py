@@ -211,6 +211,16 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
         assert np.array_equal(at.view(np.int64), e.numpy()[got[3]].view(np.int64))
         if factor == 2.0**28:
             assert 0 < got[0] < vv.size
+    # the exact resolution's +0 for -0 (`plus`), added as each kernel rounds
+    vz, ez = v.copy(), e.numpy().copy()
+    vz[:3] = -0.0  # (exp's and sigmoid's outputs hold none)
+    ez[:3] = fused.relative_at(vz[:3], k, a, c, f)
+    zeros = np.signbit(vz) & (vz == 0)
+    for plus in (0.0, -0.0):
+        want = _both_ways(lambda *x: fused.round_near(x[0], ez, 2.0, 23, top, *x[1:], plus), vz)
+        got = _both_ways(lambda *x: fused.round_near_relative(x[0], k, a, c, f, 2.0, top, *x[1:], plus), vz)
+        assert np.array_equal(got[2].view(np.int64), want[2].view(np.int64))
+        assert np.signbit(got[2][zeros]).all() == np.signbit(plus)
 
 
 INVERSES = {torch.ops.aten.tanh.default: torch.atanh, torch.ops.aten.exp.default: torch.log,
