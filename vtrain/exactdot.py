@@ -345,8 +345,8 @@ def _unknown(lines: int) -> np.ndarray:
 def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(contiguous float64 lines holding x[batch, line, :], their short flags, index per position): x's own
     memory as (N R, K) where x is float64 and C-contiguous (a row-major matrix's rows, a transposed weight's
-    columns), else copies of the distinct lines. (Copying a linear layer's rows and weight columns took half
-    the resolution's time at GPT-2-tiny d_model 512: docs/benchmarks.md, session 28.)"""
+    columns), else copies of the distinct lines. (Copying them cost ~20 % of the resolution's time at
+    GPT-2-tiny d_model 512: docs/benchmarks.md, session 28.)"""
     keys = batch * x.shape[1] + line
     if keys.size and (keys.min() < 0 or keys.max() >= x.shape[0] * x.shape[1]):
         raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
