@@ -1196,14 +1196,16 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, ou
     matmul certificate calls that read operands (docs/benchmarks.md, session 28). mm, addmm and bmm on CPU
     float64/float32 operands; other ops as given."""
     operands = _SAMPLED.get(op)
-    bound = _sum_bound(e, k, out)
-    if operands is None or bound is None:
+    if operands is None:
         return ruled
-    if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
-        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
     a, b = operands(args, kwargs)
     if a.numel() + b.numel() <= _SAMPLED_LINES:  # (the certifier reads such lines whole in one compiled call,
         return ruled                             # as cheaply: the scale MLP's steps took 3 % longer with samples)
+    bound = _sum_bound(e, k, out)
+    if bound is None:
+        return ruled
+    if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
+        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
     abits, bbits = _strided_bits(a), _strided_bits(b)
     if abits is None or bbits is None:
         return ruled
