@@ -351,7 +351,7 @@ def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarr
     if keys.size and (keys.min() < 0 or keys.max() >= x.shape[0] * x.shape[1]):
         raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
     if x.dtype == np.float64 and x.flags.c_contiguous:
-        return x.reshape(-1, x.shape[2]), _unknown(x.shape[0] * x.shape[1]), keys
+        return x.reshape(x.shape[0] * x.shape[1], x.shape[2]), _unknown(x.shape[0] * x.shape[1]), keys
     uniq, inverse = np.unique(keys, return_inverse=True)
     out = np.empty((uniq.size, x.shape[2]))
     copy_lines(x, uniq // x.shape[1], uniq % x.shape[1], out)

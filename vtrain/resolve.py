@@ -1119,7 +1119,8 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor 
     output's own values there (`held`: the device's unrounded v), a matmul or convolution whose values rule a
     certificate out at every position (`_ruled_out`) answers False there without reading its operands, and a
     matmul whose values and line samples do (`_sampled_out`) after reading 32 values a position; the answer is
-    the certifier's everywhere. (Where some position stays open the certifier takes them all: its
+    the certifier's everywhere (False for its None: an addmm scaled by alpha or beta, where no certificate
+    applies). (Where some position stays open the certifier takes them all: its
     cost is per call, ~50-200 us, and asking it for fewer positions saved nothing.)"""
     certifier = CERTIFIERS.get(op)
     if certifier is None:

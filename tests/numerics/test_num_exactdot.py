@@ -232,3 +232,12 @@ def test_resolver_errors_are_unchanged() -> None:
             assert list(resolve._mm((a, b), {}, 0, np.array([0, 2]), 32)) == [4.0, 4.0]
         finally:
             exactdot.ENABLED = True
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_empty_sums_are_their_addends(dtype: type) -> None:
+    # K = 0: no term, the exact value is the addend (lines read in place for float64, copied for float32)
+    a, b = np.zeros((1, 3, 0), dtype), np.zeros((1, 0, 2), dtype)
+    got = exactdot.rounded_dots_at(a, b, np.zeros(2, int), np.array([0, 2]), np.array([1, 0]), 32,
+                                   extra=np.array([1.5, 0.25]))
+    assert got.tolist() == [1.5, 0.25]

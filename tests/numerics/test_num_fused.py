@@ -220,7 +220,7 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
         want = _both_ways(lambda *x: fused.round_near(x[0], ez, 2.0, 23, top, *x[1:], plus), vz)
         got = _both_ways(lambda *x: fused.round_near_relative(x[0], k, a, c, f, 2.0, top, *x[1:], plus), vz)
         assert np.array_equal(got[2].view(np.int64), want[2].view(np.int64))
-        assert np.signbit(got[2][zeros]).all() == np.signbit(plus)
+        assert (np.signbit(got[2][zeros]) == np.signbit(plus)).all()
 
 
 INVERSES = {torch.ops.aten.tanh.default: torch.atanh, torch.ops.aten.exp.default: torch.log,

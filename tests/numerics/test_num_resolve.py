@@ -862,41 +862,52 @@ def _sample_lines(t: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor
     return t
 
 
+def _layouts(a: torch.Tensor, b: torch.Tensor) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, a, b) through other memory: a's rows across memory and b's columns along it (transposed copies), a
+    storage offset, and a's rows broadcast (stride 0)."""
+    ta, tb = a.mT.contiguous().mT, b.mT.contiguous().mT
+    offset = torch.cat([a[:, :1], a], 1)[:, 1:]
+    return [("plain", a, b), ("a^T", ta, b), ("b^T", a, tb), ("both", ta, tb), ("offset", offset, tb),
+            ("broadcast", a[:, :1].expand(a.shape), b)]
+
+
+@pytest.mark.parametrize("k", [40, 9])
 @pytest.mark.parametrize("op", list(resolve._SAMPLED), ids=str)
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
-def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int,
+def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int, k: int,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    # `_sampled_out` reads the first 16 values of each asked position's row of a and column of b through the
-    # operands' strides: against lsb's of contiguous copies, in every layout a linear layer's passes take (x @ W^T,
-    # g @ W, g^T @ x) and batched, with some lines' samples quantised so that the answer varies by position. (Small
-    # operands skip the samples: the certifier reads their lines whole as cheaply.)
+    # `_sampled_out` reads the first 16 values (all k where fewer) of each asked position's row of a and column of b
+    # through the operands' strides: against lsb's of contiguous copies, in the layouts a linear layer's passes take
+    # (x @ W^T, g @ W, g^T @ x), batched, at a storage offset and broadcast, with some lines' samples quantised so
+    # that the answer varies by position, one all zeros (lsb inf: refuses nothing) and a NaN. (Small operands skip
+    # the samples: the certifier reads their lines whole as cheaply.)
     assert resolve._SAMPLED_LINES >= 6 * 40 + 40 * 7
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/samples".encode()))
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/{k}/samples".encode()))
     nb = 2 if op is aten.bmm.default else 1
-    a = grid((nb, 6, 40), gen, dtype, bits, "normal")
-    b = grid((nb, 40, 7), gen, dtype, bits, "normal")
+    a = grid((nb, 6, k), gen, dtype, bits, "normal")
+    b = grid((nb, k, 7), gen, dtype, bits, "normal")
     a, b = _sample_lines(a, 2, torch.tensor([1, 4])), _sample_lines(b, 1, torch.tensor([0, 2, 5]))
-    for ta, tb in itertools.product((False, True), repeat=2):
-        # the same values through transposed memory: a's rows then run across memory, b's columns along it
-        la = a.mT.contiguous().mT if ta else a
-        lb = b.mT.contiguous().mT if tb else b
-        assert torch.equal(la, a) and torch.equal(lb, b) and (la.stride(2) != 1) == ta and (lb.stride(1) == 1) == tb
+    b[:, :16, 3] = 0
+    b[0, 1, 6] = math.nan
+    for name, la, lb in _layouts(a, b):
         args = (la, lb) if op is aten.bmm.default else (la[0], lb[0])
         if op is aten.addmm.default:
             args = (torch.zeros(7, dtype=dtype), *args)
         out = op(*args)
         pos = torch.randperm(out.numel(), generator=gen)
         e = _e_at(BOUNDS[op](args, {}, [out])[0], out, pos)
-        k, none = 40, np.zeros(len(pos), dtype=bool)
+        none = np.zeros(len(pos), dtype=bool)
         assert not resolve._sampled_out(op, args, {}, e, k, out, pos, none).any()
         monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
         got = resolve._sampled_out(op, args, {}, e, k, out, pos, none)
         monkeypatch.undo()
         n, r, c = np.unravel_index(pos.numpy(), (nb, 6, 7))
-        q = resolve.lsb(a[n, r, :16]).amin(1) * resolve.lsb(b[n, :16, c]).amin(1)
+        ca, cb = la.contiguous(), lb.contiguous()
+        q = resolve.lsb(ca[n, r, :16]).amin(1) * resolve.lsb(cb[n, :16, c]).amin(1)
         s_upper, p, _ = resolve._sum_bound(e, k, out)
         want = s_upper >= q.double().numpy() * 2.0**p
-        assert got.tolist() == want.tolist() and want.any() and not want.all(), (ta, tb)
+        assert got.tolist() == want.tolist() and want.any() and not want.all(), name
+        assert not (got[c == 3].any() or got[(n == 0) & (c == 6)].any()), name  # (the zeros' and the NaN's columns)
         assert not none.any()  # (the answer is a new array)
 
 
