@@ -55,6 +55,18 @@ def flat(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy().reshape(-1)
 
 
+def span(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """How many values a non-empty tensor of this layout reaches in memory, from its first to its last (torch's
+    strides are non-negative; an expanded dim's stride 0 adds nothing)."""
+    return 1 + sum((d - 1) * s for d, s in zip(size, stride))
+
+
+def memory(t: torch.Tensor, count: int) -> np.ndarray:
+    """`count` values of t's storage from t's first value on, as a flat numpy view (no copy): a strided or
+    broadcast tensor's memory for the kernels that step through it themselves."""
+    return torch.as_strided(t.detach(), (count,), (1,), t.storage_offset()).numpy()
+
+
 def contiguous_lines(m: np.ndarray) -> tuple[np.ndarray, bool]:
     """A 2-d array C-contiguous without a copy where it can be: (m, False), or (m.T, True) where the transpose
     is the contiguous one, else (a contiguous copy, False)."""

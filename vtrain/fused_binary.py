@@ -105,7 +105,7 @@ def _memory(v: Any, span: int) -> np.ndarray | None:
         return v.numpy(force=True).reshape(-1)
     if v.is_neg():
         return None
-    return torch.as_strided(v.detach(), (span,), (1,), v.storage_offset()).numpy()
+    return fused.memory(v, span)
 
 
 def _key(v: Any) -> tuple:
@@ -169,7 +169,7 @@ def _layout(key: tuple, shape: tuple[int, ...]) -> tuple[int, list[int]] | None:
     lead = len(shape) - len(size)
     strides = [0] * lead + [0 if d == 1 else s for d, s in zip(size, stride)]
     expanded = any(s == 0 and d > 1 for d, s in zip(size, stride))
-    return (1 + sum((d - 1) * s for d, s in zip(size, stride)) if expanded else _FLAT), strides
+    return (fused.span(size, stride) if expanded else _FLAT), strides
 
 
 def _shape(shapes: list) -> tuple[int, ...] | None:

@@ -1207,12 +1207,13 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, ou
         return ruled
     if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
         raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
-    abits, bbits = _strided_bits(a), _strided_bits(b)
-    if abits is None or bbits is None:
+    lines = _strided_bits(a), _strided_bits(b)
+    if None in lines:
         return ruled
+    (abits, am, ae), (bbits, bm, be) = lines
     ruled = ruled.copy()
-    _refuse_sampled(abits, *a.stride(), bbits, *b.stride(), pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE),
-                    bound[0], 2.0**bound[1], ruled)
+    _refuse_sampled(abits, am, ae, _LSB_SCALE[am], *a.stride(), bbits, bm, be, _LSB_SCALE[bm], *b.stride(),
+                    pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE), bound[0], 2.0**bound[1], ruled)
     return ruled
 
 
@@ -1228,28 +1229,24 @@ def _addmm_products(kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return kw["mat1"][None], kw["mat2"][None]
 
 
-def _strided_bits(t: torch.Tensor) -> np.ndarray | None:
-    """The bits of t's memory from t[0, 0, 0] to its last value, as a flat integer array (int64 for float64,
-    int32 for float32), for a float64/float32 CPU tensor, else None: one compiled signature per dtype whatever
-    the layout (a transposed operand's too)."""
-    if not t.is_cpu or t.dtype not in _BITS or t.numel() == 0:
+def _strided_bits(t: torch.Tensor) -> tuple[np.ndarray, int, int] | None:
+    """(the bits of t's memory from its first value to its last as a flat integer array, mantissa bits, exponent
+    mask) for a non-empty float64/float32 CPU tensor, else None: one compiled signature per dtype whatever the
+    layout (a transposed operand's too)."""
+    if not t.is_cpu or t.dtype not in (torch.float64, torch.float32) or t.numel() == 0:
         return None
-    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-    return t.detach().as_strided((span,), (1,)).numpy().view(_BITS[t.dtype])
-
-
-_BITS = {torch.float64: np.int64, torch.float32: np.int32}
+    bits, mant, emask, _ = fused._layout(fused.memory(t, fused.span(t.shape, t.stride())))
+    return bits, mant, emask
 
 
 @njit(cache=True, nogil=True)
-def _refuse_sampled(abits: np.ndarray, an: int, ar: int, ak: int, bbits: np.ndarray, bn: int, bk: int, bc: int,
+def _refuse_sampled(abits: np.ndarray, am: int, ae: int, ascale: np.ndarray, an: int, ar: int, ak: int,
+                    bbits: np.ndarray, bm: int, be: int, bscale: np.ndarray, bn: int, bk: int, bc: int,
                     pos: np.ndarray, m: int, n: int, sample: int, s_upper: np.ndarray, top: float,
                     ruled: np.ndarray) -> None:
     """ruled[t] |= s_upper[t] >= top * (min lsb of a[i, r, :sample]) (min lsb of b[i, :sample, c]) at flat
-    position pos[t] = (i, r, c) of the (B, m, n) output; a's and b's memory flat, with strides (an, ar, ak) and
-    (bn, bk, bc) (`_sampled_out`; a NaN among them rules nothing out)."""
-    am, ae, ascale = _bits_layout(abits)
-    bm, be, bscale = _bits_layout(bbits)
+    position pos[t] = (i, r, c) of the (B, m, n) output; a's and b's memory flat (`_lsb_key`'s layouts), with
+    strides (an, ar, ak) and (bn, bk, bc) (`_sampled_out`; a NaN among them rules nothing out)."""
     for t in range(pos.size):
         i, rc = divmod(pos[t], m * n)
         r, c = divmod(rc, n)
@@ -1260,17 +1257,6 @@ def _refuse_sampled(abits: np.ndarray, an: int, ar: int, ak: int, bbits: np.ndar
             qb = min(qb, _lsb_key(bbits[bt + j * bk], bm, be, bscale))
         if qa >= 0 and qb >= 0:
             ruled[t] |= s_upper[t] >= np.int64(qa).view(np.float64) * np.int64(qb).view(np.float64) * top
-
-
-_SCALE64, _SCALE32 = _LSB_SCALE[52], _LSB_SCALE[23]
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _bits_layout(bits: np.ndarray) -> tuple[int, int, np.ndarray]:
-    """(mantissa bits, exponent mask, `_LSB_SCALE`) of float bits held as int64 (float64) or int32 (float32)."""
-    if bits.itemsize == 8:
-        return 52, 0x7FF, _SCALE64
-    return 23, 0xFF, _SCALE32
 
 
 def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
