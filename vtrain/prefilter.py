@@ -434,13 +434,11 @@ def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, 
     """(the norms of each canon[n]'s rows, of its columns, (usable as `_line_norms` says, the most zeros in
     one row, in one column, of those with a nonzero value)) in one pass (`_norms_both`)."""
     along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
-    if canon.shape[0] > 1 and canon.flags.c_contiguous:  # (a batch in one compiled call: bmm's 16-128 slices)
-        top, tiny, row_zeros, col_zeros = _norms_batched(canon, along, across)
-    else:
-        top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
-        for n in range(canon.shape[0]):
-            a, b, zr, zc = _norms_both(canon[n], along[n], across[n])
-            top, tiny, row_zeros, col_zeros = max(top, a), tiny + b, max(row_zeros, zr), max(col_zeros, zc)
+    if canon.shape[0] == 1:
+        top, tiny, row_zeros, col_zeros = _norms_both(canon[0], along[0], across[0])
+    else:  # (in one compiled call: bmm's 16-128 slices had been as many; batches apart in memory, rare, are
+        # copied together first, the values and so the norms the same)
+        top, tiny, row_zeros, col_zeros = _norms_batched(np.ascontiguousarray(canon), along, across)
     return along, across, (top < 0x7FF0000000000000 and tiny == 0, int(row_zeros), int(col_zeros))
 
 

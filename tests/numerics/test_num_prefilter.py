@@ -684,6 +684,10 @@ def test_a_batch_is_normed_in_one_call_as_slice_by_slice() -> None:
         want = (top < 0x7FF0000000000000 and tiny == 0, max(f[2] for f in flags), max(f[3] for f in flags))
         got = prefilter._both_norms(x)
         assert np.array_equal(got[0], along) and np.array_equal(got[1], across) and got[2] == want, trial
+        gapped = np.empty((x.shape[0], x.shape[1] + 1, x.shape[2]))  # (batches apart in memory)
+        gapped[:, :-1] = x
+        again = prefilter._both_norms(gapped[:, :-1])
+        assert np.array_equal(again[0], along) and np.array_equal(again[1], across) and again[2] == want, trial
         assert want[0] == (trial % 3 == 0) and want[1:] != (0, 0)
 
 
