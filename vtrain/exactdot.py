@@ -255,19 +255,20 @@ def workspace(k: int) -> tuple[np.ndarray, ...]:
             np.empty(_PARTS))
 
 
+@njit(cache=True, nogil=True)
+def partials(rows: int) -> np.ndarray:
+    """Room for the partials of `rows` sums accumulated side by side (`accumulate`)."""
+    return np.empty((rows, _PARTS))
+
+
 @njit(cache=True, nogil=True, inline="always")
-def dot(a: np.ndarray, b: np.ndarray, both_short: bool, e: float, m: int, gmax: float, terms: np.ndarray,
-        q1: np.ndarray, q2: np.ndarray, box: np.ndarray, parts: np.ndarray, tmp: np.ndarray) -> tuple[float, bool]:
-    """(RNE_grid(a . b + e), True) for float64 lines a and b, or (0.0, False) where this kernel cannot (the
-    position is flagged: see the module docstring). both_short: both lines hold finite float32 values only
-    (`short`); e: the addend, 0.0 for none; the rest is `workspace(a.size)`."""
+def accumulate(a: np.ndarray, b: np.ndarray, both_short: bool, terms: np.ndarray, q1: np.ndarray, q2: np.ndarray,
+               box: np.ndarray, parts: np.ndarray, n: int) -> int:
+    """Add a . b exactly to the nonoverlapping partials parts[:n] (float64 lines a and b; both_short: both hold
+    finite float32 values only, `short`; terms, q1, q2, box: `workspace(a.size)`'s): the new count, or -1 where
+    this kernel cannot (the position is flagged: see the module docstring). A sum's lines may come in pieces,
+    each added as it is gathered (vtrain.resolve's weight gradients: image by image)."""
     k = a.size
-    n = 0
-    if not math.isfinite(e):
-        return 0.0, False
-    if e != 0.0:
-        parts[0] = e
-        n = 1
     if both_short:
         # Finite float32 values (0 or 2^-149 <= |v| < 2^128): every product is 0 or within
         # 2^-298 .. 2^256 with <= 48 bits, so the float64 product is exact and TwoProduct safe.
@@ -276,11 +277,15 @@ def dot(a: np.ndarray, b: np.ndarray, both_short: bool, e: float, m: int, gmax: 
         nt = k
     else:
         if not _two_products(a, b, terms):
-            return 0.0, False
+            return -1
         nt = 2 * k
-    n = _distill_into(terms, nt, q1, q2, box, parts, n)
-    if n < 0:
-        return 0.0, False
+    return _distill_into(terms, nt, q1, q2, box, parts, n)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def round_partials(parts: np.ndarray, n: int, m: int, gmax: float, tmp: np.ndarray) -> tuple[float, bool]:
+    """(RNE_grid of the exact sum of the partials parts[:n], True), or (0.0, False) where this kernel cannot
+    (a flag); tmp: room for n + 1 partials."""
     s = _fsum_finish(parts, n)
     ex = max(math.frexp(s)[1] - 1, _EMIN) if s != 0.0 else _EMIN
     q = math.ldexp(1.0, ex - m)  # the grid spacing at s; s / q and r * q are exact
@@ -299,6 +304,24 @@ def dot(a: np.ndarray, b: np.ndarray, both_short: bool, e: float, m: int, gmax: 
     if not abs(r) <= gmax:
         return 0.0, False
     return r, True
+
+
+@njit(cache=True, nogil=True, inline="always")
+def dot(a: np.ndarray, b: np.ndarray, both_short: bool, e: float, m: int, gmax: float, terms: np.ndarray,
+        q1: np.ndarray, q2: np.ndarray, box: np.ndarray, parts: np.ndarray, tmp: np.ndarray) -> tuple[float, bool]:
+    """(RNE_grid(a . b + e), True) for float64 lines a and b, or (0.0, False) where this kernel cannot (the
+    position is flagged: see the module docstring). both_short: both lines hold finite float32 values only
+    (`short`); e: the addend, 0.0 for none; the rest is `workspace(a.size)`."""
+    n = 0
+    if not math.isfinite(e):
+        return 0.0, False
+    if e != 0.0:
+        parts[0] = e
+        n = 1
+    n = accumulate(a, b, both_short, terms, q1, q2, box, parts, n)
+    if n < 0:
+        return 0.0, False
+    return round_partials(parts, n, m, gmax, tmp)
 
 
 @njit(cache=True, nogil=True, inline="always")

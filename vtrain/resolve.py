@@ -372,26 +372,35 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int,
     raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _image_taps(g: np.ndarray, x: np.ndarray, n: int, co: int, ci: int, a: int, b: int, geometry: np.ndarray,
+                ga: np.ndarray, xb: np.ndarray, k: int) -> int:
+    """ga[k:], xb[k:]: image n's OH OW terms of the grad_weight position of output channel co, input channel ci
+    and tap (a, b), g[n, co, oy, oz] and its input tap x[n, ci, y, z], in float64 (exact), an exact zero where
+    the window reaches into the padding; k past them."""
+    s0, s1, p0, p1, d0, d1 = geometry
+    for oy in range(g.shape[2]):
+        y = oy * s0 - p0 + a * d0
+        inside = 0 <= y < x.shape[2]
+        for oz in range(g.shape[3]):
+            z = oz * s1 - p1 + b * d1
+            ga[k] = g[n, co, oy, oz]
+            xb[k] = x[n, ci, y, z] if inside and 0 <= z < x.shape[3] else 0.0
+            k += 1
+    return k
+
+
 @njit(cache=True, nogil=True)
 def _weight_taps(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, shape: np.ndarray, co_g: int,
                  ga: np.ndarray, xb: np.ndarray) -> None:
     """ga[t], xb[t]: the factors of the N OH OW terms of grad_weight position pos[t] (shape: Co, Cg, KH, KW),
-    g[n, co, oy, oz] and its input tap x[n, ci, y, z], in float64 (exact), an exact zero where the window
-    reaches into the padding."""
-    s0, s1, p0, p1, d0, d1 = geometry
+    image by image (`_image_taps`)."""
     c_g, kh, kw = shape[1], shape[2], shape[3]
     for t in range(pos.size):
         co, cl, a, b = _unravel4(pos[t], c_g, kh, kw)
-        ci, k = (co // co_g) * c_g + cl, 0
+        k = 0
         for n in range(g.shape[0]):
-            for oy in range(g.shape[2]):
-                y = oy * s0 - p0 + a * d0
-                inside = 0 <= y < x.shape[2]
-                for oz in range(g.shape[3]):
-                    z = oz * s1 - p1 + b * d1
-                    ga[t, k] = g[n, co, oy, oz]
-                    xb[t, k] = x[n, ci, y, z] if inside and 0 <= z < x.shape[3] else 0.0
-                    k += 1
+            k = _image_taps(g, x, n, co, (co // co_g) * c_g + cl, a, b, geometry, ga[t], xb[t], k)
 
 
 def _tap_geometry(w: torch.Tensor, stride: tuple, padding: tuple, dilation: tuple, groups: int) -> tuple:
@@ -402,16 +411,32 @@ def _tap_geometry(w: torch.Tensor, stride: tuple, padding: tuple, dilation: tupl
 @njit(cache=True, nogil=True)
 def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, shape: np.ndarray, co_g: int,
                  m: int, gmax: float, out: np.ndarray, flag: np.ndarray) -> None:
-    """out[t] = RNE_grid of grad_weight position pos[t]'s exact sum, its terms gathered as `_weight_taps`
-    gathers them, one position at a time into one pair of buffers, then summed by exactdot.dot while they
-    are in cache; flag[t] where that kernel cannot (exactdot's reasons). Gathering all the positions first
-    wrote 2 x 8 bytes a term to fresh memory (N OH OW terms a position: 8,192-32,768 at resnet-tiny width 32)
-    and read them back."""
-    k = g.shape[0] * g.shape[2] * g.shape[3]
-    ga, xb, work = np.empty((1, k)), np.empty((1, k)), exactdot.workspace(k)
+    """out[t] = RNE_grid of grad_weight position pos[t]'s exact sum; flag[t] where exactdot's kernel cannot
+    (its reasons). Image by image: each position's terms in the image (`_image_taps`) are added exactly to its
+    own partials (exactdot.accumulate) while the image's planes stay in L2 for the positions that share a
+    channel, and the partials are rounded at the end (exactdot.round_partials): the same exact sum, so the same
+    value. Position by position, each position read its images' planes from memory again: on three calls
+    captured at resnet-tiny width 32 (51-58 positions of 32,768 terms), 93-99 against 79-82 us a position
+    (docs/benchmarks.md, session 29)."""
+    c_g, kh, kw = shape[1], shape[2], shape[3]
+    size = g.shape[2] * g.shape[3]
+    ga, xb = np.empty(size), np.empty(size)
+    terms, q1, q2, box, _, tmp = exactdot.workspace(size)
+    parts, count = exactdot.partials(pos.size), np.zeros(pos.size, np.int64)  # count -1: flagged
+    for n in range(g.shape[0]):
+        for t in range(pos.size):
+            if count[t] < 0:
+                continue
+            co, cl, a, b = _unravel4(pos[t], c_g, kh, kw)
+            _image_taps(g, x, n, co, (co // co_g) * c_g + cl, a, b, geometry, ga, xb, 0)
+            count[t] = exactdot.accumulate(ga, xb, exactdot.short(ga) and exactdot.short(xb), terms, q1, q2, box,
+                                           parts[t], count[t])
     for t in range(pos.size):
-        _weight_taps(g, x, pos[t:t + 1], geometry, shape, co_g, ga, xb)
-        exactdot.dot_at(ga[0], xb[0], 0.0, m, gmax, work, out, flag, t)
+        if count[t] < 0:
+            flag[t] = True
+        else:
+            out[t], done = exactdot.round_partials(parts[t], count[t], m, gmax, tmp)
+            flag[t] = not done
 
 
 @njit(cache=True, nogil=True)

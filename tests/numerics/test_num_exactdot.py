@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from vtrain import exactdot, exactmath, resolve
-from vtrain.grid import GridOverflowError
+from vtrain.grid import GridOverflowError, grid_max
 
 aten = torch.ops.aten
 BITS = [32, 19, 10]
@@ -128,6 +128,40 @@ def test_non_grid_float64_factors() -> None:
               np.array([[1.0, 2.0, 3.0], [1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52]]), bits)
         check(np.array([[x, x, 2.0**-60], [0.5, 0.25, 1.0]]),
               np.array([[1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52], [1.0, 2.0, 3.0]]), bits)
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_sums_added_in_pieces_round_as_whole_lines(bits: int) -> None:
+    # accumulate adds a line's pieces to one set of partials and round_partials rounds them (vtrain.resolve's
+    # weight gradients, image by image): the whole line's value, midpoints and their residuals included,
+    # whatever the cuts (empty pieces too); a piece outside TwoProduct's range flags the sum
+    m, h = bits - 9, 2.0 ** -(bits - 8)
+    gen = np.random.default_rng(bits)
+    a, b = rows(([1.0, 1.0 + 2 * h - 1.0 + h, 2.0**-40, 3.0, -3.0], [1.0, 1.0, 2.0**-40, 1.5, 1.5]),  # above a midpoint
+                ([1.0, h, -(2.0**-40), 2.0**-75], [1.0, 1.0, 2.0**-40, 0.0]),  # below one
+                ([1.0, h, 0.0], [1.0, 1.0, 5.0]),  # on one: ties to even
+                ([2.0**50, 2.0**-50, -(2.0**50)], [2.0**50, 2.0**-50, 2.0**50]),  # 2^100 cancels
+                ([2.0**-70, 2.0**-75], [1.5 * 2.0**-70, 2.0**-75]),  # subnormal
+                ([1 + 2.0**-(m + 1), 1 + 2.0**-(m + 1), 2.0**-60], [1 + 2.0**-30, -(2.0**-30), 1.0 + 2.0**-52]))
+    extra = gen.standard_normal((8, 40)).astype(np.float32).astype(np.float64)
+    a, b = np.vstack([np.pad(a, ((0, 0), (0, 40 - a.shape[1]))), extra]), np.vstack(
+        [np.pad(b, ((0, 0), (0, 40 - b.shape[1]))), gen.integers(-8, 9, (8, 40)) / 8])
+    whole = exactdot.rounded_dots(a, b, bits)
+    assert np.array_equal(bits_of(whole), bits_of(fraction_ref(a, b, bits)))
+    terms, q1, q2, box, parts, tmp = exactdot.workspace(a.shape[1])
+    gmax = grid_max(bits)
+    for cuts in ([], [0], [1], [2, 3], [3, 3, 20], list(range(0, 40, 7))):
+        edges = [0, *cuts, a.shape[1]]
+        for i in range(a.shape[0]):
+            n = 0
+            for lo, hi in zip(edges, edges[1:]):
+                u, v = a[i, lo:hi].copy(), b[i, lo:hi].copy()
+                n = exactdot.accumulate(u, v, exactdot.short(u) and exactdot.short(v), terms, q1, q2, box, parts, n)
+                assert n >= 0
+            value, done = exactdot.round_partials(parts, n, m, gmax, tmp)
+            assert done and bits_of(value) == bits_of(whole[i]), (cuts, i)
+    tiny = np.array([2.0**-500]), np.array([2.0**-450])  # a product below 2^-900
+    assert exactdot.accumulate(*tiny, False, terms, q1, q2, box, parts, 1) == -1
 
 
 def test_flagged_positions_fall_back_with_the_same_values() -> None:

@@ -1127,6 +1127,30 @@ def test_convolution_positions_the_kernels_flag_take_the_gathered_reference(name
     assert flagged and asked == flagged and got.tolist() == want
 
 
+def test_weight_gradients_flagged_in_their_last_image_take_the_gathered_reference(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the weight-gradient kernel adds each position's terms image by image (resolve._weight_dots): output channel
+    # 0's last-image products leave TwoProduct's range (< 2^-900), so its positions are flagged after their
+    # partials took the other images, and the reference gives their values; the other positions, in the same
+    # call, are the kernel's
+    case, args, kwargs, pos = _gathered_case("conv-backward", 1, torch.float64, 32, "normal")
+    g = args[0].clone()
+    g[-1, 0] *= 2.0**-960
+    args = (g, *args[1:])
+    want = [ref_round_q(case.ref(args, kwargs)[1][p], 23) for p in pos]
+    asked = []
+    chunked = resolve._chunked
+
+    def recorded(ps: np.ndarray, **kw: Any) -> np.ndarray:
+        asked.extend(ps.tolist())
+        return chunked(ps, **kw)
+
+    monkeypatch.setattr(resolve, "_chunked", recorded)
+    got = resolver_for(case.op)(args, kwargs, 1, pos, 32)
+    channel = pos // args[2][0].numel()
+    assert 0 < len(asked) < len(pos) and asked == pos[channel == 0].tolist() and got.tolist() == want
+
+
 def test_a_convolution_whose_windows_pass_the_memory_cap_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
     case = next(c for c in CASES if c.name == "conv-backward-s1")
     args, kwargs = case.make(torch.Generator().manual_seed(5), torch.float64, 32, "normal")
