@@ -1093,6 +1093,20 @@ def test_convolution_positions_round_in_the_gathering_kernels_as_the_fractions(
     assert got.dtype == np.float64 and got.tolist() == want
 
 
+def _record_fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions the convolution kernels hand to the gathered terms' reference (`resolve._chunked`), in order,
+    as they are asked."""
+    asked: list[int] = []
+    chunked = resolve._chunked
+
+    def recorded(ps: np.ndarray, **kw: Any) -> np.ndarray:
+        asked.extend(ps.tolist())
+        return chunked(ps, **kw)
+
+    monkeypatch.setattr(resolve, "_chunked", recorded)
+    return asked
+
+
 # (a forward convolution, the input gradients of the three backward cases, one weight gradient)
 @pytest.mark.parametrize("name,i", GATHERED[::2] + [GATHERED[3]], ids=lambda v: str(v))
 def test_convolution_positions_the_kernels_flag_take_the_gathered_reference(name: str, i: int,
@@ -1112,14 +1126,7 @@ def test_convolution_positions_the_kernels_flag_take_the_gathered_reference(name
         args = (g, x, w, *args[3:])
     exact = case.ref(args, kwargs)[i]
     want = [ref_round_q(exact[p], 23) for p in pos]
-    asked = []
-    chunked = resolve._chunked
-
-    def recorded(ps: np.ndarray, **kw: Any) -> np.ndarray:
-        asked.extend(ps.tolist())
-        return chunked(ps, **kw)
-
-    monkeypatch.setattr(resolve, "_chunked", recorded)
+    asked = _record_fallbacks(monkeypatch)
     got = resolver_for(case.op)(args, kwargs, i, pos, 32)
     # (image 0's positions that no tap reaches, in a stride's gaps, sum no terms: exact zeros, not flagged)
     image = len(exact) // x.shape[0]
@@ -1138,14 +1145,7 @@ def test_weight_gradients_flagged_in_their_last_image_take_the_gathered_referenc
     g[-1, 0] *= 2.0**-960
     args = (g, *args[1:])
     want = [ref_round_q(case.ref(args, kwargs)[1][p], 23) for p in pos]
-    asked = []
-    chunked = resolve._chunked
-
-    def recorded(ps: np.ndarray, **kw: Any) -> np.ndarray:
-        asked.extend(ps.tolist())
-        return chunked(ps, **kw)
-
-    monkeypatch.setattr(resolve, "_chunked", recorded)
+    asked = _record_fallbacks(monkeypatch)
     got = resolver_for(case.op)(args, kwargs, 1, pos, 32)
     channel = pos // args[2][0].numel()
     assert 0 < len(asked) < len(pos) and asked == pos[channel == 0].tolist() and got.tolist() == want
