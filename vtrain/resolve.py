@@ -410,33 +410,39 @@ def _tap_geometry(w: torch.Tensor, stride: tuple, padding: tuple, dilation: tupl
 
 @njit(cache=True, nogil=True)
 def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.ndarray, shape: np.ndarray, co_g: int,
-                 m: int, gmax: float, out: np.ndarray, flag: np.ndarray) -> None:
+                 m: int, gmax: float, out: np.ndarray, flag: np.ndarray, chunk: int) -> None:
     """out[t] = RNE_grid of grad_weight position pos[t]'s exact sum; flag[t] where exactdot's kernel cannot
     (its reasons). Image by image: each position's terms in the image (`_image_taps`) are added exactly to its
     own partials (exactdot.accumulate) while the image's planes stay in L2 for the positions that share a
     channel, and the partials are rounded at the end (exactdot.round_partials): the same exact sum, so the same
     value. Position by position, each position read its images' planes from memory again: on three calls
     captured at resnet-tiny width 32 (51-58 positions of 32,768 terms), 93-99 against 79-82 us a position
-    (docs/benchmarks.md, session 29)."""
+    (docs/benchmarks.md, session 29). Positions go `chunk` at a time (their partials take 1 KB each)."""
     c_g, kh, kw = shape[1], shape[2], shape[3]
     size = g.shape[2] * g.shape[3]
     ga, xb = np.empty(size), np.empty(size)
     terms, q1, q2, box, _, tmp = exactdot.workspace(size)
-    parts, count = exactdot.partials(pos.size), np.zeros(pos.size, np.int64)  # count -1: flagged
-    for n in range(g.shape[0]):
-        for t in range(pos.size):
+    parts, count = exactdot.partials(min(pos.size, chunk)), np.empty(chunk, np.int64)
+    for c0 in range(0, pos.size, chunk):
+        some = pos[c0:c0 + chunk]
+        count[:] = 0  # -1: flagged
+        for n in range(g.shape[0]):
+            for t in range(some.size):
+                if count[t] < 0:
+                    continue
+                co, cl, a, b = _unravel4(some[t], c_g, kh, kw)
+                _image_taps(g, x, n, co, (co // co_g) * c_g + cl, a, b, geometry, ga, xb, 0)
+                count[t] = exactdot.accumulate(ga, xb, exactdot.short(ga) and exactdot.short(xb), terms, q1, q2,
+                                               box, parts[t], count[t])
+        for t in range(some.size):
             if count[t] < 0:
-                continue
-            co, cl, a, b = _unravel4(pos[t], c_g, kh, kw)
-            _image_taps(g, x, n, co, (co // co_g) * c_g + cl, a, b, geometry, ga, xb, 0)
-            count[t] = exactdot.accumulate(ga, xb, exactdot.short(ga) and exactdot.short(xb), terms, q1, q2, box,
-                                           parts[t], count[t])
-    for t in range(pos.size):
-        if count[t] < 0:
-            flag[t] = True
-        else:
-            out[t], done = exactdot.round_partials(parts[t], count[t], m, gmax, tmp)
-            flag[t] = not done
+                flag[c0 + t] = True
+            else:
+                out[c0 + t], done = exactdot.round_partials(parts[t], count[t], m, gmax, tmp)
+                flag[c0 + t] = not done
+
+
+_WEIGHT_CHUNK = 1024  # `_weight_dots`' positions at a time
 
 
 @njit(cache=True, nogil=True)
@@ -520,7 +526,7 @@ def _convolution_dots(op: Any, args: tuple, kwargs: dict, i: int, pos: np.ndarra
     elif i == 0:
         _input_dots(*views, ps, geometry, np.array(x.shape, np.int64), groups, m, gmax, out, flag)
     else:
-        _weight_dots(*views, ps, geometry, shape, co_g, m, gmax, out, flag)
+        _weight_dots(*views, ps, geometry, shape, co_g, m, gmax, out, flag, _WEIGHT_CHUNK)
     f = np.flatnonzero(flag)
     if f.size:
         out[f] = reference(pos[f])

@@ -1134,12 +1134,14 @@ def test_convolution_positions_the_kernels_flag_take_the_gathered_reference(name
     assert flagged and asked == flagged and got.tolist() == want
 
 
+@pytest.mark.parametrize("chunk", [1024, 3])
 def test_weight_gradients_flagged_in_their_last_image_take_the_gathered_reference(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     # the weight-gradient kernel adds each position's terms image by image (resolve._weight_dots): output channel
     # 0's last-image products leave TwoProduct's range (< 2^-900), so its positions are flagged after their
     # partials took the other images, and the reference gives their values; the other positions, in the same
-    # call, are the kernel's
+    # call, are the kernel's, whether all seven positions go at once or three at a time
+    monkeypatch.setattr(resolve, "_WEIGHT_CHUNK", chunk)
     case, args, kwargs, pos = _gathered_case("conv-backward", 1, torch.float64, 32, "normal")
     g = args[0].clone()
     g[-1, 0] *= 2.0**-960
