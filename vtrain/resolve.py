@@ -422,7 +422,7 @@ def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
     size = g.shape[2] * g.shape[3]
     ga, xb = np.empty(size), np.empty(size)
     terms, q1, q2, box, _, tmp = exactdot.workspace(size)
-    parts, count = exactdot.partials(min(pos.size, chunk)), np.empty(chunk, np.int64)
+    parts, count = exactdot.partials(min(pos.size, chunk)), np.empty(min(pos.size, chunk), np.int64)
     for c0 in range(0, pos.size, chunk):
         some = pos[c0:c0 + chunk]
         count[:] = 0  # -1: flagged

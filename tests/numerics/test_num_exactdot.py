@@ -137,7 +137,7 @@ def test_sums_added_in_pieces_round_as_whole_lines(bits: int) -> None:
     # whatever the cuts (empty pieces too); a piece outside TwoProduct's range flags the sum
     m, h = bits - 9, 2.0 ** -(bits - 8)
     gen = np.random.default_rng(bits)
-    a, b = rows(([1.0, 1.0 + 2 * h - 1.0 + h, 2.0**-40, 3.0, -3.0], [1.0, 1.0, 2.0**-40, 1.5, 1.5]),  # above a midpoint
+    a, b = rows(([1.0, 3 * h, 2.0**-40, 3.0, -3.0], [1.0, 1.0, 2.0**-40, 1.5, 1.5]),  # above the midpoint 1 + 3h
                 ([1.0, h, -(2.0**-40), 2.0**-75], [1.0, 1.0, 2.0**-40, 0.0]),  # below one
                 ([1.0, h, 0.0], [1.0, 1.0, 5.0]),  # on one: ties to even
                 ([2.0**50, 2.0**-50, -(2.0**50)], [2.0**50, 2.0**-50, 2.0**50]),  # 2^100 cancels

@@ -1153,6 +1153,24 @@ def test_weight_gradients_flagged_in_their_last_image_take_the_gathered_referenc
     assert 0 < len(asked) < len(pos) and asked == pos[channel == 0].tolist() and got.tolist() == want
 
 
+def test_weight_gradients_of_float64_factors_keep_their_products_low_parts() -> None:
+    # factors off the float32 grid (float32 work's refinement computes in float64): the weight-gradient kernel
+    # splits their products (TwoProduct), so a sum near a grid midpoint is decided by a product's low part, and
+    # a block is short only where both its factors are. 3 x (1 + 2^-24) / 3 lies just above the midpoint 1 + 2^-24,
+    # its float64 product on it. A 3 x 3 filter on a 1 x 1 image, padded: the centre taps of output channel 0 on
+    # input channel 0 (the float64 factor in x) and of channel 1 on channel 1 (in the gradient).
+    third = (1 + 2.0**-24) / 3
+    gy = torch.tensor([[[[3.0]], [[third]]]], dtype=torch.float64)
+    x = torch.tensor([[[[third]], [[3.0]]]], dtype=torch.float64)
+    w = torch.zeros(2, 2, 3, 3, dtype=torch.float64)
+    args = (gy, x, w, [2], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False])
+    pos = np.array([4, 31])  # (0, 0, 1, 1) and (1, 1, 1, 1)
+    assert resolve._convolution_matmul(aten.convolution_backward.default, args, {}, 1, pos.size) is None
+    got = resolver_for(aten.convolution_backward.default)(args, {}, 1, pos, 32)
+    want = ref_round_q(F(3) * F(third), 23)
+    assert want == 1 + 2.0**-23 and got.tolist() == [want, want]
+
+
 def test_a_convolution_whose_windows_pass_the_memory_cap_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
     case = next(c for c in CASES if c.name == "conv-backward-s1")
     args, kwargs = case.make(torch.Generator().manual_seed(5), torch.float64, 32, "normal")
