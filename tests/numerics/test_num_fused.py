@@ -401,6 +401,101 @@ def test_small_matmul_band_built_in_the_kernel_bounds_the_exact_sums(case: str, 
     assert inside <= found and not (far & found), (sorted(inside - found), sorted(far & found))
 
 
+def _edge_of_band(mid: float, r: float, e: float, factor: float) -> float:
+    """The float64 between r and the rounding boundary `mid` farthest from it that the candidate test still
+    flags for the band e (the test of fused._near32, in numpy): a value its next float toward r is not
+    (mid itself where the band reaches r)."""
+    binade = 2.0 ** (np.frexp(abs(r) * (1 - 2.0**-24))[1] - 1) if r else 0.0
+    half = max(binade * 2.0**-24, 2.0**-150)
+    toward = np.float64(r)
+    def near(x: float) -> bool:
+        return abs(x - r) + e * factor >= half
+    if near(toward):
+        return mid
+    x = np.float64(mid - e * factor)
+    while not near(x):
+        x = np.nextafter(x, mid)
+    while near(np.nextafter(x, toward)) and np.nextafter(x, toward) != toward:
+        x = np.nextafter(x, toward)
+    return float(x)
+
+
+@pytest.mark.parametrize("layout", ["rows", "columns"])
+@pytest.mark.parametrize("case", ["mm", "addmm-scaled-bias2d"])
+def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str, layout: str) -> None:
+    # fused.round_near_mm sums E only where U (Cauchy-Schwarz, with a margin) flags a value. Its candidates,
+    # E at them, rounding and first bad position must be those of E everywhere, summed in numpy in the
+    # kernel's order and handed to fused.round_near, bit for bit, with values at the very edge of E's band:
+    # where U is tight (|b| proportional to |a|) and the sum cancels (a band of ~2^18 ulps, so that a U short
+    # of E by 0.1 % drops edge values), where squares vanish (terms of 2^-540 times 2^500), where they
+    # overflow beside a zero column (U NaN, E finite), subnormal terms, a zero row, and inf and NaN operands.
+    from vtrain.inline import INLINE
+
+    gen = torch.Generator().manual_seed(7 + len(case) + len(layout))
+    m, k, n = 13, 9, 10
+    a = torch.randn(m, k, generator=gen, dtype=torch.float64).float().double()
+    b = torch.randn(k, n, generator=gen, dtype=torch.float64).float().double()
+    a[1] = 0.0
+    a[2] *= 2.0**-540
+    b[:, 2] *= 2.0**500
+    for j in range(3, 7):  # sum |a||b| = |a| |b|, and sum a b = 2^-12 of it
+        signs = torch.where(torch.arange(k) % 2 == 0, 1.0, -1.0).double()
+        rest = float((signs[:-1] * a[j, :-1] ** 2).sum())
+        signs[-1] = -math.copysign(1.0, rest)
+        a[j, -1] = math.sqrt(abs(rest) * (1 - 2.0**-12))
+        b[:, j] = signs * a[j] * 2.0 ** (j - 5)
+    a[10] *= 2.0**600  # squares past float64's range beside a zero column: U is NaN there, E is not
+    b[:, 9] = 0.0
+    a[11, 0] = math.inf
+    a[12, 4] = math.nan
+    if layout == "columns":
+        a, b = a.t().contiguous().t(), b.t().contiguous().t()
+    shape, kwargs = INLINE_CASES[case]
+    func = torch.ops.aten.mm.default if shape is None else torch.ops.aten.addmm.default
+    bias = torch.randn((m, n), generator=gen, dtype=torch.float64).float().double()
+    args = (bias, a, b) if shape is not None else (a, b)
+    v0 = func(*args, **kwargs)
+    inline = INLINE[func](args, kwargs, [v0])
+    assert inline is not None
+    e_all = np.empty((m, n))  # E everywhere, in the kernel's order (k ascending from 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for i in range(m):
+            s = np.zeros(n)
+            for t in range(k):
+                s += np.abs(inline.a[i, t]) * np.abs(inline.b[t])
+            if inline.bias.size:
+                e_all[i] = (s * inline.alpha + inline.beta * np.abs(inline.bias[i])) * inline.scale + inline.floor
+            else:
+                e_all[i] = s * inline.alpha * inline.scale + inline.floor
+    e_all = e_all.reshape(-1)
+    factor = 2.0
+    v = v0.reshape(-1).numpy().copy()
+    placed = 0
+    for p in range(v.size):
+        if np.isfinite(e_all[p]) and abs(v[p]) <= grid_max(32):
+            r = float(np.float32(v[p]))
+            up = float(np.nextafter(np.float32(r), np.float32(np.inf)))
+            v[p] = _edge_of_band(r + (up - r) / 2, r, float(e_all[p]), factor)
+            placed += 1
+    assert placed >= 80
+
+    def kernel(x: np.ndarray, out: np.ndarray, cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
+        return fused.round_near_mm(x, inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale,
+                                   inline.floor, factor, grid_max(32), out, cand, held, e_cand)
+
+    e_cand = np.empty(v.size)
+    count, bad, out, cand = _both_ways(kernel, v)
+    want = np.empty(v.size), np.empty(v.size, np.int64), np.empty(v.size)
+    want_count, want_bad = fused.round_near(v.copy(), e_all, factor, 23, grid_max(32), *want)
+    assert (count, bad) == (want_count, want_bad) and bad >= 0
+    assert np.array_equal(cand, want[1][:count])
+    assert np.array_equal(out.view(np.int64), want[0].view(np.int64))
+    assert np.array_equal(e_cand[:count].view(np.int64), e_all[cand].view(np.int64))
+    # the edge is the edge: one float farther from the boundary and the value leaves the band
+    rows = set((cand // n).tolist())
+    assert {1, 2, 3, 4, 5, 6, 10}.issubset(rows) and count >= placed
+
+
 @pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 31, 32]))
 def test_entry_classification_is_the_numpy_test_bit_for_bit(bits: int, dtype: np.dtype) -> None:
     # fused.classify (the trainer's entry test at its candidates) against RoundedExecution._find_entries'
