@@ -368,7 +368,8 @@ class RoundedExecution(TorchDispatchMode):
                 if self.policy == "bound" else None
             if self.mode == "record":
                 if self.policy == "bound":
-                    ww = None if e_cand is None else e_cand * (2 * BAND_SLACK)  # (None: no band at all)
+                    # (None: no band at all, or no candidate: a multiply on an empty tensor costs ~3 us)
+                    ww = None if e_cand is None or not cand.numel() else e_cand * (2 * BAND_SLACK)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
                     cand = self._candidates(v, r, band)
