@@ -371,10 +371,11 @@ _SQUARE_MIN = 2.0**-500
 def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float,
                   scale: float, floor: float, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
                   held: np.ndarray, e_cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
-    """`round_near` for float64 work at bits = 32 on v = a @ b (+ beta bias) of shape (M, N), flat, with the
-    band e = (alpha sum_k |a_ik| |b_kj| + beta |bias_ij|) * scale + floor (bias (M, N), a broadcast view, or
-    (0, 0) for none); also e_cand[:count] = e at the candidates. The sums run in float64 in the kernel's own
-    order (k ascending from 0.0): vtrain.bounds' slack covers any order.
+    """`round_near` for float64 work at bits = 32 on v = a @ b (+ beta bias) of shape (B, M, N), flat (a and b
+    batches (B, M, K) and (B, K, N): a matmul's as one), with the band e = (alpha sum_k |a_ik| |b_kj| + beta
+    |bias_ij|) * scale + floor (bias (M, N), a broadcast view, with B = 1, or (0, 0) for none); also
+    e_cand[:count] = e at the candidates. The sums run in float64 in the kernel's own order (k ascending from
+    0.0): vtrain.bounds' slack covers any order.
 
     E's sum is taken only where the value may be a candidate: each row is first tested against U, the same
     formula with the sum replaced by the product of the two lines' Euclidean norms (Cauchy-Schwarz) times
@@ -383,45 +384,47 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
     against E itself. So the candidates, E at them and the rounding are E everywhere's, bit for bit, for
     M K + K N + M N operations (and K for each value U flags, a handful) instead of M N K: a 32 x 64 @ 64 x 64
     mm's bound and rounding took 18 us, now 6."""
-    m, k_dim = a.shape
-    n = b.shape[1]
+    batches, m, k_dim = a.shape
+    n = b.shape[2]
     row_norms, col_norms = np.empty(m), np.empty(n)
-    _line_norms(a, row_norms)
-    _line_norms(b.T, col_norms)
     rows = max(1, min(m, NEAR_BLOCK // max(n, 1)))  # (rows a block: a short row's own pass cost ~70 ns)
     eb = np.empty(rows * n)
     flags = np.empty(rows * n, np.bool_)
     buf = np.empty(rows * n)
     same = _same(v, out)
     count = nbad = 0
-    for i0 in range(0, m, rows):
-        i1 = min(i0 + rows, m)
-        for i in range(i0, i1):
-            ri, eb_i = row_norms[i] * _U_MARGIN, eb[(i - i0) * n:(i - i0 + 1) * n]
-            for j in range(n):
-                u = ri * col_norms[j]
-                eb_i[j] = u if u >= 0.0 else np.inf
-            _scale_sums(eb_i, bias, i, alpha, beta, scale, floor)
-        start, size = i0 * n, (i1 - i0) * n
-        vb, ob, fb = v[start:start + size], out[start:start + size], flags[:size]
-        nflag, bad = _near_block32(vb, eb[:size], factor, limit, buf[:size] if same else ob, fb, plus)
-        nbad += bad
-        for t in range(size if nflag else 0):
-            if fb[t]:
-                i, j = i0 + t // n, t % n
-                s = 0.0
-                for k in range(k_dim):
-                    s += abs(a[i, k]) * abs(b[k, j])
-                eb[t:t + 1] = s
-                _scale_sums(eb[t:t + 1], bias[i:i + 1, j:j + 1] if bias.size else bias, 0, alpha, beta, scale,
-                            floor)
-                near = _near32(vb[t], eb[t], factor, limit)[1]
-                fb[t] = near
-                nflag -= not near
-        new = _finish_block(vb, buf, fb, nflag, start, ob, same, cand, held, count)
-        for t in range(count, new):
-            e_cand[t] = eb[cand[t] - start]
-        count = new
+    for h in range(batches):
+        ah, bh = a[h], b[h]
+        _line_norms(ah, row_norms)
+        _line_norms(bh.T, col_norms)
+        for i0 in range(0, m, rows):
+            i1 = min(i0 + rows, m)
+            for i in range(i0, i1):
+                ri, eb_i = row_norms[i] * _U_MARGIN, eb[(i - i0) * n:(i - i0 + 1) * n]
+                for j in range(n):
+                    u = ri * col_norms[j]
+                    eb_i[j] = u if u >= 0.0 else np.inf
+                _scale_sums(eb_i, bias, i, alpha, beta, scale, floor)
+            start, size = (h * m + i0) * n, (i1 - i0) * n
+            vb, ob, fb = v[start:start + size], out[start:start + size], flags[:size]
+            nflag, bad = _near_block32(vb, eb[:size], factor, limit, buf[:size] if same else ob, fb, plus)
+            nbad += bad
+            for t in range(size if nflag else 0):
+                if fb[t]:
+                    i, j = i0 + t // n, t % n
+                    s = 0.0
+                    for k in range(k_dim):
+                        s += abs(ah[i, k]) * abs(bh[k, j])
+                    eb[t:t + 1] = s
+                    _scale_sums(eb[t:t + 1], bias[i:i + 1, j:j + 1] if bias.size else bias, 0, alpha, beta, scale,
+                                floor)
+                    near = _near32(vb[t], eb[t], factor, limit)[1]
+                    fb[t] = near
+                    nflag -= not near
+            new = _finish_block(vb, buf, fb, nflag, start, ob, same, cand, held, count)
+            for t in range(count, new):
+                e_cand[t] = eb[cand[t] - start]
+            count = new
     return count, _first_bad(out, limit) if nbad else -1
 
 

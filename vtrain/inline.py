@@ -36,8 +36,9 @@ _NO_BIAS = np.zeros((0, 0))
 
 @dataclass(frozen=True)
 class Inline:
-    """The operands of E = (alpha sum_k |a_ik| |b_kj| + beta |bias_ij|) * scale + floor, as numpy views
-    (bias (M, N), broadcast, or (0, 0) for none), for fused.round_near_mm."""
+    """The operands of E = (alpha sum_k |a_ik| |b_kj| + beta |bias_ij|) * scale + floor, as numpy views (a and
+    b as batches, (B, M, K) and (B, K, N); bias (M, N), broadcast, or (0, 0) for none), for
+    fused.round_near_mm."""
 
     a: np.ndarray
     b: np.ndarray
@@ -59,16 +60,16 @@ def _inline(func: Any) -> InlineBound:
     def inline(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Inline | None:
         """E's operands for a small float64 CPU matmul, or None (the full bound takes it)."""
         v = outs[0]
-        if v.dtype is not torch.float64 or not v.is_cpu or v.dim() != 2:
+        if v.dtype is not torch.float64 or not v.is_cpu or v.dim() != (3 if func is aten.bmm.default else 2):
             return None
         if func is aten.addmm.default:
             bias, a, b = args[:3]
             beta, alpha, terms = kwargs.get("beta", 1), kwargs.get("alpha", 1), 3
         else:
             (a, b), bias, beta, alpha, terms = args[:2], None, 1, 1, 0
-        m, k = a.shape
-        n = b.shape[1]
-        if not 0 < m * n * k <= INLINE_PRODUCTS or any(x.dtype is not torch.float64 or not x.is_cpu for x in (a, b)):
+        k = a.shape[-1]
+        if not 0 < v.numel() * k <= INLINE_PRODUCTS or any(x.dtype is not torch.float64 or not x.is_cpu
+                                                         for x in (a, b)):
             return None
         if alpha == 0:  # torch skips the products, inf and NaN included, where the kernel's 0 * inf would not
             return None
@@ -76,11 +77,16 @@ def _inline(func: Any) -> InlineBound:
             return None
         kk = k + terms
         g = gamma(kk, unit_roundoff(v.dtype))
-        bias_np = _NO_BIAS if bias is None or beta == 0 else _numpy(bias.expand(m, n))  # (beta 0: torch ignores it)
-        return Inline(_numpy(a), _numpy(b), bias_np, float(abs(alpha)), float(abs(beta)),
-                      g * (1 + 2 * g + 2.0**-20), max(kk, 1) * _floor_unit(v.dtype))
+        # (beta 0: torch ignores the bias)
+        bias_np = _NO_BIAS if bias is None or beta == 0 else _numpy(bias.expand(v.shape))
+        a_np, b_np = _numpy(a), _numpy(b)
+        if a_np.ndim == 2:  # a batch of one
+            a_np, b_np = a_np[None], b_np[None]
+        return Inline(a_np, b_np, bias_np, float(abs(alpha)), float(abs(beta)), g * (1 + 2 * g + 2.0**-20),
+                      max(kk, 1) * _floor_unit(v.dtype))
 
     return inline
 
 
-INLINE: dict[Any, InlineBound] = {op: _inline(op) for op in (aten.mm.default, aten.addmm.default)}
+INLINE: dict[Any, InlineBound] = {op: _inline(op)
+                                  for op in (aten.mm.default, aten.addmm.default, aten.bmm.default)}

@@ -421,7 +421,7 @@ def _edge_of_band(mid: float, r: float, e: float, factor: float) -> float:
 
 
 @pytest.mark.parametrize("layout", ["rows", "columns"])
-@pytest.mark.parametrize("case", ["mm", "addmm-scaled-bias2d"])
+@pytest.mark.parametrize("case", ["mm", "addmm-scaled-bias2d", "bmm"])
 def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str, layout: str) -> None:
     # fused.round_near_mm sums E only where U (Cauchy-Schwarz, with a margin) flags a value. Its candidates,
     # E at them, rounding and first bad position must be those of E everywhere, summed in numpy in the
@@ -429,6 +429,7 @@ def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str
     # where U is tight (|b| proportional to |a|) and the sum cancels (a band of ~2^18 ulps, so that a U short
     # of E by 0.1 % drops edge values), where squares vanish (terms of 2^-540 times 2^500), where they
     # overflow beside a zero column (U NaN, E finite), subnormal terms, a zero row, and inf and NaN operands.
+    # bmm: those operands, then the same reordered (every batch takes its own lines' norms).
     from vtrain.inline import INLINE
 
     gen = torch.Generator().manual_seed(7 + len(case) + len(layout))
@@ -448,25 +449,27 @@ def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str
     b[:, 9] = 0.0
     a[11, 0] = math.inf
     a[12, 4] = math.nan
+    if case == "bmm":
+        a, b = torch.stack([a, a.flip(0)]), torch.stack([b, b.flip(1)])
     if layout == "columns":
-        a, b = a.t().contiguous().t(), b.t().contiguous().t()
-    shape, kwargs = INLINE_CASES[case]
-    func = torch.ops.aten.mm.default if shape is None else torch.ops.aten.addmm.default
+        a, b = a.mT.contiguous().mT, b.mT.contiguous().mT
+    func = {"mm": torch.ops.aten.mm.default, "bmm": torch.ops.aten.bmm.default}.get(case, torch.ops.aten.addmm.default)
+    kwargs = INLINE_CASES[case][1] if case in INLINE_CASES else {}
     bias = torch.randn((m, n), generator=gen, dtype=torch.float64).float().double()
-    args = (bias, a, b) if shape is not None else (a, b)
+    args = (bias, a, b) if func is torch.ops.aten.addmm.default else (a, b)
     v0 = func(*args, **kwargs)
     inline = INLINE[func](args, kwargs, [v0])
     assert inline is not None
-    e_all = np.empty((m, n))  # E everywhere, in the kernel's order (k ascending from 0.0)
+    e_all = np.empty(inline.a.shape[:2] + (n,))  # E everywhere, in the kernel's order (k ascending from 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
-        for i in range(m):
+        for h, i in np.ndindex(*e_all.shape[:2]):
             s = np.zeros(n)
             for t in range(k):
-                s += np.abs(inline.a[i, t]) * np.abs(inline.b[t])
+                s += np.abs(inline.a[h, i, t]) * np.abs(inline.b[h, t])
             if inline.bias.size:
-                e_all[i] = (s * inline.alpha + inline.beta * np.abs(inline.bias[i])) * inline.scale + inline.floor
+                e_all[h, i] = (s * inline.alpha + inline.beta * np.abs(inline.bias[i])) * inline.scale + inline.floor
             else:
-                e_all[i] = s * inline.alpha * inline.scale + inline.floor
+                e_all[h, i] = s * inline.alpha * inline.scale + inline.floor
     e_all = e_all.reshape(-1)
     factor = 2.0
     v = v0.reshape(-1).numpy().copy()
@@ -477,7 +480,7 @@ def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str
             up = float(np.nextafter(np.float32(r), np.float32(np.inf)))
             v[p] = _edge_of_band(r + (up - r) / 2, r, float(e_all[p]), factor)
             placed += 1
-    assert placed >= 80
+    assert placed >= 80 * len(inline.a)
 
     def kernel(x: np.ndarray, out: np.ndarray, cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
         return fused.round_near_mm(x, inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale,
@@ -491,9 +494,8 @@ def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str
     assert np.array_equal(cand, want[1][:count])
     assert np.array_equal(out.view(np.int64), want[0].view(np.int64))
     assert np.array_equal(e_cand[:count].view(np.int64), e_all[cand].view(np.int64))
-    # the edge is the edge: one float farther from the boundary and the value leaves the band
-    rows = set((cand // n).tolist())
-    assert {1, 2, 3, 4, 5, 6, 10}.issubset(rows) and count >= placed
+    # every kind of line above has candidates (the first batch's rows)
+    assert {1, 2, 3, 4, 5, 6, 10} <= set((cand[cand < m * n] // n).tolist()) and count >= placed
 
 
 @pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 31, 32]))
@@ -542,6 +544,13 @@ def test_only_small_float64_matmuls_build_their_band_in_the_kernel() -> None:
     assert INLINE[addmm]((bias, a, b), {"alpha": 0.0}, [torch.ops.aten.addmm.default(bias, a, b, alpha=0.0)]) is None
     empty = torch.ones(64, 0, dtype=torch.float64)
     assert INLINE[mm]((empty, empty.t()), {}, [empty @ empty.t()]) is None  # K = 0: no products to sum
+    # a batch of matmuls: the same E (a (1, M, K) batch for mm), up to the same limit on all its products
+    bmm, batch = torch.ops.aten.bmm.default, torch.ones(4, 64, 64, dtype=torch.float64)
+    one, four = INLINE[mm]((a, b), {}, [a @ b]), INLINE[bmm]((batch, batch), {}, [batch @ batch])
+    assert one.a.shape == (1, 64, 64) and four.a.shape == (4, 64, 64)
+    assert (one.scale, one.floor, one.alpha) == (four.scale, four.floor, four.alpha)
+    wide = torch.ones(INLINE_PRODUCTS // 64**3 + 1, 64, 64, dtype=torch.float64)
+    assert INLINE[bmm]((wide, wide), {}, [wide @ wide]) is None
 
 
 @pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 32]))
