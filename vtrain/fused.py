@@ -379,11 +379,12 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
 
     E's sum is taken only where the value may be a candidate: each row is first tested against U, the same
     formula with the sum replaced by the product of the two lines' Euclidean norms (Cauchy-Schwarz) times
-    `_U_MARGIN`. U >= E wherever E is not NaN (a NaN U is taken as infinite), and
-    the test grows with the band, so every value E makes a candidate U makes one too; those are then tested
-    against E itself. So the candidates, E at them and the rounding are E everywhere's, bit for bit, for
-    M K + K N + M N operations (and K for each value U flags, a handful) instead of M N K: a 32 x 64 @ 64 x 64
-    mm's bound and rounding took 18 us, now 6."""
+    `_U_MARGIN` (a NaN product taken as infinite). That product is >= E's sum wherever the sum is not NaN, and
+    with alpha and scale > 0 and beta, floor >= 0 (as vtrain.inline gives them) the formula and the candidate
+    test only grow with it, so every value E makes a candidate U makes one too; those are then tested against
+    E itself. So the candidates, E at them and the rounding are E everywhere's, bit for bit, for M K + K N + M N
+    operations (and K for each value U flags: a handful, plus the sums with no nonzero term, which U cannot
+    tell) instead of M N K: a 32 x 64 @ 64 x 64 mm's bound and rounding took 18 us, now 6."""
     batches, m, k_dim = a.shape
     n = b.shape[2]
     row_norms, col_norms = np.empty(m), np.empty(n)

@@ -77,7 +77,8 @@ aten = torch.ops.aten
 # 2048-wide MLP's first weight gradient at 2^26 products taking U and then the full bound anyway, 17 against
 # 5 ms; since the kernels' later passes it runs no slower than the full bound alone.) Float32 work's bands
 # span a good part of a spacing once K reaches ~100, so its candidates are too many to gather below 2^27:
-# the scale MLP's steps took 1.16x as long at 2^16.
+# the scale MLP's steps took 1.16x as long at 2^16. (Float64 work at bits = 32 takes matmuls of up to
+# vtrain.inline.INLINE_PRODUCTS in the rounding kernel, from the same norms, before this is asked.)
 MIN_PRODUCTS = {torch.float64: 1 << 18, torch.float32: 1 << 27}
 # Gathering E at one candidate (K products, gathered row and column) costs about this many times the share
 # of one output element in the full bound's matmul (measured on CPU, float64 work: benchmarks/bench_rounding.py)

@@ -420,16 +420,51 @@ def _edge_of_band(mid: float, r: float, e: float, factor: float) -> float:
     return float(x)
 
 
+def _full_band(a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float, scale: float,
+               floor: float) -> np.ndarray:
+    """E everywhere for fused.round_near_mm's batches a (B, M, K) and b (B, K, N), flat: its sums in the kernel's
+    order (k ascending from 0.0), in numpy."""
+    e_all = np.empty(a.shape[:2] + b.shape[2:])
+    with np.errstate(over="ignore", invalid="ignore"):
+        for h, i in np.ndindex(*e_all.shape[:2]):
+            s = np.zeros(e_all.shape[2])
+            for t in range(a.shape[2]):
+                s += np.abs(a[h, i, t]) * np.abs(b[h, t])
+            if bias.size:
+                e_all[h, i] = (s * alpha + beta * np.abs(bias[i])) * scale + floor
+            else:
+                e_all[h, i] = s * alpha * scale + floor
+    return e_all.reshape(-1)
+
+
+def _matches_full_band(a: np.ndarray, b: np.ndarray, bias: np.ndarray, alpha: float, beta: float, scale: float,
+                       floor: float, factor: float, v: np.ndarray, e_all: np.ndarray) -> tuple[int, np.ndarray]:
+    """fused.round_near_mm's count, first bad position, candidates, held values, rounding and E at the
+    candidates are fused.round_near's given E everywhere (e_all), bit for bit, in place and out of place:
+    (count, candidates)."""
+    def kernel(x: np.ndarray, out: np.ndarray, cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
+        return fused.round_near_mm(x, a, b, bias, alpha, beta, scale, floor, factor, grid_max(32), out, cand, held,
+                                   e_cand)
+
+    e_cand = np.empty(v.size)
+    count, bad, out, cand = _both_ways(kernel, v)
+    want = np.empty(v.size), np.empty(v.size, np.int64), np.empty(v.size)
+    assert fused.round_near(v.copy(), e_all, factor, 23, grid_max(32), *want) == (count, bad)
+    assert np.array_equal(cand, want[1][:count])
+    assert np.array_equal(out.view(np.int64), want[0].view(np.int64))
+    assert np.array_equal(e_cand[:count].view(np.int64), e_all[cand].view(np.int64))
+    return count, cand
+
+
 @pytest.mark.parametrize("layout", ["rows", "columns"])
 @pytest.mark.parametrize("case", ["mm", "addmm-scaled-bias2d", "bmm"])
 def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str, layout: str) -> None:
     # fused.round_near_mm sums E only where U (Cauchy-Schwarz, with a margin) flags a value. Its candidates,
-    # E at them, rounding and first bad position must be those of E everywhere, summed in numpy in the
-    # kernel's order and handed to fused.round_near, bit for bit, with values at the very edge of E's band:
-    # where U is tight (|b| proportional to |a|) and the sum cancels (a band of ~2^18 ulps, so that a U short
-    # of E by 0.1 % drops edge values), where squares vanish (terms of 2^-540 times 2^500), where they
-    # overflow beside a zero column (U NaN, E finite), subnormal terms, a zero row, and inf and NaN operands.
-    # bmm: those operands, then the same reordered (every batch takes its own lines' norms).
+    # E at them, rounding and first bad position must be those of E everywhere (`_matches_full_band`), with
+    # values at the very edge of E's band: where U is tight (|b| proportional to |a|) and the sum cancels (a
+    # band of ~2^18 ulps, so that a U short of E by 0.1 % drops edge values), where squares vanish (terms of
+    # 2^-540 times 2^500), where they overflow beside a zero column (U NaN, E finite), subnormal terms, a zero
+    # row, and inf and NaN operands. bmm: those operands, then the same reordered (each batch its own norms).
     from vtrain.inline import INLINE
 
     gen = torch.Generator().manual_seed(7 + len(case) + len(layout))
@@ -460,17 +495,8 @@ def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str
     v0 = func(*args, **kwargs)
     inline = INLINE[func](args, kwargs, [v0])
     assert inline is not None
-    e_all = np.empty(inline.a.shape[:2] + (n,))  # E everywhere, in the kernel's order (k ascending from 0.0)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for h, i in np.ndindex(*e_all.shape[:2]):
-            s = np.zeros(n)
-            for t in range(k):
-                s += np.abs(inline.a[h, i, t]) * np.abs(inline.b[h, t])
-            if inline.bias.size:
-                e_all[h, i] = (s * inline.alpha + inline.beta * np.abs(inline.bias[i])) * inline.scale + inline.floor
-            else:
-                e_all[h, i] = s * inline.alpha * inline.scale + inline.floor
-    e_all = e_all.reshape(-1)
+    terms = inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale, inline.floor
+    e_all = _full_band(*terms)
     factor = 2.0
     v = v0.reshape(-1).numpy().copy()
     placed = 0
@@ -481,21 +507,36 @@ def test_small_matmul_band_pretest_drops_no_candidate_of_the_full_band(case: str
             v[p] = _edge_of_band(r + (up - r) / 2, r, float(e_all[p]), factor)
             placed += 1
     assert placed >= 80 * len(inline.a)
-
-    def kernel(x: np.ndarray, out: np.ndarray, cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
-        return fused.round_near_mm(x, inline.a, inline.b, inline.bias, inline.alpha, inline.beta, inline.scale,
-                                   inline.floor, factor, grid_max(32), out, cand, held, e_cand)
-
-    e_cand = np.empty(v.size)
-    count, bad, out, cand = _both_ways(kernel, v)
-    want = np.empty(v.size), np.empty(v.size, np.int64), np.empty(v.size)
-    want_count, want_bad = fused.round_near(v.copy(), e_all, factor, 23, grid_max(32), *want)
-    assert (count, bad) == (want_count, want_bad) and bad >= 0
-    assert np.array_equal(cand, want[1][:count])
-    assert np.array_equal(out.view(np.int64), want[0].view(np.int64))
-    assert np.array_equal(e_cand[:count].view(np.int64), e_all[cand].view(np.int64))
+    count, cand = _matches_full_band(*terms, factor, v, e_all)
     # every kind of line above has candidates (the first batch's rows)
     assert {1, 2, 3, 4, 5, 6, 10} <= set((cand[cand < m * n] // n).tolist()) and count >= placed
+
+
+def test_small_matmul_band_pretest_holds_where_the_norms_round_below_the_sum() -> None:
+    # U's margin is for rounding: with |b_j| = |a_i| and integer terms, E's sum is s = sum a^2 exactly, while
+    # fl(sqrt(s))^2 < s for these s (13, 26, ...). Where E spans half to all of half a float32 spacing, the sum
+    # |v - r| + E at the band's very edge rounds to half a spacing, and a U one ulp short of E would round it
+    # below (caught without the margin). Those pairs sit in the second block of 32 rows of a 64 x 16 output
+    # (the kernel's blocks of 512 values).
+    pairs = [(2, 3), (1, 5), (1, 6), (2, 5), (3, 3), (4, 6), (4, 7), (5, 6), (6, 6)]
+    m, k, n = 64, 2, 16
+    a = np.ones((m, k))
+    b = np.ones((k, n)) * 0.5
+    for j, (x, y) in enumerate(pairs):
+        a[40 + j] = (-x, y)
+        b[:, j] = (x, y)
+    scale, floor, factor = 2.0**-52, 2.0**-1021, 1.0
+    a3, b3, no_bias = a[None], b[None], np.zeros((0, 0))
+    e_all = _full_band(a3, b3, no_bias, 1.0, 0.0, scale, floor)
+    v = np.full(m * n, 3.0)
+    for j, (x, y) in enumerate(pairs):
+        p = (40 + j) * n + j
+        e = e_all[p]
+        top = 2.0 ** (math.ceil(math.log2(e)) + 24)  # r's binade: half a spacing is top 2^-24
+        r = 1.5 * top
+        v[p] = _edge_of_band(r + top * 2.0**-24, r, e, factor)
+    count, cand = _matches_full_band(a3, b3, no_bias, 1.0, 0.0, scale, floor, factor, v, e_all)
+    assert {(40 + j) * n + j for j in range(len(pairs))} <= set(cand.tolist())
 
 
 @pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 31, 32]))
