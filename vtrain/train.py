@@ -28,6 +28,7 @@ from torch.nn import functional as F
 from vtrain.data import batch_indices, load_dataset
 from vtrain.devices import get_device
 from vtrain.faults import Fault, perturb_weights, poison_labels
+from vtrain.heap import keep_freed_memory
 from vtrain.intervals import Intervals
 from vtrain.leaves import ZERO_HASH, LeafRecord, batch_hash, keccak256
 from vtrain.models import build_model, dropout_masks
@@ -70,6 +71,7 @@ class TrainingSession:
     """A spec's model, optimizer and data on one device: the thing that executes steps."""
 
     def __init__(self, spec: Spec, device: str = "cpu", group: Group = SINGLE) -> None:
+        keep_freed_memory()  # its steps' large tensors reuse the pages of the step before (vtrain.heap)
         self.spec = spec
         self.group = group
         check_workers(group.world, spec.shards)
