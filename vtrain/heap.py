@@ -6,11 +6,11 @@ threshold follows the largest mapping freed so far, up to 32 MB), and free memor
 M_TRIM_THRESHOLD (twice that) is released. Either way the next step's tensors land in fresh pages, and the
 kernel faults in and zeroes every 4 KiB page of them again:
 
-- GPT-2-tiny at d_model 512: the heap grew and shrank by 16.8 MB some 13 times a step, 12,000-80,000 faults
+- GPT-2-tiny at d_model 512: the heap grew and shrank by 16.8 MB some 13 times a step, 10,000-80,000 faults
   a step, 25-250 ms of an 850-1,100 ms step in the kernel;
 - resnet-tiny at width 64: torch's float64 convolutions unfold a whole batch into a 151 MB buffer (64 channels
-  x 3 x 3 taps x 32 x 32 pixels x 32 images), mapped and unmapped ~3 times a step, 147,000-185,000 faults,
-  190-270 ms of a 1,000-1,300 ms step.
+  x 3 x 3 taps x 32 x 32 pixels x 32 images), mapped and unmapped ~3 times a step, 147,000-213,000 faults,
+  190-270 ms of a 1,000-1,250 ms step (the plain float64 step's too: 850 against 1,030 ms without them).
 
 With no mappings and no trimming, the heap grows to a step's peak once and serves every later step from pages
 already mapped: 0 faults a step from the third step or so on. The process keeps its peak heap until it exits,
