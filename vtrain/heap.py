@@ -13,8 +13,11 @@ kernel faults in and zeroes every 4 KiB page of them again:
   190-270 ms of a 1,000-1,250 ms step (the plain float64 step's too: 850 against 1,030 ms without them).
 
 With no mappings and no trimming, the heap grows to a step's peak once and serves every later step from pages
-already mapped: 0 faults a step from the third step or so on. The process keeps its peak heap until it exits,
-which a training process reaches every step anyway. Only glibc has these settings; elsewhere this does nothing.
+already mapped: 0 faults a step from the third step or so on. The price is resident memory: the process keeps
+its heap, and freed blocks of one size do not always fit the next step's requests of another. A trainer and an
+auditor stepping in one process for 40 steps held 1,190 MB at GPT-2-tiny d_model 256 against 1,074 (peak 1,138)
+without the settings, 1,326 against 1,034 (peak 1,106) at resnet-tiny width 32, flat from step 20-30 on. Only
+glibc has these settings; elsewhere this does nothing.
 """
 
 from __future__ import annotations
