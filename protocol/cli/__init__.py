@@ -78,4 +78,10 @@ def main() -> None:
       vtrain demo                                  # the whole story on an embedded chain
       vtrain train examples/mlp.toml --out run/    # train and commit locally
       vtrain audit run/ --device emu:splitk8       # replay on another "device"
+
+    \b
+    Environment:
+      VTRAIN_KEEP_FREED_MEMORY=0   hand freed memory back to the kernel; by default a process that
+                                   trains or audits keeps it for its next step's tensors (faster
+                                   large steps, more resident memory: vtrain/heap.py)
     """
