@@ -7,7 +7,7 @@ kernels. For outputs of up to INLINE_PRODUCTS products (M N K) fused.round_near_
 against the two lines' norms and sums |a_ik| |b_kj| only where that test flags it, as it rounds: one
 compiled call. (A 32 x 64 @ 64 x 64 mm's bound and rounding: 5 us. The limit, measured in one process with
 logs and states identical: GPT-2-tiny's default step 43.3 ms with 2^18, 41.5 with 2^24, 41.3 with 2^26; at
-d_model 256, whose matmuls have 2^26 and 2^28 products, 409 ms with 2^18 or 2^24, 411 with 2^26 and 426
+d_model 256, whose matmuls have 2^25 to 2^28 products, 409 ms with 2^18 or 2^24, 411 with 2^26 and 426
 with every matmul here: the pre-filter's norms are shared by the forward and backward matmuls of an
 operand, and computed once.)
 

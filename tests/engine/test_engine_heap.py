@@ -64,13 +64,10 @@ def _pages(mb: int) -> int:
 
 
 @pytest.mark.parametrize("mb", [16, 40])
-@pytest.mark.parametrize("setup", ["none", "opted-out session"])
-def test_without_the_settings_each_round_faults_its_pages_in_again(setup, mb):
+@pytest.mark.parametrize(("setup", "env"), [("none", {}), ("session", {OPT_OUT: "0"})], ids=["none", "opted-out"])
+def test_without_the_settings_each_round_faults_its_pages_in_again(setup, env, mb):
     # (what the other test would see if the settings were lost; and a session where the user opted out)
-    if setup == "none":
-        assert _faults("none", mb) >= _pages(mb) * 9 // 10
-    else:
-        assert _faults("session", mb, {OPT_OUT: "0"}) >= _pages(mb) * 9 // 10
+    assert _faults(setup, mb, env) >= _pages(mb) * 9 // 10
 
 
 @pytest.mark.parametrize("mb", [16, 40])
