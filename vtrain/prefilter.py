@@ -569,17 +569,40 @@ def _is_zero(x: float) -> int:
     return np.int64(x == 0)
 
 
+_WIDE_ROWS = 512
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int, int]:
     # Both axes' sums of squares in one vectorised pass over the row-major x: each value's square goes to its
     # row's sum (reassociated: a norm bounds its sum in any order, see the module docstring) and to its
-    # column's (one addition per value, in row order); with the largest magnitude, the tiny values and the
-    # zeros of each row and column (integer reductions), of which the most in one row and in one column are
-    # returned, of the rows and columns with a nonzero value. (Session 16: one pass per line took 0.44-0.48 ns a
-    # value in cache for a row's norm, against 0.7-1.1 for two.)
+    # column's; with the largest magnitude, the tiny values and the zeros of each row and column (integer
+    # reductions), of which the most in one row and in one column are returned, of the rows and columns with a
+    # nonzero value. (Session 16: one pass per line took 0.44-0.48 ns a value in cache for a row's norm, against
+    # 0.7-1.1 for two.)
+    n, width = x.shape
+    sq = np.zeros(width)
+    zc = np.zeros(width, np.int64)
+    # Rows of _WIDE_ROWS values or more four at a time, so that the columns' sums and zero counts are read and
+    # written once per four values. On operands fresh from memory: 0.45 against 0.68 ms on 1024 x 1024 (GPT-2-tiny
+    # d_model 256's hidden layer), 0.50 against 0.71 on 1024 x 768, 0.14 against 0.18 on 256 x 1024; the same
+    # in cache; 9.3 against 11.4 ms a step in that model's training steps. (On shorter rows both arrays stay in
+    # L1, and four rows a pass took 1.1x the time.)
+    full = n - n % 4 if width >= _WIDE_ROWS else 0
+    top, tiny, row_zeros = _four_rows(x[:full], rows[:full], sq, zc)
+    top1, tiny1, row_zeros1 = _each_row(x[full:], rows[full:], sq, zc)
+    col_zeros = 0
+    for k in range(width):
+        cols[k] = math.sqrt(sq[k])
+        col_zeros = max(col_zeros, _line_zeros(zc[k], n))
+    return max(top, top1), tiny + tiny1, max(row_zeros, row_zeros1), col_zeros
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _each_row(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int, int]:
+    """`_norms_both`'s pass over x's rows one at a time: rows' norms into rows, the columns' squares and zeros
+    added to sq and zc; (top, tiny, row_zeros)."""
     top, tiny, row_zeros = 0, 0, 0
-    sq = np.zeros(x.shape[1])
-    zc = np.zeros(x.shape[1], np.int64)
     for i in range(x.shape[0]):
         line, s, zr = x[i], 0.0, 0
         for k in range(line.size):
@@ -593,14 +616,39 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
             zr += z
             zc[k] += z
         rows[i] = math.sqrt(s)
-        if zr < line.size:  # (a line of zeros only is left out: see `_matmul_upper`)
-            row_zeros = max(row_zeros, zr)
-    col_zeros = 0
-    for k in range(sq.size):
-        cols[k] = math.sqrt(sq[k])
-        if zc[k] < x.shape[0]:
-            col_zeros = max(col_zeros, zc[k])
-    return top, tiny, row_zeros, col_zeros
+        row_zeros = max(row_zeros, _line_zeros(zr, line.size))
+    return top, tiny, row_zeros
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _four_rows(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int, int]:
+    """`_each_row` four rows at a time (x's row count a multiple of four)."""
+    top, tiny, row_zeros = 0, 0, 0
+    width = x.shape[1]
+    for i in range(0, x.shape[0], 4):
+        l0, l1, l2, l3 = x[i], x[i + 1], x[i + 2], x[i + 3]
+        s0 = s1 = s2 = s3 = 0.0
+        z0 = z1 = z2 = z3 = 0
+        for k in range(width):
+            v0, v1, v2, v3 = np.float64(l0[k]), np.float64(l1[k]), np.float64(l2[k]), np.float64(l3[k])
+            q0, q1, q2, q3 = v0 * v0, v1 * v1, v2 * v2, v3 * v3
+            s0, s1, s2, s3 = s0 + q0, s1 + q1, s2 + q2, s3 + q3
+            sq[k] += (q0 + q1) + (q2 + q3)
+            top = max(top, max(max(_abs_bits(v0), _abs_bits(v1)), max(_abs_bits(v2), _abs_bits(v3))))
+            tiny += (_is_tiny(v0) + _is_tiny(v1)) + (_is_tiny(v2) + _is_tiny(v3))
+            e0, e1, e2, e3 = _is_zero(v0), _is_zero(v1), _is_zero(v2), _is_zero(v3)
+            z0, z1, z2, z3 = z0 + e0, z1 + e1, z2 + e2, z3 + e3
+            zc[k] += (e0 + e1) + (e2 + e3)
+        rows[i], rows[i + 1], rows[i + 2], rows[i + 3] = math.sqrt(s0), math.sqrt(s1), math.sqrt(s2), math.sqrt(s3)
+        row_zeros = max(row_zeros, _line_zeros(z0, width), _line_zeros(z1, width), _line_zeros(z2, width),
+                        _line_zeros(z3, width))
+    return top, tiny, row_zeros
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _line_zeros(zeros: int, size: int) -> int:
+    """A line's zero count for `_norms_both`'s maximum: 0 for a line of zeros only (left out: see `_matmul_upper`)."""
+    return zeros if zeros < size else 0
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})

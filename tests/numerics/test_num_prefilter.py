@@ -691,6 +691,38 @@ def test_a_batch_is_normed_in_one_call_as_slice_by_slice() -> None:
         assert want[0] == (trial % 3 == 0) and want[1:] != (0, 0)
 
 
+def test_both_axes_norms_and_flags_match_a_plain_reference_on_short_and_wide_rows() -> None:
+    # `_norms_both` takes rows of `_WIDE_ROWS` values or more four at a time and the rest one by one: on row counts
+    # that leave remainders, with zeros (lines of zeros only left out of the most zeros), tiny values and an
+    # infinity, its flags are numpy's and each norm is within float64's rounding of the exact one
+    rng = np.random.default_rng(17)
+    # (rows, columns, the row with the most zeros: at each place of a block of four, and a remainder row)
+    cases = [(9, 600, 3), (4, 512, 1), (7, 511, 2), (13, 1030, 12), (8, 520, 0), (11, 700, 6), (3, 40, 0), (1, 700, 0),
+             (6, 1, 0)]
+    for trial, (m, k, busiest) in enumerate(cases):
+        x = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-40, 40, (m, k))
+        x[rng.random(x.shape) < 0.3] = 0
+        x[m // 2] = 0  # a row of zeros only
+        x[:, k // 3] = 0  # a column of zeros only
+        if busiest != m // 2:
+            x[busiest, 0], x[busiest, 1:] = 1.0, 0
+        if trial % 3 == 1:
+            x[0, 0] = 1e-300  # tiny
+        if trial % 3 == 2:
+            x[-1, -1] = np.inf
+        rows, cols = np.empty(m), np.empty(k)
+        top, tiny, row_zeros, col_zeros = prefilter._norms_both(x, rows, cols)
+        assert top == int(np.abs(x).view(np.int64).max()), trial
+        assert tiny == int(((x != 0) & (np.abs(x) < prefilter._TINY_LINE)).sum()), trial
+        for got, zeros, size in ((row_zeros, (x == 0).sum(1), k), (col_zeros, (x == 0).sum(0), m)):
+            assert got == max([int(z) for z in zeros if z < size], default=0), trial
+        if trial % 3 == 2:
+            continue
+        for got, axis in ((rows, 1), (cols, 0)):
+            exact = np.array([math.fsum(float(v) * float(v) for v in line) for line in np.moveaxis(x, axis, -1)])
+            assert (np.abs(got * got - exact) <= 4 * (k if axis else m) * 2.0**-53 * exact).all(), (trial, axis)
+
+
 def test_line_norms_recompute_after_an_in_place_change(monkeypatch: pytest.MonkeyPatch) -> None:
     x, _ = _linear_operands(torch.Generator().manual_seed(4))
     cache, first, again = prefilter.LineNorms(), np.empty((1, 48)), np.empty((1, 40))
