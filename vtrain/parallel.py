@@ -185,11 +185,6 @@ def _entry(rank: int, world: int, tmp: str, fn: Callable[..., Any], args: tuple,
         if rank == 0:
             with open(os.path.join(tmp, "result.pkl"), "wb") as f:
                 pickle.dump(result, f)
-        # Every process past its last collective before any tears its group down. Without this, process 0 (the
-        # last broadcast's source) could close its connections while a peer was still receiving, and gloo then
-        # called std::terminate in process 0 (SIGABRT: tests/families/test_family_parallel.py's two-process
-        # audit, 3 runs of 14 at f93d662; none of 16 with it).
-        dist.barrier()
     except VtrainError as exc:
         Path(tmp, f"error-{rank}.txt").write_text(f"worker {rank} of {world}: {exc}", encoding="utf-8")
         raise
@@ -197,5 +192,13 @@ def _entry(rank: int, world: int, tmp: str, fn: Callable[..., Any], args: tuple,
         Path(tmp, f"error-{rank}.txt").write_text(f"worker {rank} of {world}: {traceback.format_exc()}",
                                                   encoding="utf-8")
         raise
+    else:
+        # Every process past its last collective before any tears its group down. Without this, process 0 (the
+        # last broadcast's source) could close its connections while a peer was still receiving, and gloo then
+        # called std::terminate in process 0 (SIGABRT in tests/families/test_family_parallel.py's two-process
+        # audit: 3 runs of 14 at f93d662, 1 of 39 with this barrier, that one's cause not caught). (Here, not in
+        # the try: a peer's failure ends this barrier with an error of its own, which must not take the place of
+        # the peer's in the error files.)
+        dist.barrier()
     finally:
         dist.destroy_process_group()

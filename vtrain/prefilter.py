@@ -585,9 +585,9 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
     zc = np.zeros(width, np.int64)
     # Rows of _WIDE_ROWS values or more four at a time, so that the columns' sums and zero counts are read and
     # written once per four values. On operands fresh from memory: 0.45 against 0.68 ms on 1024 x 1024 (GPT-2-tiny
-    # d_model 256's hidden layer), 0.50 against 0.71 on 1024 x 768, 0.14 against 0.18 on 256 x 1024; the same
-    # in cache; 9.3 against 11.4 ms a step in that model's training steps. (On shorter rows both arrays stay in
-    # L1, and four rows a pass took 1.1x the time.)
+    # d_model 256's hidden layer), 0.50 against 0.71 on 1024 x 768, 0.14 against 0.18 on 256 x 1024; in cache
+    # 0.89-0.91x the time; 9.3 against 11.4 ms a step in that model's training steps. (On 1024 x 256 four rows a
+    # pass took 1.1x the time.)
     full = n - n % 4 if width >= _WIDE_ROWS else 0
     top, tiny, row_zeros = _four_rows(x[:full], rows[:full], sq, zc)
     top1, tiny1, row_zeros1 = _each_row(x[full:], rows[full:], sq, zc)

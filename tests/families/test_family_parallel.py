@@ -14,7 +14,8 @@ import torch
 from familykit import cli, family_spec
 from vtrain.audit import audit, replay_step_detail
 from vtrain.grid import grid_index, round_to_grid
-from vtrain.parallel import SINGLE, ParallelError, reduce_gradients
+from vtrain.errors import VtrainError
+from vtrain.parallel import SINGLE, Group, ParallelError, reduce_gradients, run_workers
 from vtrain.run import Run
 from vtrain.spec import spec_from_dict, to_toml
 from vtrain.train import train
@@ -50,6 +51,21 @@ def test_reduction_is_the_correctly_rounded_exact_mean():
         exact_sum = _rne_fp32(sum(map(Fraction, terms), Fraction(0)))
         assert float(mean[j]) == _rne_fp32(Fraction(exact_sum) / shards), (j, terms)
     assert float(mean[0]) == 2.0**-32 * (1 + 2.0**-23)   # an FP64 sum in this order gives 0
+
+
+def _last_rank_fails_after_the_collectives(group: Group) -> float:
+    # (module level: the worker processes are spawned, and import it by name)
+    total = group.all_gather(float(group.rank))
+    if group.rank == group.world - 1:
+        raise VtrainError(f"rank {group.rank} found its shard corrupt")
+    return sum(total)
+
+
+def test_a_workers_error_after_the_last_collective_is_the_one_reported():
+    # The processes meet once more after their work, before tearing their group down (vtrain.parallel._entry);
+    # a peer's failure then ends process 0's wait with an error of its own, which must not be reported instead
+    with pytest.raises(ParallelError, match="worker 1 of 2: rank 1 found its shard corrupt"):
+        run_workers(_last_rank_fails_after_the_collectives, 2)
 
 
 def test_workers_must_divide_the_shards(tmp_path):

@@ -693,30 +693,34 @@ def test_a_batch_is_normed_in_one_call_as_slice_by_slice() -> None:
 
 def test_both_axes_norms_and_flags_match_a_plain_reference_on_short_and_wide_rows() -> None:
     # `_norms_both` takes rows of `_WIDE_ROWS` values or more four at a time and the rest one by one: on row counts
-    # that leave remainders, with zeros (lines of zeros only left out of the most zeros), tiny values and an
-    # infinity, its flags are numpy's and each norm is within float64's rounding of the exact one
+    # that leave remainders, with a row of zeros only (left out of the most zeros), the row with the most zeros,
+    # and a tiny value, the largest one and an infinity in a third row, each at every place of a block of four in
+    # some case and in a remainder row, its flags are numpy's and each norm is within float64's rounding of the
+    # exact one
     rng = np.random.default_rng(17)
-    # (rows, columns, the row with the most zeros: at each place of a block of four, and a remainder row)
-    cases = [(9, 600, 3), (4, 512, 1), (7, 511, 2), (13, 1030, 12), (8, 520, 0), (11, 700, 6), (3, 40, 0), (1, 700, 0),
-             (6, 1, 0)]
-    for trial, (m, k, busiest) in enumerate(cases):
+    # (rows, columns, the row with the most zeros, the row with the tiny, largest and infinite values); the row of
+    # zeros only is the middle one
+    cases = [(9, 600, 3, 2), (4, 512, 1, 3), (7, 511, 2, 4), (13, 1030, 12, 1), (8, 520, 0, 7), (11, 700, 6, 4),
+             (7, 600, 5, 1), (6, 900, 1, 5), (3, 40, 0, 2), (1, 700, 0, 0), (6, 1, 0, 5)]
+    for trial, (m, k, busiest, hot) in enumerate(cases):
         x = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-40, 40, (m, k))
         x[rng.random(x.shape) < 0.3] = 0
         x[m // 2] = 0  # a row of zeros only
         x[:, k // 3] = 0  # a column of zeros only
         if busiest != m // 2:
             x[busiest, 0], x[busiest, 1:] = 1.0, 0
-        if trial % 3 == 1:
-            x[0, 0] = 1e-300  # tiny
-        if trial % 3 == 2:
-            x[-1, -1] = np.inf
+        if hot not in (m // 2, busiest):
+            x[hot, 5 % k] = 1e-300  # tiny
+            x[hot, 7 % k] = 2.0**60  # the largest
+            if trial % 3 == 2:
+                x[hot, 9 % k] = np.inf
         rows, cols = np.empty(m), np.empty(k)
         top, tiny, row_zeros, col_zeros = prefilter._norms_both(x, rows, cols)
         assert top == int(np.abs(x).view(np.int64).max()), trial
         assert tiny == int(((x != 0) & (np.abs(x) < prefilter._TINY_LINE)).sum()), trial
         for got, zeros, size in ((row_zeros, (x == 0).sum(1), k), (col_zeros, (x == 0).sum(0), m)):
             assert got == max([int(z) for z in zeros if z < size], default=0), trial
-        if trial % 3 == 2:
+        if not np.isfinite(x).all():
             continue
         for got, axis in ((rows, 1), (cols, 0)):
             exact = np.array([math.fsum(float(v) * float(v) for v in line) for line in np.moveaxis(x, axis, -1)])
