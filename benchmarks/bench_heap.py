@@ -52,7 +52,8 @@ def child(size: str, steps: int) -> dict:
                 if t > WARMUP:
                     rows[mode].append((seconds * 1e3, after.ru_minflt - before.ru_minflt,
                                        (after.ru_stime - before.ru_stime) * 1e3))
-    rss = next(int(line.split()[1]) // 1024 for line in open("/proc/self/status") if line.startswith("VmRSS"))
+    status = Path("/proc/self/status").read_text().splitlines()
+    rss = next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmRSS"))
     return {mode: [statistics.median(col) for col in zip(*r)] for mode, r in rows.items()} | {"rss_mb": rss}
 
 

@@ -622,7 +622,9 @@ def _each_row(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
 def _four_rows(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int, int]:
-    """`_each_row` four rows at a time (x's row count a multiple of four)."""
+    """`_each_row` four rows at a time (x's row count a multiple of four). Its loop body is written out rather than
+    shared with `_each_row` through an inlined helper returning each value's terms as a tuple: that form ran 10 %
+    slower on 1024 x 256."""
     top, tiny, row_zeros = 0, 0, 0
     width = x.shape[1]
     for i in range(0, x.shape[0], 4):
