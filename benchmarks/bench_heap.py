@@ -42,7 +42,8 @@ def child(size: str, steps: int) -> dict:
     rows: dict[str, list[tuple[float, int, float]]] = {"none": [], "record": []}
     with tempfile.TemporaryDirectory() as tmp:
         data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
-        spec = family_spec(family, data, steps=steps + 1, **changes)
+        # (the spec's length only shapes the schedule; the examples warm up for 5 steps, so at least 10)
+        spec = family_spec(family, data, steps=max(steps + 1, 10), **changes)
         sessions = {mode: TrainingSession(spec) for mode in rows}
         for t in range(1, steps + 1):
             for mode, s in sessions.items():
