@@ -254,9 +254,22 @@ def _pairs_as(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, 
 def _pairs(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float,
            pow2: np.ndarray) -> int:
     """out = rounded x op y elementwise (arrays of one length); the count of values off the grid."""
-    if cast32:
-        return _pairs_as(code, x, y, out, m, True, limit, pow2)
-    return _pairs_as(code, x, y, out, m, False, limit, pow2)
+    if not cast32:  # (the other grids' rounding does not vectorise)
+        return _pairs_as(code, x, y, out, m, False, limit, pow2)
+    # One loop per op, each with its op a constant. With the op read at run time, LLVM kept its tests, and
+    # the backward ops' arithmetic, inside the vectorised loop, for every value: in situ the kernels took
+    # 4-7 % longer (docs/benchmarks.md, session 33).
+    if code == ADD:
+        return _pairs_as(ADD, x, y, out, m, True, limit, pow2)
+    if code == SUB:
+        return _pairs_as(SUB, x, y, out, m, True, limit, pow2)
+    if code == MUL:
+        return _pairs_as(MUL, x, y, out, m, True, limit, pow2)
+    if code == DIV:
+        return _pairs_as(DIV, x, y, out, m, True, limit, pow2)
+    if code == TANH_BACKWARD:
+        return _pairs_as(TANH_BACKWARD, x, y, out, m, True, limit, pow2)
+    return _pairs_as(SIGMOID_BACKWARD, x, y, out, m, True, limit, pow2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
