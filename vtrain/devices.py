@@ -22,6 +22,8 @@ The rounding log's error bounds (vtrain.bounds) hold for any of these orders, an
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -179,29 +181,53 @@ _SUMS = frozenset((aten.sum.default, aten.sum.dim_IntList, aten.mean.default, at
 
 
 def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The CPU's float64 sum or mean (vtrain.fused.sum_with_abs: its own fixed order, and the sums of |x| its
+    """The CPU's float64 sum or mean (vtrain.fused.sums_with_abs: its own fixed order, and the sums of |x| its
     error bound needs from the same pass, kept for vtrain.bounds), or None where torch's kernel computes it
-    (other dtypes and layouts)."""
+    (other dtypes and layouts, and lines below fused.BLOCK_SUM_ELEMENTS values in all: there the bound's second
+    pass still finds x in cache, where torch's sum is the faster; GPT-2-tiny d_model 256's layer norm means,
+    (8, 128, 256): 40 us against the lanes' 80)."""
     from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
     x = args[0]
-    if not isinstance(x, torch.Tensor) or not x.dim() or kwargs.get("dtype") not in (None, x.dtype):
+    if not (isinstance(x, torch.Tensor) and fused.usable(x)):
         return None
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
-    if dim and (len(set(dim)) != len(dim) or not all(-x.dim() <= d < x.dim() for d in dim)):
-        return None  # (torch's kernel raises the error that names them)
-    red = _reduced(x, dim)
-    sums = fused.sum_with_abs(x, red)
-    if sums is None:
+    plan = _sum_plan(func, x.shape, x.stride(), x.dtype, tuple(dim) if dim else (), bool(keepdim), kwargs.get("dtype"))
+    if plan is None:
         return None
-    total, absolute = sums
-    if func in (aten.mean.default, aten.mean.dim):
-        total /= _prod(x.shape[d] for d in red)
-    shape = [1 if d in red else n for d, n in enumerate(x.shape)] if keepdim else \
-        [n for d, n in enumerate(x.shape) if d not in red]
-    out = torch.from_numpy(total).reshape(shape)
+    columns, view, out_shape, divisor = plan
+    if not columns and x.numel() < fused.BLOCK_SUM_ELEMENTS:
+        return None
+    total, absolute = fused.sums_with_abs(fused.flat(x).reshape(view), columns, divisor)
+    out = torch.from_numpy(total.reshape(out_shape))
     fused.remember_abs_sums(out, absolute)
     return out
+
+
+# A reduction's operands keep their layouts step after step, so each is worked out once: worked out on every call,
+# the Python around the kernel took ~136 us a call in a training step (resnet-tiny width 32, 38 calls: 5.2 ms a
+# step, torch's whole sums 14.1), since the kernel's pass pushes the interpreter's own memory out of the core's
+# caches; now ~65 us (docs/benchmarks.md, session 33).
+@functools.lru_cache(maxsize=1024)
+def _sum_plan(func: Any, shape: tuple, stride: tuple, dtype: Any, dim: tuple, keepdim: bool,
+              out_dtype: Any) -> tuple[bool, tuple, list, float] | None:
+    """(fused.reduction_view's form and view, the output's shape, the divisor: a mean's count, else 1.0) for a
+    contiguous tensor of this layout, or None where `_sum_with_abs` leaves the op to torch."""
+    from vtrain import fused  # noqa: PLC0415
+    nd = len(shape)
+    if dtype is not torch.float64 or not nd or out_dtype not in (None, dtype) or not math.prod(shape):
+        return None
+    if dim and (len(set(dim)) != len(dim) or not all(-nd <= d < nd for d in dim)):
+        return None  # (torch's kernel raises the error that names them)
+    red = sorted({d % nd for d in dim}) if dim else list(range(nd))
+    layout = fused.reduction_view(shape, red)
+    if layout is None:
+        return None
+    columns, view = layout
+    divisor = float(_prod(shape[d] for d in red)) if func in (aten.mean.default, aten.mean.dim) else 1.0
+    out_shape = [1 if d in red else n for d, n in enumerate(shape)] if keepdim else \
+        [n for d, n in enumerate(shape) if d not in red]
+    return columns, view, out_shape, divisor
 
 
 def _reduced(x: torch.Tensor, dims: list[int] | None) -> list[int]:

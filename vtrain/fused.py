@@ -650,37 +650,28 @@ BLOCK_SUM_ELEMENTS = 1 << 19
 SUM_LANES = 64
 
 
-def sum_with_abs(x: torch.Tensor, dims: list[int]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(the sum of x over `dims`, the sum of |x| there) in one pass, float64 in the kept dims' order, for the
-    float64 tensors `abs_sum` takes; None otherwise. The CPU device's sums under rounded execution
-    (vtrain.devices): a trainer's sum and its error bound's sum of |x| (vtrain.bounds) each read x from memory
-    once more, and on batch and layer norm's inputs (1-8 MB) that second pass cost as much as the sum. The sum's
-    order is fixed by this code, on any machine and thread count (E bounds any order):
+def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the sum of x over the reduced dims / divisor, the sum of |x| there) in one pass, float64 in the kept dims'
+    order, x as `reduction_view` gives it (`columns`: its first form). The CPU device's sums and means under
+    rounded execution (vtrain.devices): a trainer's sum and its error bound's sum of |x| (vtrain.bounds) each
+    read x from memory once more, and on batch and layer norm's inputs (1-8 MB) that second pass cost as much as
+    the sum. The sum's order is fixed by this code, on any machine and thread count (E bounds any order):
     - columns (the reduced dims leading): each kept element's values added row after row from 0.0;
     - lines (the reduced dims trailing or inner, x as (outer, kept, inner)): value k of line x[a, c] goes to lane
       k % L of kept element c (L = min(inner, SUM_LANES)), each lane adds its values from 0.0 in order of a, then
       k, and the L lanes are combined by `_halving_tree`.
     Each lane's additions are in this order whatever the vector width the compiler picks, since the vectors run
-    across lanes, never along one. Lines only from BLOCK_SUM_ELEMENTS values on: below that size the bound's
-    second pass still finds x in cache, where torch's sum is the faster (GPT-2-tiny d_model 256's layer norm
-    means, (8, 128, 256): 40 us against the lanes' 80)."""
-    if x.dtype is not torch.float64:
-        return None
-    layout = _reduction_layout(x, dims)
-    if layout is None:
-        return None
-    columns, lines, out = layout
-    if not columns and x.numel() < BLOCK_SUM_ELEMENTS:
-        return None
-    total = np.empty_like(out)
+    across lanes, never along one. A mean's sum is then divided by its count (`divisor`; 1.0 for a sum), one IEEE
+    division per value as numpy's or torch's would be."""
+    total, out = np.empty(lines.shape[-1 if columns else 1]), np.empty(lines.shape[-1 if columns else 1])
     if columns:
-        _column_sums_with_abs(lines, total, out)
+        _column_sums_with_abs(lines, total, out, divisor)
     else:
-        _lane_sums_with_abs(lines, total, out)
+        _lane_sums_with_abs(lines, total, out, divisor)
     return total, out
 
 
-# The sums of |x| that `sum_with_abs` computed with the CPU device's last sum or mean, for that op's error bound
+# The sums of |x| that `sums_with_abs` computed with the CPU device's last sum or mean, for that op's error bound
 # (vtrain.bounds): (the output tensor, its sums), handed out once, to that very tensor only.
 _ABS_SUMS: list = [None, None]
 
@@ -703,17 +694,25 @@ def _reduction_layout(x: torch.Tensor, dims: list[int]) -> tuple[bool, np.ndarra
     output array of the kept size) for `abs_sum`'s tensors; None for the others."""
     if not (usable(x) and x.dim() and x.numel()):
         return None
-    red = sorted({d % x.dim() for d in dims})
-    kept = [d for d in range(x.dim()) if d not in red]
+    view = reduction_view(tuple(x.shape), sorted({d % x.dim() for d in dims}))
+    if view is None:
+        return None
+    lines = flat(x).reshape(view[1])
+    return view[0], lines, np.empty(lines.shape[-1 if view[0] else 1])
+
+
+def reduction_view(shape: tuple, red: list[int]) -> tuple[bool, tuple] | None:
+    """For a contiguous tensor of this shape reduced over the dims `red` (ascending): (whether they lead, the
+    shape to view it in: (reduced, kept) if so, else (outer, kept, inner)), or None where the kept dims are not
+    one block of consecutive dims (none, leading, trailing or inner ones: batch norm's channels)."""
+    kept = [d for d in range(len(shape)) if d not in red]
     first = kept[0] if kept else 0
     if kept and red == list(range(first)):  # leading: one sum per column of the (reduced, kept) matrix
-        inner = math.prod(x.shape[first:])
-        return True, flat(x).reshape(-1, inner), np.empty(inner)
+        return True, (-1, math.prod(shape[first:]))
     if kept == list(range(first, first + len(kept))):
         # one block kept (trailing dims, inner ones as batch norm's channels of (N, C, H, W), or none): an
         # (outer, kept, inner) array, the sums of its inner lines added to their kept element's
-        size = math.prod(x.shape[first:first + len(kept)])
-        return False, flat(x).reshape(math.prod(x.shape[:first]), size, -1), np.empty(size)
+        return False, (math.prod(shape[:first]), math.prod(shape[first:first + len(kept)]), -1)
     return None
 
 
@@ -756,8 +755,8 @@ def _halving_tree(acc: np.ndarray) -> float:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> None:
-    # `sum_with_abs`'s lines: the inner loop runs across SUM_LANES independent lanes, so LLVM vectorises it with
+def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
+    # `sums_with_abs`'s lines: the inner loop runs across SUM_LANES independent lanes, so LLVM vectorises it with
     # nothing reassociated (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
     # values from memory). No fast-math here: the order defines the CPU device's sums.
     lanes = min(x.shape[2], SUM_LANES)
@@ -777,12 +776,12 @@ def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> No
                 v = line[k0 + j]
                 acc[j] += v
                 acc_abs[j] += abs(v)
-        total[c] = _halving_tree(acc)
+        total[c] = _halving_tree(acc) / divisor
         out[c] = _halving_tree(acc_abs)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _column_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> None:
+def _column_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
     total[:] = 0.0
     out[:] = 0.0
     for i in range(x.shape[0]):
@@ -790,6 +789,8 @@ def _column_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray) -> 
         for j in range(row.size):
             total[j] += row[j]
             out[j] += abs(row[j])
+    for j in range(total.size):
+        total[j] /= divisor
 
 
 def affine64(s: torch.Tensor, a: float, b: float) -> torch.Tensor:
