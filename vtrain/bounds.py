@@ -296,10 +296,12 @@ def _sum(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list
     dims = list(range(x.dim())) if not dim else list(dim)
     from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
     s = fused.take_abs_sums(v)  # (the CPU device's sum computed them: vtrain.devices)
-    s = None if s is None else torch.from_numpy(s)
     if s is None and x.numel() >= _FUSED_SUM_ELEMENTS:
         s = fused.abs_sum(x, dims)
-        s = None if s is None else s.to(v.dtype)  # (float32 work: a rounding of 2^-24, inside _finish's slack)
+    if s is not None and _numpy_work(v):
+        return [torch.from_numpy(_finish(s.reshape(-1) * gamma(n, u), n, u, v.dtype).reshape(v.shape))]
+    # (float32 work: rounding the sums to float32 takes 2^-24 of _finish's slack)
+    s = None if s is None else torch.from_numpy(s).to(v.dtype)
     if s is None:
         xa = x.abs() if x.dtype is v.dtype else x.to(v.dtype).abs_()
         s = xa.sum(dims, keepdim=keepdim) if x.dim() else xa
@@ -311,8 +313,21 @@ def _mean(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> lis
     dim = args[1] if len(args) > 1 else kwargs.get("dim")
     n = _reduced_count(x, dim)
     (e,) = _sum(args, kwargs, outs)
-    u = unit_roundoff(outs[0].dtype)
-    return [e / max(n, 1) * (1 + 2 * u) + u * outs[0].abs()]
+    v = outs[0]
+    u = unit_roundoff(v.dtype)
+    if _numpy_work(v):
+        mean = e.numpy().reshape(-1) / max(n, 1)
+        mean *= 1 + 2 * u
+        mean += u * np.abs(v.numpy().reshape(-1))
+        return [torch.from_numpy(mean.reshape(v.shape))]
+    return [e / max(n, 1) * (1 + 2 * u) + u * v.abs()]
+
+
+def _numpy_work(v: torch.Tensor) -> bool:
+    """Whether a reduction's E over its few outputs v is worked out in numpy: float64 work on the CPU, where
+    numpy's operations are torch's, the same IEEE operations in float64 in the same order (the same bits), at
+    ~1 us a call against torch's ~5-10 us in a training step (docs/benchmarks.md, session 33)."""
+    return v.dtype is torch.float64 and v.is_cpu and not v.requires_grad
 
 
 # -- softmax family and NLL loss --------------------------------------------------------------------

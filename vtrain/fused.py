@@ -625,7 +625,7 @@ def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
     return (out if src is t else out.t()), largest
 
 
-def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
+def abs_sum(x: torch.Tensor, dims: list[int]) -> np.ndarray | None:
     """The sum of |x| over `dims` (float64, the kept dims' elements in order) in one pass, with no |x| in
     memory (torch's x.abs() writes a tensor as large as x: on a 512 x 2048 bias gradient, fresh pages cost
     more than the sum), for a contiguous CPU tensor that keeps one block of consecutive dims (none, leading,
@@ -639,7 +639,7 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> torch.Tensor | None:
         _abs_column_sums(lines, out)
     else:
         _abs_block_sums(lines, out)
-    return torch.from_numpy(out)
+    return out
 
 
 BLOCK_SUM_ELEMENTS = 1 << 19

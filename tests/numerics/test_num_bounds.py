@@ -402,6 +402,50 @@ def test_sums_pools_and_matmuls_keep_the_previous_formulas_bits() -> None:
             assert torch.equal(_bits(got), _bits(want)), func
 
 
+@pytest.mark.parametrize("op", [aten.sum.dim_IntList, aten.mean.dim])
+def test_float64_reduction_bounds_in_numpy_give_the_torch_expressions_bits(op: object,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Float64 work's sums and means finish E in numpy on their few outputs (bounds._numpy_work): the same IEEE
+    # operations as the torch expressions, in the same order. Each sum of |x| source: the CPU device's (kept
+    # from its sum), the compiled pass's, torch's; outputs of every rank, zeros, subnormal-scale values, infinity.
+    from vtrain import bounds, fused
+
+    monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 1)  # (the device's sums for these small tensors too)
+    gen = torch.Generator().manual_seed(22)
+    x = _grid((6, 8, 5, 7), gen, torch.float64, 32, scale=1e3)
+    x[0, 0] = 0.0
+    x[1, :, :2] *= 2.0**-1000
+    x[2, 3, 1, 1] = 0.5 * (x[2, 3, 1, 0] + x[2, 3, 1, 2])  # (any value: v's |v| is in the mean's E)
+    big = x.clone()
+    big[3, 1, 2, 2] = math.inf
+    cpu = get_device("cpu")
+    cases = [(t, dim, keep) for t in (x, big) for dim, keep in
+             (([0, 2, 3], False), ([0, 2, 3], True), ([3], True), ([2, 3], False), ([0], False), ([0, 1], True),
+              ([1], False), ([0, 1, 2, 3], False), ([-1], False))]
+    seen = set()
+    for t, dim, keep in cases:
+        for through_device, fused_sums in ((True, 1 << 15), (False, 1), (False, 1 << 15)):
+            monkeypatch.setattr(bounds, "_FUSED_SUM_ELEMENTS", fused_sums)
+            got = []
+            for numpy_path in (True, False):
+                monkeypatch.setattr(bounds, "_numpy_work", lambda v, on=numpy_path: on)
+                v = cpu.execute(op, (t, dim, keep), {}) if through_device else op(t, dim, keep)
+                kept = fused.take_abs_sums(v)
+                if kept is not None:  # (looked at, and handed back for the bound)
+                    fused.remember_abs_sums(v, kept)
+                seen.add(kept is not None if through_device else fused_sums)
+                got.append(BOUNDS[op]((t, dim, keep), {}, [v])[0])
+            assert got[0].shape == got[1].shape == v.shape, (dim, keep)
+            assert torch.equal(_bits(got[0]), _bits(got[1])), (dim, keep, through_device, fused_sums)
+    assert seen == {True, False, 1, 1 << 15}  # (the device kept its sums for some layouts, not for others)
+    full = {aten.sum.dim_IntList: aten.sum.default, aten.mean.dim: aten.mean.default}[op]
+    got = []
+    for numpy_path in (True, False):
+        monkeypatch.setattr(bounds, "_numpy_work", lambda v, on=numpy_path: on)
+        got.append(BOUNDS[full]((x,), {}, [cpu.execute(full, (x,), {})])[0])
+    assert got[0].shape == () and torch.equal(_bits(got[0]), _bits(got[1]))
+
+
 @pytest.mark.parametrize("dtype,bits", [(torch.float64, 32), (torch.float32, 19)])
 def test_large_sums_bound_the_exact_sums_in_one_pass(dtype: torch.dtype, bits: int) -> None:
     # From vtrain.bounds._FUSED_SUM_ELEMENTS on, sum|x| over all dims but one block of consecutive ones comes
