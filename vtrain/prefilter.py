@@ -189,7 +189,6 @@ def _matmul_upper(func: Any) -> Upper:
         usable_b, zeros_b = line_norms(b.transpose(1, 2), cols)
         if not usable_b:
             return None
-        empty_lines = not (rows.all() and cols.all())  # (lines of zeros only, which have norm zero: see below)
         a_max, b_max = rows.max(), cols.max()
         largest = max(a_max, b_max)  # >= every |operand|
         scale = a_max * b_max * (1 + 2.0**-8) * abs(alpha)  # >= every sum of |terms|
@@ -208,6 +207,8 @@ def _matmul_upper(func: Any) -> Upper:
         # (an infinite factor: a gamma of 2^24 terms or more in float32's, of 2^53 in float64's)
         if not (math.isfinite(factor) and largest < 2.0**400 and (v.dtype == torch.float64 or scale < 2.0**126)):
             return None
+        # (lines of zeros only, which have norm zero: see below; looked for only where the floor is that large)
+        empty_lines = floor >= 2.0**-152 and not (rows.all() and cols.all())
         rows *= factor * abs(alpha)
         add = np.full(cols.shape, floor)
         if bias_abs is not None:
@@ -223,7 +224,7 @@ def _matmul_upper(func: Any) -> Upper:
         # unless the floor is 2^-152 or more (float32 work's always is; float64 work's for operands of ~2^30 and more),
         # and then the filter drops those sums. Dropout's fully dropped causal rows built the bitsets in 5 of
         # GPT-2-tiny's 12 attention products a step for those rows alone (~0.4 ms each).
-        if bias is None and not input_grad and (zeros_a + zeros_b >= k or (empty_lines and floor >= 2.0**-152)):
+        if bias is None and not input_grad and (zeros_a + zeros_b >= k or empty_lines):
             support, nonzero = _nonzero_terms(a, b)
             return Prefilter(rows, cols, add, v.shape, v.dtype, nonzero, support)
         return Prefilter(rows, cols, add, v.shape, v.dtype)
