@@ -79,8 +79,8 @@ def _finish_factors(n: int, u: float, dtype: torch.dtype) -> tuple[float, float]
 
 def _finish(e: Any, n: int, u: float, dtype: torch.dtype) -> Any:
     # In place: every caller hands over a fresh temporary (same operations, same bits, no new buffers), a
-    # tensor or, for a few gathered positions, a numpy array of `dtype` (numpy rounds c and floor to a float32
-    # array's dtype as torch does).
+    # tensor or a numpy array of `dtype` (a few gathered positions, or a float64 reduction's outputs: numpy
+    # rounds c and floor to a float32 array's dtype as torch does).
     c, floor = _finish_factors(n, u, dtype)
     if isinstance(e, np.ndarray):
         e *= c
@@ -315,7 +315,7 @@ def _mean(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> lis
     (e,) = _sum(args, kwargs, outs)
     v = outs[0]
     u = unit_roundoff(v.dtype)
-    if _numpy_work(v):
+    if _numpy_work(v) and not e.requires_grad:  # (e does where x does, called outside the dispatch)
         mean = e.numpy().reshape(-1) / max(n, 1)
         mean *= 1 + 2 * u
         mean += u * np.abs(v.numpy().reshape(-1))
@@ -325,8 +325,9 @@ def _mean(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> lis
 
 def _numpy_work(v: torch.Tensor) -> bool:
     """Whether a reduction's E over its few outputs v is worked out in numpy: float64 work on the CPU, where
-    numpy's operations are torch's, the same IEEE operations in float64 in the same order (the same bits), at
-    ~1 us a call against torch's ~5-10 us in a training step (docs/benchmarks.md, session 33)."""
+    numpy's operations are torch's, the same IEEE operations in float64 in the same order (the same bits, NaN
+    payloads aside: of two NaN addends numpy keeps the left's, torch the right's), at ~1 us a call against
+    torch's ~5-10 us in a training step (docs/benchmarks.md, session 33)."""
     return v.dtype is torch.float64 and v.is_cpu and not v.requires_grad
 
 

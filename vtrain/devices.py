@@ -210,23 +210,23 @@ def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
 # caches; now ~65 us (docs/benchmarks.md, session 33).
 @functools.lru_cache(maxsize=1024)
 def _sum_plan(func: Any, shape: tuple, stride: tuple, dtype: Any, dim: tuple, keepdim: bool,
-              out_dtype: Any) -> tuple[bool, tuple, list, float] | None:
+              out_dtype: Any) -> tuple[bool, tuple, tuple, float] | None:
     """(fused.reduction_view's form and view, the output's shape, the divisor: a mean's count, else 1.0) for a
     contiguous tensor of this layout, or None where `_sum_with_abs` leaves the op to torch."""
-    from vtrain import fused  # noqa: PLC0415
+    from vtrain import fused  # noqa: PLC0415 (as in _sum_with_abs)
     nd = len(shape)
     if dtype is not torch.float64 or not nd or out_dtype not in (None, dtype) or not math.prod(shape):
         return None
-    if dim and (len(set(dim)) != len(dim) or not all(-nd <= d < nd for d in dim)):
-        return None  # (torch's kernel raises the error that names them)
+    if dim and not (all(-nd <= d < nd for d in dim) and len({d % nd for d in dim}) == len(dim)):
+        return None  # (torch's kernel raises the error that names them: a dim out of range, or one twice, as 0 and -nd)
     red = sorted({d % nd for d in dim}) if dim else list(range(nd))
     layout = fused.reduction_view(shape, red)
     if layout is None:
         return None
     columns, view = layout
     divisor = float(_prod(shape[d] for d in red)) if func in (aten.mean.default, aten.mean.dim) else 1.0
-    out_shape = [1 if d in red else n for d, n in enumerate(shape)] if keepdim else \
-        [n for d, n in enumerate(shape) if d not in red]
+    out_shape = tuple(1 if d in red else n for d, n in enumerate(shape)) if keepdim else \
+        tuple(n for d, n in enumerate(shape) if d not in red)
     return columns, view, out_shape, divisor
 
 

@@ -433,17 +433,31 @@ def test_float64_reduction_bounds_in_numpy_give_the_torch_expressions_bits(op: o
                 kept = fused.take_abs_sums(v)
                 if kept is not None:  # (looked at, and handed back for the bound)
                     fused.remember_abs_sums(v, kept)
-                seen.add(kept is not None if through_device else fused_sums)
+                seen.add(("device kept its sums", kept is not None) if through_device else ("fused", fused_sums))
                 got.append(BOUNDS[op]((t, dim, keep), {}, [v])[0])
             assert got[0].shape == got[1].shape == v.shape, (dim, keep)
             assert torch.equal(_bits(got[0]), _bits(got[1])), (dim, keep, through_device, fused_sums)
-    assert seen == {True, False, 1, 1 << 15}  # (the device kept its sums for some layouts, not for others)
+    # (the device kept its sums for some layouts, not for others; the compiled pass and torch's sums both ran)
+    assert seen == {("device kept its sums", True), ("device kept its sums", False), ("fused", 1), ("fused", 1 << 15)}
     full = {aten.sum.dim_IntList: aten.sum.default, aten.mean.dim: aten.mean.default}[op]
     got = []
     for numpy_path in (True, False):
         monkeypatch.setattr(bounds, "_numpy_work", lambda v, on=numpy_path: on)
         got.append(BOUNDS[full]((x,), {}, [cpu.execute(full, (x,), {})])[0])
     assert got[0].shape == () and torch.equal(_bits(got[0]), _bits(got[1]))
+    # which work takes numpy: float64 on the CPU only, never float32 work (its E is float32) nor a tensor that
+    # records its gradient (numpy cannot read it)
+    monkeypatch.undo()
+    assert bounds._numpy_work(x) and not bounds._numpy_work(x.float())
+    assert not bounds._numpy_work(x.clone().requires_grad_())
+    x32 = x.float()
+    (e32,) = BOUNDS[op]((x32, [0, 2, 3], False), {}, [op(x32, [0, 2, 3], False)])
+    assert e32.dtype == torch.float32
+    with torch.enable_grad():  # E of a mean whose sums record their gradient: torch's expressions
+        xg = x.clone().requires_grad_()
+        (eg,) = BOUNDS[op]((xg, [0, 2, 3], False), {}, [op(x, [0, 2, 3], False)])
+    (e,) = BOUNDS[op]((x, [0, 2, 3], False), {}, [op(x, [0, 2, 3], False)])
+    assert torch.equal(_bits(eg.detach()), _bits(e))
 
 
 @pytest.mark.parametrize("dtype,bits", [(torch.float64, 32), (torch.float32, 19)])

@@ -131,7 +131,7 @@ def test_cpu_means_divide_the_fixed_order_sum_and_other_tensors_keep_torch_s_ker
         assert torch.equal(cpu.execute(aten.sum.dim_IntList, (other, [0, 2, 3], True), {}),
                            torch.sum(other, [0, 2, 3], True))
     assert cpu.execute(aten.sum.dim_IntList, (x, [0], False), {"dtype": torch.float32}).dtype == torch.float32
-    for bad in ([4], [-5], [1, 1]):  # torch's own errors for dims out of range or repeated
+    for bad in ([4], [-5], [1, 1], [0, -4]):  # torch's own errors for dims out of range or repeated
         with pytest.raises((IndexError, RuntimeError)):
             cpu.execute(aten.sum.dim_IntList, (x, bad, True), {})
 
