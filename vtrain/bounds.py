@@ -315,7 +315,7 @@ def _mean(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> lis
     (e,) = _sum(args, kwargs, outs)
     v = outs[0]
     u = unit_roundoff(v.dtype)
-    if _numpy_work(v) and not e.requires_grad:  # (e does where x does, called outside the dispatch)
+    if _numpy_work(v) and not e.requires_grad:  # (e records its gradient where x does, outside the dispatch)
         mean = e.numpy().reshape(-1) / max(n, 1)
         mean *= 1 + 2 * u
         mean += u * np.abs(v.numpy().reshape(-1))
