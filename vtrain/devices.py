@@ -23,9 +23,8 @@ The rounding log's error bounds (vtrain.bounds) hold for any of these orders, an
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -153,7 +152,7 @@ class Device:
     def sum(self, x: torch.Tensor, dims: list[int] | None = None, keepdim: bool = False) -> torch.Tensor:
         """Sum over `dims` (all when None or empty) in this device's order."""
         nd = x.dim()
-        red = _reduced(x, dims)
+        red = _reduced(nd, dims)
         if self.rowsum_order is None or x.numel() == 0 or nd == 0:
             return torch.sum(x, red, keepdim=keepdim) if nd else x.clone()
         keep = [d for d in range(nd) if d not in red]
@@ -215,11 +214,11 @@ def _sum_plan(func: Any, shape: tuple, stride: tuple, dtype: Any, dim: tuple, ke
     contiguous tensor of this layout, or None where `_sum_with_abs` leaves the op to torch."""
     from vtrain import fused  # noqa: PLC0415 (as in _sum_with_abs)
     nd = len(shape)
-    if dtype is not torch.float64 or not nd or out_dtype not in (None, dtype) or not math.prod(shape):
+    if dtype is not torch.float64 or not nd or out_dtype not in (None, dtype) or not _prod(shape):
         return None
     if dim and not (all(-nd <= d < nd for d in dim) and len({d % nd for d in dim}) == len(dim)):
         return None  # (torch's kernel raises the error that names them: a dim out of range, or one twice, as 0 and -nd)
-    red = sorted({d % nd for d in dim}) if dim else list(range(nd))
+    red = _reduced(nd, dim)
     layout = fused.reduction_view(shape, red)
     if layout is None:
         return None
@@ -230,9 +229,10 @@ def _sum_plan(func: Any, shape: tuple, stride: tuple, dtype: Any, dim: tuple, ke
     return columns, view, out_shape, divisor
 
 
-def _reduced(x: torch.Tensor, dims: list[int] | None) -> list[int]:
-    """The dims a reduction over `dims` sums, ascending and non-negative (all of them for None or none)."""
-    return sorted({d % x.dim() for d in dims}) if dims else list(range(x.dim()))
+def _reduced(nd: int, dims: Sequence[int] | None) -> list[int]:
+    """The dims a reduction over `dims` of an nd-dim tensor sums, ascending and non-negative (all of them for None
+    or none)."""
+    return sorted({d % nd for d in dims}) if dims else list(range(nd))
 
 
 def _prod(xs: Any) -> int:

@@ -663,7 +663,8 @@ def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float) -> tuple[np.
     Each lane's additions are in this order whatever the vector width the compiler picks, since the vectors run
     across lanes, never along one. A mean's sum is then divided by its count (`divisor`; 1.0 for a sum), one IEEE
     division per value as numpy's or torch's would be."""
-    total, out = np.empty(lines.shape[-1 if columns else 1]), np.empty(lines.shape[-1 if columns else 1])
+    kept = lines.shape[-1 if columns else 1]
+    total, out = np.empty(kept), np.empty(kept)
     if columns:
         _column_sums_with_abs(lines, total, out, divisor)
     else:
