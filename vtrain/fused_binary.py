@@ -36,6 +36,7 @@ from numba import njit
 
 from vtrain import fused
 from vtrain.fused import POW2, round_value
+from vtrain.grid import check_finite_range
 
 aten = torch.ops.aten
 
@@ -55,9 +56,15 @@ _DIMS = 4
 _BLOCK = 2048
 
 
-def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.Tensor | None:
+def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: bool = False) -> torch.Tensor | None:
     """The rounded output of the binary op `func` on (args, kwargs), a fresh contiguous tensor, or None where
-    this path does not apply (see the module docstring) or a value is off the grid."""
+    this path does not apply (see the module docstring) or a value is off the grid.
+
+    An in-place op's output, and with `into_x` an out-of-place op's where x allows it (x of the output's shape,
+    contiguous, sharing no memory with y), is x itself, computed and rounded where it lies: no second tensor
+    to write and copy. The caller of `into_x` must know that nothing else reads x. There, since x's values are
+    gone, a value off the grid raises GridOverflowError at once, naming its rounding (inf, NaN, or a value beyond
+    the grid) rather than the value itself, as the two-pass way would."""
     code = _CODES.get(func)
     if code is None or not fused.ENABLED or len(args) != 2 or (kwargs and not _unit_alpha(kwargs)):
         return None
@@ -66,13 +73,19 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float) -> torch.
     if _numel(x) * _numel(y) < least:  # (no output is larger: small ops leave here, in ~1 us)
         return None
     plan = _plan(_key(x), _key(y))
-    if plan is None or plan.size < least or (func in _IN_PLACE and not (plan.in_place and _apart(x, y))):
+    if plan is None or plan.size < least:
+        return None
+    in_place = (func in _IN_PLACE or into_x) and plan.in_place and _apart(x, y) and not x.is_neg()
+    if func in _IN_PLACE and not in_place:
         return None
     a, b = _memory(x, plan.x_span), _memory(y, plan.y_span)
     if a is None or b is None:
         return None
-    out = torch.empty(plan.shape, dtype=torch.float64)
-    if _binary(code, a, plan.sa, b, plan.sb, plan.dims, out.numpy().reshape(-1), m, m == 23, limit, POW2):
+    out = x if in_place else torch.empty(plan.shape, dtype=torch.float64)
+    if _binary(code, a, plan.sa, b, plan.sb, plan.dims, None if in_place else out.numpy().reshape(-1), m, m == 23,
+               limit, POW2):
+        if in_place:
+            check_finite_range(x, m + 9)  # (raises: x holds the value's rounding, off the grid)
         return None
     return out
 
@@ -253,7 +266,8 @@ def _pairs_as(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _pairs(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float,
            pow2: np.ndarray) -> int:
-    """out = rounded x op y elementwise (arrays of one length); the count of values off the grid."""
+    """out = rounded x op y elementwise (arrays of one length; out may be x itself); the count of values off the
+    grid."""
     if not cast32:  # (the other grids' rounding does not vectorise)
         return _pairs_as(code, x, y, out, m, False, limit, pow2)
     # One loop per op, each with its op a constant. With the op read at run time, LLVM kept its tests, and
@@ -274,9 +288,11 @@ def _pairs(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, cas
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
-            out: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+            out: np.ndarray | None, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
     """out (flat, C order over dims) = the rounded a op b, a and b read through their strides over dims
-    (innermost 0 or 1); the count of values off the grid."""
+    (innermost 0 or 1); the count of values off the grid. Out None: a itself is the output (contiguous)."""
+    # (numba compiles a None out and an array apart, each with its own loop below only: with both loops in one
+    # function, every op's out-of-place kernel ran 3-11 % slower in situ)
     n = dims[3]
     # A broadcast operand's value along a line, repeated in a buffer of up to _BLOCK values that stays in cache:
     # then one loop shape, which vectorises, serves every case.
@@ -294,8 +310,16 @@ def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndar
                     ys[:] = b[pb]
                 for j in range(0, n, w):
                     k = min(w, n - j)
-                    nbad += _pairs(code, a[pa + j:pa + j + k] if sa[3] else xs[:k],
-                                   b[pb + j:pb + j + k] if sb[3] else ys[:k], out[o + j:o + j + k], m, cast32, limit,
-                                   pow2)
+                    if out is None:
+                        # the line read and written as one array: given as two (one memory), the vectorised
+                        # loop's run-time check finds them overlapping and takes its scalar fallback (1.9
+                        # against 1.2 ms for a 1M-value sum)
+                        line = a[o + j:o + j + k]
+                        nbad += _pairs(code, line, b[pb + j:pb + j + k] if sb[3] else ys[:k], line, m, cast32,
+                                       limit, pow2)
+                    else:
+                        nbad += _pairs(code, a[pa + j:pa + j + k] if sa[3] else xs[:k],
+                                       b[pb + j:pb + j + k] if sb[3] else ys[:k], out[o + j:o + j + k], m, cast32,
+                                       limit, pow2)
                 o += n
     return nbad

@@ -29,8 +29,9 @@ when the value it imposes is the rounding of some value within the band of the a
 round(v' - w') <= claimed <= round(v' + w'), with the auditor's own band w' (2E' for "bound", 0 where
 the auditor certifies v' exact, (0.5 - tau) spacings for "tau"). For an honest trainer that always
 holds, since its value was within 2E of the auditor's (and equal to it where either certifies).
-Otherwise the trainer steered a value no honest device could have produced: IllegitimateLogEntryError. Entries that agree with the auditor's own rounding are never illegitimate;
-the ones that change it are counted as corrections.
+Otherwise the trainer steered a value no honest device could have produced: IllegitimateLogEntryError.
+Entries that agree with the auditor's own rounding are never illegitimate; the ones that change it are counted
+as corrections.
 
 Bands carry a relative slack of 2^-10 (see vtrain.bounds for how E itself is inflated).
 
@@ -58,6 +59,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from vtrain import refine, spare, valuecode
+from vtrain.accumulation import sole_gradient, sole_owners
 from vtrain.prefilter import LineNorms, Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
@@ -186,6 +188,7 @@ class RoundedExecution(TorchDispatchMode):
         self._cuda_flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled)
         backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = backends.cudnn.enabled = False
         self._norms = LineNorms()  # (it holds operands: they go with it at the end)
+        sole_owners()  # (measured once a process: see vtrain.accumulation)
         super().__enter__()
         return self
 
@@ -232,10 +235,13 @@ class RoundedExecution(TorchDispatchMode):
             return func(*args, **kwargs)
         self._counts["ops"] += 1
         if spec.cls is OpClass.IEEE:
-            out = self._binary(func, args, kwargs, self.bits - 9, self._limit)
+            try:  # (an in-place op's output, and autograd's sum into a sole gradient, are args[0] itself)
+                out = self._binary(func, args, kwargs, self.bits - 9, self._limit, sole_gradient(func, args))
+            except GridOverflowError as exc:  # (raised for a value off the grid where it was written in place)
+                raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
             if out is not None:  # a large binary op, computed and rounded in one pass
                 self._counts["rounded"] += out.numel()
-                return args[0].copy_(out) if spec.inplace else out
+                return out
             # An IEEE op's (or its decomposition's) output is a fresh tensor: rounded in place.
             if spec.decomposed is not None:
                 out = spec.decomposed(*args, **kwargs)

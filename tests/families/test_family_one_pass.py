@@ -1,6 +1,7 @@
 """The model families train bit for bit alike with vtrain.fused_binary's one-pass binary ops and without
 them: the same logs, losses and states (batch and layer norms, attention and residual adds are where the
-models use those ops, and GPT-2's GELU its tanh's gradient)."""
+models use those ops, and GPT-2's GELU its tanh's gradient; the one-pass way also writes autograd's sums of
+gradients over a sole gradient, vtrain.accumulation)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _train(spec, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0 if on else 1 << 62)  # every size, or none
     calls = []
     kernel = fused_binary._binary
-    monkeypatch.setattr(fused_binary, "_binary", lambda *a: calls.append(a[0]) or kernel(*a))
+    monkeypatch.setattr(fused_binary, "_binary", lambda *a: calls.append((a[0], a[6] is None)) or kernel(*a))
     s = TrainingSession(spec, "cpu")
     out = [s.step(t, "record") for t in range(1, 4)]
     return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), set(calls)
@@ -29,7 +30,9 @@ def test_training_with_the_one_pass_ops_is_bit_identical(family_data, family: st
     spec = family_spec(family, family_data, steps=10, resolution=resolution)
     logs_on, loss_on, state_on, codes = _train(spec, True, monkeypatch)
     logs_off, loss_off, state_off, none = _train(spec, False, monkeypatch)
-    # every op ran the one-pass way (GPT-2's GELU: tanh's gradient too), and then none did
+    # every op ran the one-pass way (GPT-2's GELU: tanh's gradient too), and then none did; and autograd's sums
+    # of gradients (residual streams, norms) ran written over a sole gradient (vtrain.accumulation)
     ops = {*range(4), *([fused_binary.TANH_BACKWARD] if family == "gpt2-tiny" else [])}
-    assert codes == ops and not none
+    assert {code for code, _ in codes} == ops and not none
+    assert (fused_binary.ADD, True) in codes
     assert logs_on == logs_off and loss_on == loss_off and state_on == state_off

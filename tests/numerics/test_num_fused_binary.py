@@ -112,6 +112,30 @@ def test_a_float32_zero_dim_operand_and_signed_zeros() -> None:
             assert got is not None and _same_bits(got, _two_pass(func, (x, y), 32))
 
 
+IN_PLACE = {aten.add.Tensor: aten.add_.Tensor, aten.sub.Tensor: aten.sub_.Tensor, aten.mul.Tensor: aten.mul_.Tensor,
+            aten.div.Tensor: aten.div_.Tensor}
+
+
+@pytest.mark.parametrize("bits", [32, 10])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
+def test_outputs_written_over_x_have_the_two_pass_bits(func: object, layout: str, bits: int) -> None:
+    xs, ys = LAYOUTS[layout]
+    x = _hard(xs, bits, 1)
+    y = _hard(ys, bits, 2, least=2.0**-60 if func is aten.div.Tensor else 0.0) if isinstance(ys, tuple) else ys
+    want = _two_pass(func, (x, y), bits)
+    over = tuple(xs) == tuple(want.shape)  # x is the output's shape: the sum goes where x lies
+    for op, into_x in ((func, True), (IN_PLACE[func], False)):  # autograd's sums (`into_x`), torch's in-place ops
+        mine = x.clone()
+        got = fused_binary.binary(op, (mine, y), {}, bits - 9, grid_max(bits), into_x)
+        if over:
+            assert got is mine and _same_bits(got, want)
+        elif into_x:  # a fresh output, x as it was
+            assert got is not None and got is not mine and _same_bits(got, want) and _same_bits(mine, x)
+        else:  # an in-place op whose output would outgrow x: torch's error
+            assert got is None and _same_bits(mine, x)
+
+
 @pytest.mark.parametrize("func,y", [(aten.div.Tensor, 0.0), (aten.div.Tensor, 2.0**-1074),
                                     (aten.mul.Tensor, 1e300), (aten.add.Tensor, float("nan")),
                                     (aten.mul.Tensor, 2.0**127 * (2 - 2.0**-24))])
@@ -121,6 +145,17 @@ def test_values_off_the_grid_return_none(func: object, y: float) -> None:
     assert fused_binary.binary(func, (x, y), {}, 23, grid_max(32)) is None
     with pytest.raises(GridOverflowError):
         _two_pass(func, (x, y), 32)
+    with pytest.raises(GridOverflowError):  # written over x, whose values are gone: raised at once
+        fused_binary.binary(func, (x.clone(), y), {}, 23, grid_max(32), True)
+
+
+def test_a_negated_view_is_not_written_over() -> None:
+    # (its memory holds the values' negations: numpy reads them resolved, into a copy)
+    x, y = _hard((64, 64), 32, 5), _hard((64, 64), 32, 6)
+    neg = torch._neg_view(x)
+    got = fused_binary.binary(aten.add.Tensor, (neg, y), {}, 23, grid_max(32), True)
+    assert got is not neg and _same_bits(got, _two_pass(aten.add.Tensor, (-x, y), 32))
+    assert _same_bits(neg.resolve_neg(), -x) and neg.is_neg()
 
 
 def test_layouts_it_does_not_take_return_none() -> None:
@@ -182,6 +217,10 @@ def test_in_place_ops_and_an_overflow_under_rounded_execution() -> None:
     with pytest.raises(NonFiniteError, match="aten.mul"), RoundedExecution(bits=32, device=get_device("cpu"),
                                                                            mode="plain"):
         big * 4.0
+    # written where x lies, the values are gone: the error names the value's rounding, at once
+    with pytest.raises(NonFiniteError, match=r"aten.mul_.*value inf"), \
+            RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
+        big.mul_(4.0)
 
 
 def test_the_path_obeys_the_kernels_switch(monkeypatch: pytest.MonkeyPatch) -> None:
