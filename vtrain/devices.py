@@ -183,8 +183,11 @@ def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The CPU's float64 sum or mean (vtrain.fused.sums_with_abs: its own fixed order, and the sums of |x| its
     error bound needs from the same pass, kept for vtrain.bounds), or None where torch's kernel computes it
     (other dtypes and layouts, and lines below fused.BLOCK_SUM_ELEMENTS values in all: there the bound's second
-    pass still finds x in cache, where torch's sum is the faster; GPT-2-tiny d_model 256's layer norm means,
-    (8, 128, 256): 40 us against the lanes' 80)."""
+    pass still finds x in cache, where torch's sum is the faster). At 2 MB the one pass wins in a step: GPT-2-tiny
+    d_model 256's layer norm means and sums, (8, 128, 256) over the last dim, were torch's sums and the bound's
+    pass, 19.8 ms a step in all with the other sums and means, now 18.1 (docs/benchmarks.md, session 34). Alone,
+    torch's sum and the bound's pass took 41 and 46 us on x in cache, this one pass 146; on x from memory 104 and
+    107, this one 103."""
     from vtrain import fused  # noqa: PLC0415 (numba's import: only processes that round pay it)
     x = args[0]
     if not (isinstance(x, torch.Tensor) and fused.usable(x)):

@@ -642,7 +642,7 @@ def abs_sum(x: torch.Tensor, dims: list[int]) -> np.ndarray | None:
     return out
 
 
-BLOCK_SUM_ELEMENTS = 1 << 19
+BLOCK_SUM_ELEMENTS = 1 << 18  # (the CPU device's line sums from this size on: see vtrain.devices._sum_with_abs)
 # The lanes of the CPU device's line sums (`_lane_sums_with_abs`): at 64, a lane is touched again every 64 values
 # (no wait on its last addition) and the lanes of both sums sit in L1. On batch norm's 1M-value input, read from
 # memory: 64 lanes 0.82 ms, 32 0.86, 128 0.86, torch's own sum 0.69-0.71, the eight partial sums before them 1.20.

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 from numba import njit
+from torch.autograd.graph import increment_version
 
 from vtrain import fused
 from vtrain.fused import POW2, round_value
@@ -62,7 +63,8 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: b
 
     An in-place op's output, and with `into_x` an out-of-place op's where x allows it (x of the output's shape,
     contiguous, sharing no memory with y), is x itself, computed and rounded where it lies: no second tensor
-    to write and copy. The caller of `into_x` must know that nothing else reads x. There, since x's values are
+    to write and copy. The caller of `into_x` must know that nothing else reads x; x's version counter then counts
+    the write, as torch's in-place ops count theirs (caches key on it). There, since x's values are
     gone, a value off the grid raises GridOverflowError at once, naming its rounding (inf, NaN, or a value beyond
     the grid) rather than the value itself, as the two-pass way would."""
     code = _CODES.get(func)
@@ -87,6 +89,8 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: b
         if in_place:
             check_finite_range(x, m + 9)  # (raises: x holds the value's rounding, off the grid)
         return None
+    if in_place and func not in _IN_PLACE:  # (torch counts its own in-place ops' writes; this one is ours)
+        increment_version(x)
     return out
 
 

@@ -130,6 +130,7 @@ def test_outputs_written_over_x_have_the_two_pass_bits(func: object, layout: str
         got = fused_binary.binary(op, (mine, y), {}, bits - 9, grid_max(bits), into_x)
         if over:
             assert got is mine and _same_bits(got, want)
+            assert mine._version == into_x  # (a torch in-place op's write is counted above the dispatch)
         elif into_x:  # a fresh output, x as it was
             assert got is not None and got is not mine and _same_bits(got, want) and _same_bits(mine, x)
         else:  # an in-place op whose output would outgrow x: torch's error
