@@ -189,7 +189,7 @@ def _matmul_upper(func: Any) -> Upper:
         usable_b, zeros_b = line_norms(b.transpose(1, 2), cols)
         if not usable_b:
             return None
-        a_max, b_max = rows.max(), cols.max()
+        a_max, b_max = _largest(rows), _largest(cols)
         largest = max(a_max, b_max)  # >= every |operand|
         scale = a_max * b_max * (1 + 2.0**-8) * abs(alpha)  # >= every sum of |terms|
         bias_abs = None
@@ -209,8 +209,8 @@ def _matmul_upper(func: Any) -> Upper:
             return None
         # (lines of zeros only, which have norm zero: see below; looked for only where the floor is that large)
         empty_lines = floor >= 2.0**-152 and not (rows.all() and cols.all())
-        rows *= factor * abs(alpha)
-        add = np.full(cols.shape, floor)
+        add = np.empty(cols.shape)
+        _scale_fill(rows, factor * abs(alpha), add, floor)
         if bias_abs is not None:
             add += bias_abs * (abs(beta) * factor)
         # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and its
@@ -230,6 +230,28 @@ def _matmul_upper(func: Any) -> Upper:
         return Prefilter(rows, cols, add, v.shape, v.dtype)
 
     return upper
+
+
+# The pre-filter's arithmetic on its ~1K norms a matmul, compiled: numpy's reductions and fills there, on caches
+# cold after the matmul, took the pre-filter 14.9 against 14.5 ms a step at GPT-2-tiny d_model 256 (the two
+# codes stepping alternately in one process). The same operations as numpy's: a maximum that a NaN makes NaN,
+# and one IEEE product a value.
+@njit(cache=True, nogil=True)
+def _largest(x: np.ndarray) -> float:
+    top, nan = -np.inf, False
+    for v in x.ravel():
+        nan |= v != v
+        top = v if v > top else top
+    return np.nan if nan else top
+
+
+@njit(cache=True, nogil=True)
+def _scale_fill(rows: np.ndarray, scale: float, add: np.ndarray, floor: float) -> None:
+    """rows *= scale; add[:] = floor (both contiguous)."""
+    flat = rows.ravel()
+    for i in range(flat.size):
+        flat[i] *= scale
+    add.ravel()[:] = floor
 
 
 # -- convolutions: E gathered at positions, in compiled loops ---------------------------------------------

@@ -843,3 +843,19 @@ def test_convolution_squares_recompute_after_an_in_place_change() -> None:
     assert again is not first
     for a, b in zip(again, fresh):
         assert np.array_equal(a, b)
+
+
+def test_the_compiled_maximum_and_scaling_are_numpy_s() -> None:
+    gen = np.random.default_rng(21)
+    for shape in ((1, 1), (2, 1024), (3, 7)):
+        x = gen.random(shape) * 10.0 ** gen.integers(-300, 300, shape)
+        for special in (None, math.inf, math.nan, 0.0):
+            y = x.copy()
+            if special is not None:
+                y.flat[gen.integers(y.size)] = special
+            got, want = prefilter._largest(y), y.max()
+            assert got == want or (math.isnan(got) and math.isnan(want))
+            scaled, add = y.copy(), np.empty((1, shape[1]))
+            prefilter._scale_fill(scaled, 0.3 * math.pi, add, 2.0**-1000)
+            assert np.array_equal((y * (0.3 * math.pi)).view(np.int64), scaled.view(np.int64))
+            assert np.all(add == 2.0**-1000)
