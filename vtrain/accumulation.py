@@ -15,17 +15,18 @@ would have returned. It holds where
 - a backward pass is running (a graph task) with grad mode off, so no graph of the gradients is recorded;
 - the autograd node being evaluated is one whose backward formula dispatches no add (`ADD_FREE`; the test
   tests/numerics/test_num_accumulation.py runs each formula alone): so the add is the engine's, summing that
-  node's outputs into the buffers that wait for them;
+  node's outputs into the buffers that wait for them, or a tensor hook's (Python code that runs in the node's
+  context, and holds its operands by name: the next condition refuses those);
 - the left operand has one owner only, as the engine asks natively: its C++ use count and its Python reference
   count are those of a buffer's sole gradient, measured on the engine's own sums in this process (`sole_owners`). A
   second owner shows in them: another buffer holding the same gradient (an add's backward passes its one
-  gradient on to both operands' nodes), or a Python structure (the matmul pre-filter keeps its operands);
+  gradient on to both operands' nodes), a hook's or any Python structure's reference (the matmul pre-filter keeps
+  its operands);
 - and it alone sees its storage (vtrain.spare.sole): no view of it exists.
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
@@ -60,13 +61,24 @@ def _owners(args: tuple) -> tuple[int, int]:
     return args[0]._use_count(), sys.getrefcount(args[0])
 
 
-@functools.cache
+_MEASURED: list[tuple[int, int] | None] = []  # (`sole_owners`: its answer, once measured)
+
+
 def sole_owners() -> tuple[int, int] | None:
     """`_owners` of a gradient that an input buffer alone holds, seen in a dispatch mode, or None where a second
-    owner would not show (or torch does not expose use counts). Measured once a process, on two tiny backward
-    passes outside any other mode: one whose only sum adds to a sole gradient, and one where a gradient that
-    two buffers hold is summed into one of them. (The rounded execution asks on entering, so that no backward
-    pass runs inside another's.)"""
+    owner would not show (or torch does not expose use counts). Measured once a process, outside any backward
+    pass (inside one, None until then: the probe would see that pass's adds too); the rounded execution asks on
+    entering, so that its backward passes find the answer."""
+    if not _MEASURED:
+        if torch._C._current_graph_task_id() != -1:
+            return None
+        _MEASURED.append(_measure())
+    return _MEASURED[0]
+
+
+def _measure() -> tuple[int, int] | None:
+    """`sole_owners`' counts, from two tiny backward passes outside any other mode: one whose only sum adds to a
+    sole gradient, and one where a gradient that two buffers hold is summed into one of them."""
     if not hasattr(torch.Tensor, "_use_count"):
         return None
     seen: list[tuple[int, int]] = []
@@ -77,8 +89,9 @@ def sole_owners() -> tuple[int, int] | None:
                 seen.append(_owners(args))
             return func(*args, **(kwargs or {}))
 
-    with _disable_current_modes(), torch.enable_grad():
-        p = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    # (under inference mode or a default device too: a CPU tensor that records its graph)
+    with _disable_current_modes(), torch.inference_mode(False), torch.enable_grad():
+        p = torch.ones(2, dtype=torch.float64, device="cpu", requires_grad=True)
         with Probe():
             (p * 2.0 + p * 3.0).sum().backward()  # p's buffer: the second product's gradient added to the first's
         if len(seen) != 1:
@@ -87,7 +100,7 @@ def sole_owners() -> tuple[int, int] | None:
         with Probe():
             a, b = p * 2.0, p * 3.0
             c = a * 5.0
-            # a + b passes its one gradient on to a's node and to b's; then c's node (made later, so run first)
-            # adds its gradient to a's while b's buffer still holds that one
+            # (a + b)'s node runs first (made after c's), passing its one gradient on to a's node and to b's;
+            # c's node then adds its gradient to a's while b's buffer still holds that one
             ((a + b) + c).sum().backward()
     return sole if seen and any(owners != sole for owners in seen) else None

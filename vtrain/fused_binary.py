@@ -37,7 +37,7 @@ from torch.autograd.graph import increment_version
 
 from vtrain import fused
 from vtrain.fused import POW2, round_value
-from vtrain.grid import check_finite_range
+from vtrain.grid import GridOverflowError, check_finite_range
 
 aten = torch.ops.aten
 
@@ -86,8 +86,9 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: b
     out = x if in_place else torch.empty(plan.shape, dtype=torch.float64)
     if _binary(code, a, plan.sa, b, plan.sb, plan.dims, None if in_place else out.numpy().reshape(-1), m, m == 23,
                limit, POW2):
-        if in_place:
-            check_finite_range(x, m + 9)  # (raises: x holds the value's rounding, off the grid)
+        if in_place:  # (x's values are gone: no second way to take; x holds the value's rounding, off the grid)
+            check_finite_range(x, m + 9)
+            raise GridOverflowError(f"{func} left the grid (bits={m + 9}) where it was written in place")
         return None
     if in_place and func not in _IN_PLACE:  # (torch counts its own in-place ops' writes; this one is ours)
         increment_version(x)

@@ -16,6 +16,7 @@ from vtrain.rounding import RoundedExecution
 
 aten = torch.ops.aten
 N = fused_binary.MIN_ELEMENTS  # values a gradient: the one-pass path's least
+_OWNERS = accumulation._owners
 
 
 class _Ops(TorchDispatchMode):
@@ -66,7 +67,22 @@ def test_the_owners_of_a_sole_gradient_are_measured(monkeypatch: pytest.MonkeyPa
     assert accumulation.sole_owners() is not None
     # where it would not show, none is taken for sole
     monkeypatch.setattr(accumulation, "_owners", lambda args: (1, 1))
-    assert accumulation.sole_owners.__wrapped__() is None
+    assert accumulation._measure() is None
+    # measured outside any backward pass, under inference mode and a meta default device too
+    monkeypatch.setattr(accumulation, "_owners", _OWNERS)
+    with torch.inference_mode(), torch.device("meta"):
+        assert accumulation._measure() == accumulation.sole_owners()
+
+
+def test_the_owners_are_not_measured_inside_a_backward_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(accumulation, "_MEASURED", [])
+    inside: list = []
+    p = torch.ones(4, dtype=torch.float64, requires_grad=True)
+    y = p * 2.0
+    y.register_hook(lambda g: inside.append(accumulation.sole_owners()))
+    y.sum().backward()
+    assert inside == [None] and accumulation._MEASURED == []  # (none kept: asked again outside, it measures)
+    assert accumulation.sole_owners() is not None and accumulation._MEASURED
 
 
 def _backward(graph: Any, spy: list, monkeypatch: pytest.MonkeyPatch, in_place: bool = True,
@@ -145,6 +161,64 @@ def test_only_the_add_free_nodes_sums_are_taken(monkeypatch: pytest.MonkeyPatch)
     said.clear()
     _backward(lambda p: p * 0.5 + p.exp(), said, monkeypatch)  # under MulBackward0
     assert said == [True]
+
+
+# grid values, made outside the rounded execution (which has no random ops)
+Q = [torch.randn(N, dtype=torch.float64, generator=torch.Generator().manual_seed(i)).float().double() for i in range(7)]
+
+
+def _hooked(kept: list) -> Any:
+    def graph(p: torch.Tensor) -> torch.Tensor:
+        u = p * Q[1]
+        t = u - Q[2]  # (t's gradient passes through SubBackward0 to u's buffer, where u * r's is added)
+        t.register_hook(lambda g: kept.append((g, g.clone())))
+        u.retain_grad()
+        return t * Q[3] + u * Q[2]
+    return graph
+
+
+def _twice(p: torch.Tensor) -> list:
+    y = (p * Q[1] - Q[2]) * Q[3] + p * Q[2]
+    torch.autograd.backward(y.sum(), retain_graph=True)
+    first = p.grad.clone()
+    torch.autograd.backward(y.sum())
+    return [first, p.grad]
+
+
+def _several(p: torch.Tensor) -> list:
+    u = p * Q[1]
+    t = u - Q[2]
+    outs = [t * Q[3], u * Q[2], t - Q[1]]
+    return list(torch.autograd.grad(outs, [p, t, u], grad_outputs=[Q[4], Q[5], Q[6]]))
+
+
+def _results(case: str, monkeypatch: pytest.MonkeyPatch, in_place: bool) -> tuple[list, list, list]:
+    decide, said = accumulation.sole_gradient, []
+    monkeypatch.setattr(rounding, "sole_gradient",
+                        lambda func, args: said.append(decide(func, args) and in_place) or said[-1])
+    p = torch.linspace(-3.0, 5.0, N, dtype=torch.float64).requires_grad_()
+    kept: list = []
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
+        if case == "hook":
+            _hooked(kept)(p).sum().backward()
+            got = [p.grad]
+        elif case == "retain_graph":
+            got = _twice(p)
+        else:
+            got = _several(p)
+    monkeypatch.undo()
+    return got, kept, said
+
+
+@pytest.mark.parametrize("case", ["hook", "retain_graph", "several outputs"])
+def test_hooks_retained_graphs_and_several_outputs_give_the_fresh_sums_bits(case: str,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    got, kept, said = _results(case, monkeypatch, True)
+    want, _, fresh = _results(case, monkeypatch, False)
+    assert True in said and True not in fresh  # (some sums written in place, then none)
+    assert len(got) == len(want) and all(_same_bits(a, b) for a, b in zip(got, want))
+    # a gradient the hook keeps is never summed over (its reference shows)
+    assert all(_same_bits(g, copy) for g, copy in kept) and len(kept) == (case == "hook")
 
 
 class _Keeper(RoundedExecution):
