@@ -43,6 +43,13 @@ LAYOUTS = {"same": ((8, 4, 6, 8), (8, 4, 6, 8)), "per-channel": ((8, 4, 6, 8), (
            "long-line": ((3, 5000), (3, 5000))}
 
 
+def _operands(func: object, layout: str, bits: int) -> tuple[torch.Tensor, torch.Tensor | float]:
+    """LAYOUTS[layout]'s operands, of `_hard` values (a divisor's away from zero)."""
+    xs, ys = LAYOUTS[layout]
+    y = _hard(ys, bits, 2, least=2.0**-60 if func is aten.div.Tensor else 0.0) if isinstance(ys, tuple) else ys
+    return _hard(xs, bits, 1), y
+
+
 @pytest.fixture(autouse=True)
 def _every_size(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0)
@@ -52,9 +59,7 @@ def _every_size(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
 def test_one_pass_gives_the_two_pass_bits(func: object, layout: str, bits: int) -> None:
-    xs, ys = LAYOUTS[layout]
-    x = _hard(xs, bits, 1)
-    y = _hard(ys, bits, 2, least=2.0**-60 if func is aten.div.Tensor else 0.0) if isinstance(ys, tuple) else ys
+    x, y = _operands(func, layout, bits)
     got = fused_binary.binary(func, (x, y), {}, bits - 9, grid_max(bits))
     assert got is not None and _same_bits(got, _two_pass(func, (x, y), bits))
     assert got.stride() == func(x, y).stride()  # torch's layout: later ops see the same tensor
@@ -120,11 +125,9 @@ IN_PLACE = {aten.add.Tensor: aten.add_.Tensor, aten.sub.Tensor: aten.sub_.Tensor
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("func", OPS, ids=lambda f: str(f))
 def test_outputs_written_over_x_have_the_two_pass_bits(func: object, layout: str, bits: int) -> None:
-    xs, ys = LAYOUTS[layout]
-    x = _hard(xs, bits, 1)
-    y = _hard(ys, bits, 2, least=2.0**-60 if func is aten.div.Tensor else 0.0) if isinstance(ys, tuple) else ys
+    x, y = _operands(func, layout, bits)
     want = _two_pass(func, (x, y), bits)
-    over = tuple(xs) == tuple(want.shape)  # x is the output's shape: the sum goes where x lies
+    over = x.shape == want.shape  # x is the output's shape: the sum goes where x lies
     for op, into_x in ((func, True), (IN_PLACE[func], False)):  # autograd's sums (`into_x`), torch's in-place ops
         mine = x.clone()
         got = fused_binary.binary(op, (mine, y), {}, bits - 9, grid_max(bits), into_x)
