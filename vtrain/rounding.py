@@ -238,7 +238,7 @@ class RoundedExecution(TorchDispatchMode):
             try:  # (an in-place op's output, and autograd's sum into a sole gradient, are args[0] itself)
                 out = self._binary(func, args, kwargs, self.bits - 9, self._limit, sole_gradient(func, args))
             except GridOverflowError as exc:  # (raised for a value off the grid where it was written in place)
-                raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
+                raise self._diverged(spec, str(exc)) from None
             if out is not None:  # a large binary op, computed and rounded in one pass
                 self._counts["rounded"] += out.numel()
                 return out
@@ -281,7 +281,7 @@ class RoundedExecution(TorchDispatchMode):
         try:
             return round_to_grid(t, self.bits)
         except GridOverflowError as exc:
-            raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
+            raise self._diverged(spec, str(exc)) from None
 
     def _done_with(self, site: int, floats: list) -> bool:
         """Whether a device op's output at `site` is not read unrounded after its rounding: plain rounding reads
@@ -302,11 +302,15 @@ class RoundedExecution(TorchDispatchMode):
         bounds read the operands only (a layer norm's could read the mean it output beside v)."""
         return (spec.bound_upper is not None or sum(f is not None for f in floats) == 1) and _fresh(v, args)
 
+    def _diverged(self, spec: OpSpec, detail: str) -> NonFiniteError:
+        """The error naming this step and the op being dispatched (`spec`), whose output left the grid."""
+        return NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, detail)
+
     def _check_finite(self, t: torch.Tensor, spec: OpSpec) -> None:
         try:
             check_finite_range(t, self.bits)
         except GridOverflowError as exc:
-            raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
+            raise self._diverged(spec, str(exc)) from None
 
     def _round_into(self, t: torch.Tensor, spec: OpSpec) -> torch.Tensor:
         """Round t in place (t returned)."""
@@ -445,7 +449,7 @@ class RoundedExecution(TorchDispatchMode):
                     cand, held, e_cand, bounds = self._near(spec, args, kwargs, floats, i, r, BAND_SLACK, bounds)[1:5]
                 if e_cand is None:  # an output without an error bound is an exact count
                     if any_bad:
-                        raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, "an exact count overflowed")
+                        raise self._diverged(spec, "an exact count overflowed")
                     cand, held = cand[:0], held[:0]
                 pos, e_pos, held_pos = cand, e_cand, held
                 if cand.numel():
@@ -716,7 +720,7 @@ class RoundedExecution(TorchDispatchMode):
         try:
             return resolver_for(op)(args, kwargs, i, pos.cpu().numpy(), self.bits)
         except GridOverflowError as exc:
-            raise NonFiniteError(self.step, self._counts["ops"] - 1, spec.name, str(exc)) from None
+            raise self._diverged(spec, str(exc)) from None
 
     # -- record -------------------------------------------------------------------------------------
 

@@ -85,10 +85,9 @@ def test_the_owners_are_not_measured_inside_a_backward_pass(monkeypatch: pytest.
     assert accumulation.sole_owners() is not None and accumulation._MEASURED
 
 
-def _backward(graph: Any, spy: list, monkeypatch: pytest.MonkeyPatch, in_place: bool = True,
-              mode: type = RoundedExecution) -> torch.Tensor:
-    """p.grad after graph(p) and its backward pass under rounded execution (plain), noting in `spy` what
-    sole_gradient said of each sum; `in_place` False: every sum into a fresh tensor."""
+def _spy(monkeypatch: pytest.MonkeyPatch, spy: list, in_place: bool) -> None:
+    """The rounded execution's sole_gradient noting in `spy` what it said of each sum in a backward pass;
+    `in_place` False: every sum into a fresh tensor."""
     decide = accumulation.sole_gradient
 
     def noted(func: Any, args: tuple) -> bool:
@@ -98,7 +97,17 @@ def _backward(graph: Any, spy: list, monkeypatch: pytest.MonkeyPatch, in_place: 
         return said
 
     monkeypatch.setattr(rounding, "sole_gradient", noted)
-    p = torch.linspace(-3.0, 5.0, N, dtype=torch.float64).requires_grad_()
+
+
+def _parameter() -> torch.Tensor:
+    return torch.linspace(-3.0, 5.0, N, dtype=torch.float64).requires_grad_()
+
+
+def _backward(graph: Any, spy: list, monkeypatch: pytest.MonkeyPatch, in_place: bool = True,
+              mode: type = RoundedExecution) -> torch.Tensor:
+    """p.grad after graph(p) and its backward pass under rounded execution (plain), spied on (`_spy`)."""
+    _spy(monkeypatch, spy, in_place)
+    p = _parameter()
     with mode(bits=32, device=get_device("cpu"), mode="plain"):
         graph(p).sum().backward()
     return p.grad
@@ -193,10 +202,9 @@ def _several(p: torch.Tensor) -> list:
 
 
 def _results(case: str, monkeypatch: pytest.MonkeyPatch, in_place: bool) -> tuple[list, list, list]:
-    decide, said = accumulation.sole_gradient, []
-    monkeypatch.setattr(rounding, "sole_gradient",
-                        lambda func, args: said.append(decide(func, args) and in_place) or said[-1])
-    p = torch.linspace(-3.0, 5.0, N, dtype=torch.float64).requires_grad_()
+    said: list = []
+    _spy(monkeypatch, said, in_place)
+    p = _parameter()
     kept: list = []
     with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
         if case == "hook":
