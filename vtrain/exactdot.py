@@ -11,14 +11,17 @@ Per position (row r of A, column c of B, in batch n):
    smaller one, K-outer otherwise (a column of a row-major B is read row by row, across all the needed
    columns). Operands are numpy views of the torch tensors with any strides (transposed weights, g^T).
 2. Products. Dekker's TwoProduct with Veltkamp's split gives a*b = hi + lo exactly when |a|, |b| < 2^995
-   and 2^-900 <= |a*b| < 2^1000, or a or b is zero. When both lines hold only float32-representable values
-   (grid values do), products have <= 48 bits and hi is exact: the split is skipped.
+   and 2^-900 <= |a*b| < 2^1000, or a or b is zero. When both lines hold only short values (`short`: <= 24
+   bits within float32's range; grid values are), products have <= 48 bits and hi is exact: the split is
+   skipped.
 3. Exact sum. Rump-Ogita-Oishi ExtractVector (as exactmath._distill_chunk: sigma = 2^k >= (n + 2) max|r|,
    q = (sigma + r) - sigma and r - q exact, sum(q) exact in any order), two levels per sweep over the
    terms (one sweep for grid products), turns the K or 2K terms into a few values with the same exact
    sum; those go into Shewchuk's nonoverlapping partials (CPython's msum), whose fsum finish gives s1, the
    correctly rounded float64 of the exact sum S. The sweeps are branch-free loops that LLVM vectorises;
    their sums are exact in any order, which is what lets `_exact_sum` alone be compiled with reassociation.
+   Where every term lies within 104 bits of the largest's top (grid products span ~15 bits), one pass sums
+   them instead, the two levels' extracted parts counted as integers (`_two_levels`).
 4. Grid rounding of s1 as exactmath._round_f64; when s1 is exactly on a grid midpoint, S - s1 (one more
    msum step on a copy of the partials, the sign of its top partial) decides, ties to even when it is zero.
    This is the double-rounding trap described in exactmath's docstring.
@@ -34,7 +37,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import intrinsic
 
 from vtrain import exactmath
 from vtrain.grid import check_bits, grid_max
@@ -49,6 +53,23 @@ _SPLIT = 134217729.0  # 2^27 + 1: Veltkamp's splitter
 _PARTS = 128
 _EMIN = -126  # the grid is uniform below 2^-126
 _BLOCK = 32  # K-block of the strided gather: 32 rows of memory stay in cache (16 and 32 measured best)
+_BELOW_24 = (1 << 29) - 1  # the float64 significand bits below a 24-bit one's
+_TINY, _HUGE = (int(np.float64(v).view(np.int64)) for v in (2.0**-149, 2.0**128))
+_NO_LOW = 0x7FFFFFFFFFFFFFFF  # `_short_stats`' least |x| of no values
+_LEVEL_BLOCK = 2048  # terms per block of `_two_levels`: its integer sums stay below 2^11 2^51 = 2^62
+
+
+@intrinsic
+def _bits(typingctx, x):  # noqa: ANN001, ANN202 (numba's intrinsic protocol)
+    """The bit pattern of a float64 as an int64 (numba has no scalar bit cast; an array view is not one LLVM
+    can keep in a register, which stops a loop from vectorising)."""
+    if x != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.bitcast(args[0], context.get_value_type(types.int64))
+
+    return types.int64(types.float64), codegen
 
 
 @njit(cache=True, nogil=True)
@@ -75,13 +96,31 @@ def copy_lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarr
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _short_stats(x: float, low: int, lo: int, hi: int) -> tuple[int, int, int]:
+    """`short`'s tests of values one at a time, as integer reductions that LLVM vectorises (the float32 round
+    trip they replace cost a weight gradient's positions 16 of their 92 us at resnet-tiny width 32): the OR of
+    the bit patterns, the least nonzero |x| less one and the largest |x|, as bit patterns."""
+    v = _bits(x)
+    a = v & 0x7FFFFFFFFFFFFFFF
+    return low | v, min(lo, (a - 1) & 0x7FFFFFFFFFFFFFFF), max(hi, a)  # a zero's a - 1 wraps to the largest
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _short_of(low: int, lo: int, hi: int) -> bool:
+    """Whether `_short_stats`' reductions are those of short values only (NaN and inf have |x| >= 2^128)."""
+    return ((low & _BELOW_24) == 0) & (lo >= _TINY - 1) & (hi < _HUGE)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def short(x: np.ndarray) -> bool:
-    """Whether every value of the float64 line x is a finite float32 value (then products need no split)."""
-    s = True
+    """Whether every value of the float64 line x is 0, or has <= 24 significant bits and a magnitude in
+    [2^-149, 2^128): every finite float32 value is (and a few float64 values below float32's normal range that
+    float32 lacks). A product of two such values is exact in float64: <= 48 bits, 0 or within 2^-298 .. 2^256,
+    so the products need no split."""
+    low, lo, hi = 0, _NO_LOW, 0
     for t in range(x.size):
-        v = x[t]
-        s &= (np.float64(np.float32(v)) == v) & (abs(v) < 2.0**128)  # NaN and inf are not short
-    return s
+        low, lo, hi = _short_stats(x[np.uint64(t)], low, lo, hi)
+    return _short_of(low, lo, hi)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -191,19 +230,76 @@ def _extract(r: np.ndarray, q1: np.ndarray, q2: np.ndarray, n: int, s1: float, s
 
 
 @njit(cache=True, nogil=True)
-def _distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.ndarray, parts: np.ndarray,
+def _two_levels(r: np.ndarray, lo: int, hi: int, s: int) -> tuple[int, int, int]:
+    """(K1, K2, Z) with sum(r[lo:hi]) = K1 2^(s-52) + K2 2^(s-104) exactly where Z = 0, for |r| <= 2^(s-1),
+    hi - lo <= _LEVEL_BLOCK and -970 <= s <= 960 (Z != 0: some term has bits below 2^(s-104)).
+
+    ExtractVector's two levels with sigma = 1.5 2^s and 1.5 2^(s-52) (ReproBLAS's form, not 2^s): then
+    t = fl(sigma + x) lies in [2^s, 2^(s+1)] for every |x| <= 2^(s-1), where float64 bit patterns step by one
+    per 2^(s-52), so bits(t) - bits(sigma) is q / 2^(s-52) for the extracted q = t - sigma (exact by
+    Sterbenz), and x - q is exact (|x - q| <= 2^(s-53) and a multiple of x's ulp, or q = 0). Its integer sum
+    is exact (each |q| / 2^(s-52) <= 2^51); the second level takes x - q, <= 2^(s-53) = 2^((s-52)-1) as it
+    needs; Z ORs what is left below 2^(s-104) (shifted past the sign: -0 is nothing left). One branch-free
+    pass of integer sums, where `_extract` plus `_exact_sum` read and wrote the terms four times."""
+    s1, s2 = math.ldexp(1.5, s), math.ldexp(1.5, s - 52)
+    b1, b2 = _bits(s1), _bits(s2)
+    k1 = k2 = z = 0
+    for i in range(lo, hi):
+        x = r[i]
+        t1 = s1 + x
+        y = x - (t1 - s1)
+        t2 = s2 + y
+        k1 += _bits(t1) - b1
+        k2 += _bits(t2) - b2
+        z |= _bits(y - (t2 - s2)) << 1
+    return k1, k2, z
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_integer(parts: np.ndarray, n: int, k: int, e: int) -> int:
+    """Add k 2^e exactly to the partials parts[:n] (|k| <= 2^62, -1074 <= e <= 908): as its high and low 32
+    bits, each exact in float64; the new count, -1 where n is."""
+    if -(1 << 53) <= k <= 1 << 53:  # exact as one float64: one msum step (a weight gradient's images add 4)
+        return _msum_add(parts, n, math.ldexp(np.float64(k), e)) if n >= 0 else n
+    for half, at in ((k >> 32, e + 32), (k & 0xFFFFFFFF, e)):
+        if n >= 0:
+            n = _msum_add(parts, n, math.ldexp(np.float64(half), at))
+    return n
+
+
+@njit(cache=True, nogil=True)
+def distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.ndarray, parts: np.ndarray,
                   np_: int) -> int:
     """Add the exact sum of the finite r[:n] into the partials; the new count, -1 to flag. r is consumed.
 
     Each sweep runs two ExtractVector levels: after a level with sigma = 2^top every remainder is at most
     2^(top-53), so sigma' = 2^(top - 53 + kbits) >= (n + 2) max|r| holds for the next level without
     measuring it. Grid products need one sweep. The level sums are exact; only they enter msum.
+    Before that, blocks of terms whose bits all lie within 104 of the largest's top (every position captured
+    at resnet-tiny width 32: their products span ~15 bits) are summed by `_two_levels` in one pass; the
+    sweeps take the rest from the first block that has bits below.
     box: a 1-element int64 array viewed as float64 (numba has no scalar bit cast)."""
     kbits = _kbits(n)
     step = 53 - kbits
     rb = r.view(np.int64)
     fbox = box.view(np.float64)
     box[0] = _max_abs(rb, n)
+    if box[0] != 0:
+        e = math.frexp(fbox[0])[1] + 1  # max|r| < 2^(e-1)
+        while -970 <= e <= 960 and n > 0:
+            hi = min(n, _LEVEL_BLOCK)
+            k1, k2, z = _two_levels(r, 0, hi, e)
+            if z != 0:
+                break
+            np_ = _add_integer(parts, _add_integer(parts, np_, k1, e - 52), k2, e - 104)
+            if np_ < 0:
+                return -1
+            r, rb, n = r[hi:], rb[hi:], n - hi
+        if n == 0:
+            return np_
+        kbits = _kbits(n)
+        step = 53 - kbits
+        box[0] = _max_abs(rb, n)
     while box[0] != 0:
         top = math.frexp(fbox[0])[1] + kbits  # max|r| < 2^e
         if top >= 1024:
@@ -281,7 +377,7 @@ def accumulate(a: np.ndarray, b: np.ndarray, both_short: bool, terms: np.ndarray
         if not _two_products(a, b, terms):
             return -1
         nt = 2 * k
-    return _distill_into(terms, nt, q1, q2, box, parts, n)
+    return distill_into(terms, nt, q1, q2, box, parts, n)
 
 
 @njit(cache=True, nogil=True, inline="always")

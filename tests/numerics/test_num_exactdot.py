@@ -275,3 +275,105 @@ def test_empty_sums_are_their_addends(dtype: type) -> None:
     got = exactdot.rounded_dots_at(a, b, np.zeros(2, int), np.array([0, 2]), np.array([1, 0]), 32,
                                    extra=np.array([1.5, 0.25]))
     assert got.tolist() == [1.5, 0.25]
+
+
+def _short_reference(x: float) -> bool:
+    """exactdot.short's definition for one value, on the rational value: 0, or <= 24 significant bits and a magnitude
+    in [2^-149, 2^128)."""
+    if x == 0.0:
+        return True
+    if not math.isfinite(x) or not 2.0**-149 <= abs(x) < 2.0**128:
+        return False
+    q = abs(Fraction(x))
+    scale = Fraction(2) ** (24 - math.frexp(abs(x))[1])  # the value as a 24-bit integer where it fits
+    return (q * scale).denominator == 1
+
+
+def test_short_values_are_those_whose_products_are_exact() -> None:
+    f32 = np.float32
+    edges = [0.0, -0.0, 1.0, 1 + 2.0**-23, 1 + 2.0**-24, 2.0**-149, 2.0**-150, 3 * 2.0**-149, 2.0**-126,
+             2.0**-140 * (1 + 2.0**-20),  # 24 bits below float32's normal range, where float32 lacks it: short
+             2.0**-140 * (1 + 2.0**-30), float(np.finfo(f32).max), 2.0**128, 2.0**200, 2.0**-200,
+             -(2.0**127) * (2 - 2.0**-23), math.inf, -math.inf, math.nan, 5e-324, 1 / 3]
+    gen = np.random.default_rng(7)
+    found = gen.standard_normal(200).astype(np.float32) * np.float32(2.0) ** gen.integers(-140, 120, 200)
+    values = edges + [float(v) for v in found] + [float(v) for v in gen.standard_normal(50)]
+    for x in values:
+        assert exactdot.short(np.array([x])) == _short_reference(x), x
+    assert exactdot.short(found.astype(np.float64))  # every finite float32 value
+    for lo in range(len(values)):  # a line is short where each of its values is, wherever the others lie
+        line = np.array(values[lo:lo + 9])
+        assert exactdot.short(line) == all(_short_reference(x) for x in line), line
+    assert exactdot.short(np.zeros(0)) and exactdot.short(np.zeros(5))
+    shorts = [x for x in values if _short_reference(x)]
+    for u in shorts:
+        for v in shorts:
+            assert Fraction(u * v) == Fraction(u) * Fraction(v), (u, v)
+
+
+def _level_sum(k1: int, k2: int, s: int) -> Fraction:
+    return k1 * Fraction(2) ** (s - 52) + k2 * Fraction(2) ** (s - 104)
+
+
+@pytest.mark.parametrize("s", [-970, -300, 0, 7, 960])
+def test_two_levels_sum_every_term_within_104_bits_exactly(s: int) -> None:
+    gen = np.random.default_rng(s & 0xFFFF)
+    top = 2.0 ** (s - 1)
+    cases = [
+        np.full(2048, top), np.full(2048, -top),  # the largest terms a block may hold: sums of +-2^62
+        np.full(2048, top * (1 - 2.0**-53)),
+        top * 2.0**-52 * (gen.integers(0, 2, 301) - 0.5),  # ties at the first level's half unit
+        top * 2.0**-104 * gen.integers(-3, 4, 64) * 3,  # ties and odd multiples at the second's
+        np.concatenate([[top], -top * 2.0**-60 * (1 + 2.0**-52) * np.arange(1, 40)]),
+        gen.standard_normal(2048) * top / 8 * 2.0 ** -gen.integers(0, 50, 2048).astype(float),
+        np.zeros(16), np.array([-0.0, -0.0, top]),
+    ]
+    for r in cases:
+        if np.abs(r).max() > 0 and np.abs(r[r != 0]).min() < 2.0**-1074:
+            continue
+        k1, k2, z = exactdot._two_levels(r, 0, r.size, s)
+        below = any((Fraction(float(x)) / Fraction(2) ** (s - 104)).denominator != 1 for x in r)
+        assert (z != 0) == below
+        if not below:
+            assert _level_sum(k1, k2, s) == sum(map(Fraction, r.tolist()), Fraction(0))
+    # bits below 2^(s-104) are found (here one unit of 2^(s-105) under the largest term)
+    if s - 105 >= -1074:
+        r = np.array([top, 2.0 ** (s - 105)])
+        assert exactdot._two_levels(r, 0, 2, s)[2] != 0
+        assert exactdot._two_levels(r, 1, 2, s - 40)[2] == 0  # (and a sub-range is read as asked)
+
+
+def _partials_sum(parts: np.ndarray, n: int) -> Fraction:
+    assert n >= 0
+    return sum(map(Fraction, parts[:n].tolist()), Fraction(0))
+
+
+@pytest.mark.parametrize("case", ["blocks", "bits-below-in-a-later-block", "huge", "tiny", "mixed", "largest",
+                                  "odd-block-sum"])
+def test_distill_adds_the_exact_sum_by_blocks_or_by_sweeps(case: str) -> None:
+    # exactdot.distill_into takes blocks of terms within 104 bits of the largest by `_two_levels` and the rest
+    # (a block with bits below, exponents outside its range) by the ExtractVector sweeps: the partials' exact
+    # sum is the terms' either way
+    gen = np.random.default_rng(len(case))
+    n = 5000
+    r = gen.standard_normal(n) * 2.0 ** gen.integers(-30, 0, n).astype(float)
+    if case == "bits-below-in-a-later-block":
+        r[3000] = 2.0**-200
+    elif case == "huge":
+        r *= 2.0**990
+    elif case == "tiny":
+        r *= 2.0**-1000
+    elif case == "mixed":
+        r[::7] *= 2.0**-300
+    elif case == "largest":  # each term 2^51 units of the first level: a block sums to 2^62
+        r[:] = 2 - 2.0**-52
+    elif case == "odd-block-sum":  # a block's 2^57 + 1 units, which float64 does not hold in one value
+        r[:] = 0.0
+        r[:128], r[128] = 1.0, 2.0**-50
+    want = sum(map(Fraction, r.tolist()), Fraction(0))
+    terms, q1, q2, box, parts, _ = exactdot.workspace(n)
+    terms[:n] = r
+    parts[0] = 0.25  # partials already holding a sum
+    count = exactdot.distill_into(terms, n, q1, q2, box, parts, 1)
+    assert _partials_sum(parts, count) == want + Fraction(1, 4)
+    assert exactdot._fsum_finish(parts, count) == math.fsum([*r.tolist(), 0.25])

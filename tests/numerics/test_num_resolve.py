@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from numref import grid_max, spacing
-from vtrain import resolve
+from vtrain import exactdot, resolve
 from vtrain.bounds import BOUNDS
 from vtrain.devices import list_devices
 from vtrain.grid import round_to_grid
@@ -1169,6 +1169,49 @@ def test_weight_gradients_of_float64_factors_keep_their_products_low_parts() -> 
     got = resolver_for(aten.convolution_backward.default)(args, {}, 1, pos, 32)
     want = ref_round_q(F(3) * F(third), 23)
     assert want == 1 + 2.0**-23 and got.tolist() == [want, want]
+
+
+@pytest.mark.parametrize("name", ["conv-backward", "conv-backward-s1"])
+def test_weight_gradient_planes_off_the_short_values_take_two_products_image_by_image(name: str) -> None:
+    # resolve._weight_dots multiplies a position's factors as it reads them where both of an image's planes hold
+    # short values only (exactdot.short), and splits them (TwoProduct) in the images where one does not: here
+    # image 1's input channel 0 and image 0's gradient channel 1 each hold one 53-bit value, and every
+    # position, whichever planes it reads, is the Fraction reference's
+    case, args, kwargs, _ = _gathered_case(name, 1, torch.float64, 32, "normal")
+    g, x = args[0].clone(), args[1].clone()
+    x[1, 0, 1, 2], g[0, 1, 0, 1] = 1 / 3, (1 + 2.0**-30) / 7
+    args = (g, x, *args[2:])
+    per_channel, size = args[2][0].numel(), args[2].numel()  # (output channel 1's positions read g's channel 1)
+    pos = np.array([0, 1, 5, per_channel, per_channel + 4, size // 2, size - 1])
+    assert resolve._convolution_matmul(case.op, args, kwargs, 1, pos.size) is None
+    exact = case.ref(args, kwargs)[1]
+    got = resolver_for(case.op)(args, kwargs, 1, pos, 32)
+    assert got.tolist() == [ref_round_q(exact[p], 23) for p in pos]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_plane_short_tests_each_plane_once_as_exactdot_short(dtype: type) -> None:
+    gen = np.random.default_rng(3)
+    t = gen.standard_normal((3, 4, 5, 6)).astype(np.float32).astype(dtype)[:, :, :, ::-1]  # (strided planes)
+    if dtype == np.float64:
+        t[1, 2, 3, 4], t[2, 0, 0, 0] = 1 / 3, 2.0**-160
+    t[0, 3, 4, 5] = np.inf
+    known = np.full((3, 4), -1, np.int8)
+    order = [(n, c) for n in range(3) for c in range(4)]
+    for n, c in [order[i] for i in gen.permutation(len(order))] * 2:
+        want = exactdot.short(np.ascontiguousarray(t[n, c], dtype=np.float64).reshape(-1))
+        assert resolve._plane_short(t, n, c, known) == want and known[n, c] == want
+    assert known.sum() == 12 - (3 if dtype == np.float64 else 1)
+
+
+def test_weight_gradients_of_float32_factors_multiply_in_float64() -> None:
+    # float32 tensors of 24-bit values (bits 32): a product needs up to 48 bits, so it is exact only in float64
+    case, args, kwargs, pos = _gathered_case("conv-backward", 1, torch.float64, 32, "normal")
+    args = (args[0].float(), args[1].float(), args[2].float(), *args[3:])
+    assert resolve._convolution_matmul(case.op, args, kwargs, 1, pos.size) is None
+    exact = case.ref(args, kwargs)[1]
+    got = resolver_for(case.op)(args, kwargs, 1, pos, 32)
+    assert got.tolist() == [ref_round_q(exact[p], 23) for p in pos]
 
 
 def test_a_convolution_whose_windows_pass_the_memory_cap_gathers(monkeypatch: pytest.MonkeyPatch) -> None:
