@@ -134,6 +134,20 @@ def _known_short(lines: np.ndarray, known: np.ndarray, j: int) -> bool:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def known_short_plane(t: np.ndarray, n: int, c: int, known: np.ndarray) -> bool:
+    """Whether plane t[n, c] of a 4-d array (any float dtype and strides) holds only values that `short`
+    accepts, tested at its first use and kept in known[n, c] (-1: not yet known), as `_known_short` keeps a
+    line's: a convolution's plane serves every weight-gradient position of its channel (vtrain.resolve)."""
+    if known[n, c] < 0:
+        low, lo, hi = 0, _NO_LOW, 0
+        for i in range(t.shape[2]):
+            for j in range(t.shape[3]):
+                low, lo, hi = _short_stats(np.float64(t[n, c, i, np.uint64(j)]), low, lo, hi)
+        known[n, c] = _short_of(low, lo, hi)
+    return known[n, c] == 1
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _msum_add(parts: np.ndarray, n: int, x: float) -> int:
     """Add x exactly to the nonoverlapping partials parts[:n] (CPython's msum); the new count, -1 on inf/NaN."""
     i = 0
@@ -259,7 +273,7 @@ def _two_levels(r: np.ndarray, lo: int, hi: int, s: int) -> tuple[int, int, int]
 def _add_integer(parts: np.ndarray, n: int, k: int, e: int) -> int:
     """Add k 2^e exactly to the partials parts[:n] (|k| <= 2^62, -1074 <= e <= 908): as its high and low 32
     bits, each exact in float64; the new count, -1 where n is."""
-    if -(1 << 53) <= k <= 1 << 53:  # exact as one float64: one msum step (a weight gradient's images add 4)
+    if -(1 << 53) <= k <= 1 << 53:  # exact as one float64: one msum step, not two
         return _msum_add(parts, n, math.ldexp(np.float64(k), e)) if n >= 0 else n
     for half, at in ((k >> 32, e + 32), (k & 0xFFFFFFFF, e)):
         if n >= 0:

@@ -391,27 +391,14 @@ def _image_taps(g: np.ndarray, x: np.ndarray, n: int, co: int, ci: int, a: int, 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _plane_short(t: np.ndarray, n: int, c: int, known: np.ndarray) -> bool:
-    """Whether plane t[n, c] holds only values that exactdot.short accepts, tested at its first use and kept in
-    known[n, c] (-1: not yet known): a plane serves every position of its channel, image by image."""
-    if known[n, c] < 0:
-        low, lo, hi = 0, exactdot._NO_LOW, 0
-        for i in range(t.shape[2]):
-            for j in range(t.shape[3]):
-                low, lo, hi = exactdot._short_stats(np.float64(t[n, c, i, np.uint64(j)]), low, lo, hi)
-        known[n, c] = exactdot._short_of(low, lo, hi)
-    return known[n, c] == 1
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _image_products(g: np.ndarray, x: np.ndarray, n: int, co: int, ci: int, a: int, b: int, geometry: np.ndarray,
                     terms: np.ndarray) -> int:
     """terms[:k] (k returned): image n's products g[n, co, oy, oz] x[n, ci, y, z] of `_image_taps`' grad_weight
     position, those whose tap lies inside the image (the padding's are exact zeros, which an exact sum needs
-    not), for planes that `_plane_short` accepts (each product exact in float64). Made as the factors are read,
-    in runs along a row; unsigned indices, which numba does not wrap around, let LLVM vectorise the run. On
-    resnet-tiny width 32's 32 x 32 images, `_image_taps`, its short tests and the products took 62 of a
-    position's 92 us; this takes 17, and `_plane_short` 11."""
+    not), for planes that exactdot.known_short_plane accepts (each product exact in float64). Made as the
+    factors are read, in runs along a row; unsigned indices, which numba does not wrap around, let LLVM
+    vectorise the run. On resnet-tiny width 32's 32 x 32 images, `_image_taps`, its short tests and the
+    products took 62 of a position's 92 us; this takes 17, and testing the planes 11."""
     s0, s1, p0, p1, d0, d1 = geometry
     y0, y1 = _inside(g.shape[2], s0, a * d0 - p0, x.shape[2])
     z0, z1 = _inside(g.shape[3], s1, b * d1 - p1, x.shape[3])
@@ -454,7 +441,7 @@ def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
     captured at resnet-tiny width 32 (51-58 positions of 32,768 terms), 93-99 against 79-82 us a position
     (docs/benchmarks.md, session 29). Positions go `chunk` at a time (their partials take 1 KB each).
     An image's products are made as they are read (`_image_products`) where both its planes hold short values
-    (`_plane_short`), else gathered and split (`_image_taps`, exactdot.accumulate's TwoProduct)."""
+    (exactdot.known_short_plane), else gathered and split (`_image_taps`, exactdot.accumulate's TwoProduct)."""
     c_g, kh, kw = shape[1], shape[2], shape[3]
     size = g.shape[2] * g.shape[3]
     ga, xb = np.empty(size), np.empty(size)
@@ -470,7 +457,8 @@ def _weight_dots(g: np.ndarray, x: np.ndarray, pos: np.ndarray, geometry: np.nda
                     continue
                 co, cl, a, b = _unravel4(some[t], c_g, kh, kw)
                 ci = (co // co_g) * c_g + cl
-                if _plane_short(g, n, co, g_short) and _plane_short(x, n, ci, x_short):
+                if exactdot.known_short_plane(g, n, co, g_short) and \
+                        exactdot.known_short_plane(x, n, ci, x_short):
                     k = _image_products(g, x, n, co, ci, a, b, geometry, terms)
                     count[t] = exactdot.distill_into(terms, k, q1, q2, box, parts[t], count[t])
                 else:  # products that may be inexact: TwoProduct's, on the factors

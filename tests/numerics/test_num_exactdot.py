@@ -377,3 +377,18 @@ def test_distill_adds_the_exact_sum_by_blocks_or_by_sweeps(case: str) -> None:
     count = exactdot.distill_into(terms, n, q1, q2, box, parts, 1)
     assert _partials_sum(parts, count) == want + Fraction(1, 4)
     assert exactdot._fsum_finish(parts, count) == math.fsum([*r.tolist(), 0.25])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_planes_are_tested_once_each_as_lines(dtype: type) -> None:
+    gen = np.random.default_rng(3)
+    t = gen.standard_normal((3, 4, 5, 6)).astype(np.float32).astype(dtype)[:, :, :, ::-1]  # (strided planes)
+    if dtype == np.float64:
+        t[1, 2, 3, 4], t[2, 0, 0, 0] = 1 / 3, 2.0**-160
+    t[0, 3, 4, 5] = np.inf
+    known = np.full((3, 4), -1, np.int8)
+    order = [(n, c) for n in range(3) for c in range(4)]
+    for n, c in [order[i] for i in gen.permutation(len(order))] * 2:
+        want = exactdot.short(np.ascontiguousarray(t[n, c], dtype=np.float64).reshape(-1))
+        assert exactdot.known_short_plane(t, n, c, known) == want and known[n, c] == want
+    assert known.sum() == 12 - (3 if dtype == np.float64 else 1)

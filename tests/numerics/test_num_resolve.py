@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from numref import grid_max, spacing
-from vtrain import exactdot, resolve
+from vtrain import resolve
 from vtrain.bounds import BOUNDS
 from vtrain.devices import list_devices
 from vtrain.grid import round_to_grid
@@ -1187,21 +1187,6 @@ def test_weight_gradient_planes_off_the_short_values_take_two_products_image_by_
     exact = case.ref(args, kwargs)[1]
     got = resolver_for(case.op)(args, kwargs, 1, pos, 32)
     assert got.tolist() == [ref_round_q(exact[p], 23) for p in pos]
-
-
-@pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_plane_short_tests_each_plane_once_as_exactdot_short(dtype: type) -> None:
-    gen = np.random.default_rng(3)
-    t = gen.standard_normal((3, 4, 5, 6)).astype(np.float32).astype(dtype)[:, :, :, ::-1]  # (strided planes)
-    if dtype == np.float64:
-        t[1, 2, 3, 4], t[2, 0, 0, 0] = 1 / 3, 2.0**-160
-    t[0, 3, 4, 5] = np.inf
-    known = np.full((3, 4), -1, np.int8)
-    order = [(n, c) for n in range(3) for c in range(4)]
-    for n, c in [order[i] for i in gen.permutation(len(order))] * 2:
-        want = exactdot.short(np.ascontiguousarray(t[n, c], dtype=np.float64).reshape(-1))
-        assert resolve._plane_short(t, n, c, known) == want and known[n, c] == want
-    assert known.sum() == 12 - (3 if dtype == np.float64 else 1)
 
 
 def test_weight_gradients_of_float32_factors_multiply_in_float64() -> None:
