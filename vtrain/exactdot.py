@@ -20,7 +20,7 @@ Per position (row r of A, column c of B, in batch n):
    sum; those go into Shewchuk's nonoverlapping partials (CPython's msum), whose fsum finish gives s1, the
    correctly rounded float64 of the exact sum S. The sweeps are branch-free loops that LLVM vectorises;
    their sums are exact in any order, which is what lets `_exact_sum` alone be compiled with reassociation.
-   Where every term lies within 104 bits of the largest's top (grid products span ~15 bits), one pass sums
+   Where no term has bits below 2^(e-104), 2^(e-1) > max|term| (grid products span ~15 bits), one pass sums
    them instead, the two levels' extracted parts counted as integers (`_two_levels`).
 4. Grid rounding of s1 as exactmath._round_f64; when s1 is exactly on a grid midpoint, S - s1 (one more
    msum step on a copy of the partials, the sign of its top partial) decides, ties to even when it is zero.
@@ -56,7 +56,7 @@ _BLOCK = 32  # K-block of the strided gather: 32 rows of memory stay in cache (1
 _BELOW_24 = (1 << 29) - 1  # the float64 significand bits below a 24-bit one's
 _TINY, _HUGE = (int(np.float64(v).view(np.int64)) for v in (2.0**-149, 2.0**128))
 _NO_LOW = 0x7FFFFFFFFFFFFFFF  # `_short_stats`' least |x| of no values
-_LEVEL_BLOCK = 2048  # terms per block of `_two_levels`: its integer sums stay below 2^11 2^51 = 2^62
+_LEVEL_BLOCK = 2048  # terms per block of `_two_levels`: its integer sums stay within 2^11 2^51 = 2^62
 
 
 @intrinsic
@@ -289,9 +289,9 @@ def distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.
     Each sweep runs two ExtractVector levels: after a level with sigma = 2^top every remainder is at most
     2^(top-53), so sigma' = 2^(top - 53 + kbits) >= (n + 2) max|r| holds for the next level without
     measuring it. Grid products need one sweep. The level sums are exact; only they enter msum.
-    Before that, blocks of terms whose bits all lie within 104 of the largest's top (every position captured
-    at resnet-tiny width 32: their products span ~15 bits) are summed by `_two_levels` in one pass; the
-    sweeps take the rest from the first block that has bits below.
+    Before that, blocks of terms with no bits below 2^(e-104), 2^(e-1) > max|r| (every position captured at
+    resnet-tiny width 32: their products span ~15 bits), are summed by `_two_levels` in one pass; the sweeps
+    take the rest from the first block that has bits below.
     box: a 1-element int64 array viewed as float64 (numba has no scalar bit cast)."""
     kbits = _kbits(n)
     step = 53 - kbits
@@ -377,12 +377,12 @@ def partials(rows: int) -> np.ndarray:
 def accumulate(a: np.ndarray, b: np.ndarray, both_short: bool, terms: np.ndarray, q1: np.ndarray, q2: np.ndarray,
                box: np.ndarray, parts: np.ndarray, n: int) -> int:
     """Add a . b exactly to the nonoverlapping partials parts[:n] (float64 lines a and b; both_short: both hold
-    finite float32 values only, `short`; terms, q1, q2, box: `workspace(a.size)`'s): the new count, or -1 where
+    short values only, `short`; terms, q1, q2, box: `workspace(a.size)`'s): the new count, or -1 where
     this kernel cannot (the position is flagged: see the module docstring). A sum's lines may come in pieces,
     each added as it is gathered (vtrain.resolve's weight gradients: image by image)."""
     k = a.size
     if both_short:
-        # Finite float32 values (0 or 2^-149 <= |v| < 2^128): every product is 0 or within
+        # Short values (0, or <= 24 bits with 2^-149 <= |v| < 2^128): every product is 0 or within
         # 2^-298 .. 2^256 with <= 48 bits, so the float64 product is exact and TwoProduct safe.
         for t in range(k):
             terms[t] = a[t] * b[t]
@@ -422,8 +422,8 @@ def round_partials(parts: np.ndarray, n: int, m: int, gmax: float, tmp: np.ndarr
 def dot(a: np.ndarray, b: np.ndarray, both_short: bool, e: float, m: int, gmax: float, terms: np.ndarray,
         q1: np.ndarray, q2: np.ndarray, box: np.ndarray, parts: np.ndarray, tmp: np.ndarray) -> tuple[float, bool]:
     """(RNE_grid(a . b + e), True) for float64 lines a and b, or (0.0, False) where this kernel cannot (the
-    position is flagged: see the module docstring). both_short: both lines hold finite float32 values only
-    (`short`); e: the addend, 0.0 for none; the rest is `workspace(a.size)`."""
+    position is flagged: see the module docstring). both_short: both lines hold short values only (`short`);
+    e: the addend, 0.0 for none; the rest is `workspace(a.size)`."""
     n = 0
     if not math.isfinite(e):
         return 0.0, False

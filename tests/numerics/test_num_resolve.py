@@ -1189,6 +1189,52 @@ def test_weight_gradient_planes_off_the_short_values_take_two_products_image_by_
     assert got.tolist() == [ref_round_q(exact[p], 23) for p in pos]
 
 
+# (images, input channels, height, width, output channels, groups, kernel, stride, padding, dilation, what else)
+WEIGHT_GEOMETRIES = {
+    "stride3-dilation2-groups3": (2, 3, 9, 8, 3, 3, (2, 3), (3, 2), (1, 2), (2, 1), ""),
+    "padding-past-the-kernel": (2, 2, 3, 2, 2, 1, (2, 2), (1, 1), (4, 3), (1, 1), ""),
+    "one-row": (3, 2, 1, 11, 2, 1, (1, 3), (1, 2), (0, 1), (1, 1), "1-d"),
+    "strided-views": (2, 2, 6, 7, 4, 2, (3, 3), (1, 1), (1, 1), (1, 1), "views"),
+    "float32-gradient": (2, 2, 5, 5, 2, 1, (3, 3), (2, 1), (1, 1), (1, 1), "mixed"),
+    "unread-53-bit-pixel": (1, 1, 7, 7, 1, 1, (1, 1), (3, 3), (0, 0), (1, 1), "unread"),
+    "2304-products-an-image": (1, 1, 48, 48, 1, 1, (3, 3), (1, 1), (1, 1), (1, 1), ""),
+}
+
+
+@pytest.mark.parametrize("name", list(WEIGHT_GEOMETRIES))
+def test_weight_gradient_kernel_over_geometries_is_the_exact_sum(name: str) -> None:
+    # resolve._weight_dots on every position (called directly: the resolver would take a matmul for this many),
+    # grid values of float32 precision at bits 32: every position the kernel's own and the Fraction reference's
+    n_img, c_in, h, wd, c_out, groups, k, s, p, d, extra = WEIGHT_GEOMETRIES[name]
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+
+    def values(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(torch.float32).to(torch.float64)
+
+    oh, ow = ((size + 2 * p[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1 for i, size in enumerate((h, wd)))
+    x, g = values(n_img, c_in, h, wd), values(n_img, c_out, oh, ow)
+    if extra == "views":  # every other channel of wider tensors, and a gradient stored transposed
+        x = values(n_img, 2 * c_in, h, wd)[:, ::2]
+        g = g.transpose(2, 3).contiguous().transpose(2, 3)
+    elif extra == "mixed":
+        g = g.to(torch.float32)
+    elif extra == "unread":  # a stride of 3 reads pixels 0, 3, 6: pixel (1, 1) of the plane is no product's
+        x[0, 0, 1, 1] = 1 / 3
+    w = torch.zeros(c_out, c_in // groups, *k, dtype=torch.float64)
+    args = (g, x, w, [c_out], list(s), list(p), list(d), False, [0, 0], groups, [True, True, True])
+    if extra == "1-d":
+        args = (g[:, :, 0], x[:, :, 0], w[:, :, 0], [c_out], [s[1]], [p[1]], [d[1]], False, [0], groups,
+                [True, True, True])
+    pos = np.arange(w.numel())
+
+    def reference(ps: np.ndarray) -> np.ndarray:
+        pytest.fail(f"positions {ps.tolist()} flagged on grid data")
+
+    got = resolve._convolution_dots(aten.convolution_backward.default, args, {}, 1, pos, 32, reference)
+    exact = _ref_conv_bwd(args, {})[1]
+    assert got.tolist() == [ref_round_q(q, 23) for q in exact]
+
+
 def test_weight_gradients_of_float32_factors_multiply_in_float64() -> None:
     # float32 tensors of 24-bit values (bits 32): a product needs up to 48 bits, so it is exact only in float64
     case, args, kwargs, pos = _gathered_case("conv-backward", 1, torch.float64, 32, "normal")
