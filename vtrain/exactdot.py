@@ -244,9 +244,9 @@ def _extract(r: np.ndarray, q1: np.ndarray, q2: np.ndarray, n: int, s1: float, s
 
 
 @njit(cache=True, nogil=True)
-def _two_levels(r: np.ndarray, lo: int, hi: int, s: int) -> tuple[int, int, int]:
-    """(K1, K2, Z) with sum(r[lo:hi]) = K1 2^(s-52) + K2 2^(s-104) exactly where Z = 0, for |r| <= 2^(s-1),
-    hi - lo <= _LEVEL_BLOCK and -970 <= s <= 960 (Z != 0: some term has bits below 2^(s-104)).
+def _two_levels(r: np.ndarray, n: int, s: int) -> tuple[int, int, int]:
+    """(K1, K2, Z) with sum(r[:n]) = K1 2^(s-52) + K2 2^(s-104) exactly where Z = 0, for |r| <= 2^(s-1),
+    n <= _LEVEL_BLOCK and -970 <= s <= 960 (Z != 0: some term has bits below 2^(s-104)).
 
     ExtractVector's two levels with sigma = 1.5 2^s and 1.5 2^(s-52) (ReproBLAS's form, not 2^s): then
     t = fl(sigma + x) lies in [2^s, 2^(s+1)] for every |x| <= 2^(s-1), where float64 bit patterns step by one
@@ -258,7 +258,7 @@ def _two_levels(r: np.ndarray, lo: int, hi: int, s: int) -> tuple[int, int, int]
     s1, s2 = math.ldexp(1.5, s), math.ldexp(1.5, s - 52)
     b1, b2 = _bits(s1), _bits(s2)
     k1 = k2 = z = 0
-    for i in range(lo, hi):
+    for i in range(n):
         x = r[i]
         t1 = s1 + x
         y = x - (t1 - s1)
@@ -292,7 +292,7 @@ def distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.
     Before that, blocks of terms with no bits below 2^(e-104), 2^(e-1) > max|r| (every position captured at
     resnet-tiny width 32: their products span ~15 bits), are summed by `_two_levels` in one pass; the sweeps
     take the rest from the first block that has bits below.
-    box: a 1-element int64 array viewed as float64 (numba has no scalar bit cast)."""
+    box: a 1-element int64 array viewed as float64, through which `_max_abs`' bits become a float."""
     kbits = _kbits(n)
     step = 53 - kbits
     rb = r.view(np.int64)
@@ -302,7 +302,7 @@ def distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.
         e = math.frexp(fbox[0])[1] + 1  # max|r| < 2^(e-1)
         while -970 <= e <= 960 and n > 0:
             hi = min(n, _LEVEL_BLOCK)
-            k1, k2, z = _two_levels(r, 0, hi, e)
+            k1, k2, z = _two_levels(r, hi, e)
             if z != 0:
                 break
             np_ = _add_integer(parts, _add_integer(parts, np_, k1, e - 52), k2, e - 104)

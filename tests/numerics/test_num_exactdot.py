@@ -330,7 +330,7 @@ def test_two_levels_sum_every_term_within_104_bits_exactly(s: int) -> None:
         np.zeros(16), np.array([-0.0, -0.0, top]),
     ]
     for r in cases:
-        k1, k2, z = exactdot._two_levels(r, 0, r.size, s)
+        k1, k2, z = exactdot._two_levels(r, r.size, s)
         below = any((Fraction(float(x)) / Fraction(2) ** (s - 104)).denominator != 1 for x in r)
         assert (z != 0) == below
         if not below:
@@ -338,8 +338,8 @@ def test_two_levels_sum_every_term_within_104_bits_exactly(s: int) -> None:
     # bits below 2^(s-104) are found (here one unit of 2^(s-105) under the largest term)
     if s - 105 >= -1074:
         r = np.array([top, 2.0 ** (s - 105)])
-        assert exactdot._two_levels(r, 0, 2, s)[2] != 0
-        assert exactdot._two_levels(r, 1, 2, s - 40)[2] == 0  # (and a sub-range is read as asked)
+        assert exactdot._two_levels(r, 2, s)[2] != 0
+        assert exactdot._two_levels(r[::-1], 1, s - 40)[2] == 0  # (only the first n terms are read)
 
 
 def _partials_sum(parts: np.ndarray, n: int) -> Fraction:
