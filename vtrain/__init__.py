@@ -14,9 +14,13 @@ level those two names are the submodules.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 from vtrain.errors import VtrainError
+from vtrain.numba_cache import use_source_keyed_cache
+
+use_source_keyed_cache(Path(__file__).parent)  # (before any module compiles: see vtrain.numba_cache)
 
 _EXPORTS = {
     "round_to_grid": "vtrain.grid", "rev": "vtrain.grid",
