@@ -4,12 +4,13 @@ numba keys each cached kernel on its own source file alone, but a kernel that ca
 keeps compiled copies of them (vtrain.resolve's of vtrain.exactdot's, vtrain.prefilter's of vtrain.fused's).
 After an update that changed only the called module, numba would load the caller's old copy: the package
 would then compute with code that is no longer in it, and two machines on the same commit could differ.
-Keyed by every source file instead, the cache of any other version is never read: a changed package compiles
-afresh once (about a minute for the test suite), and older folders are removed.
+Keyed by the contents of every source file instead, the cache of any other version is never read: a changed
+package compiles afresh once (about a minute for the test suite).
 
 Imported by vtrain/__init__.py before any module that compiles: the folder must be set before numba creates
 a kernel's cache. It imports no numba itself (the chain side imports vtrain without it); where numba is
-already loaded, its config is set directly.
+already loaded, its config is set directly. The setting is the process's: numba kernels of other packages
+run in it are cached in the same folder.
 """
 
 from __future__ import annotations
@@ -17,49 +18,89 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 PREFIX = "numba-"
-# The base the first vtrain import of a process tree found (a user's NUMBA_CACHE_DIR, or empty for the package's
-# __pycache__): the NUMBA_CACHE_DIR a child process inherits is its parent's choice, not a user's.
-_BASE_VAR = "VTRAIN_NUMBA_CACHE_BASE"
+# What the first vtrain import of a process tree chose, for its child processes: the base (a user's
+# NUMBA_CACHE_DIR, or empty for the package's own) and the folder it set, so that a NUMBA_CACHE_DIR a child
+# inherits is not taken for a user's, while one set for the child alone still is.
+_BASE_VAR, _FOLDER_VAR = "VTRAIN_NUMBA_CACHE_BASE", "VTRAIN_NUMBA_CACHE_FOLDER"
+# Another version's folder (or numba's own per-file cache) is removed only once nothing has written to it for
+# this long: a process of that version may still be running, and numba's save makes the folder again but then
+# fails if it vanishes before the file is written.
+STALE_SECONDS = 3600.0
 
 
 def source_digest(package: Path) -> str:
-    """A digest of the package's Python sources: names, sizes and modification times (a changed file, even one
-    of the same size, has a new time; the stats spare every process reading 0.6 MB of sources)."""
+    """A digest of the package's Python sources, names and contents (~0.6 MB read: ~1 ms)."""
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
-        st = path.stat()
-        h.update(f"{path.relative_to(package).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
-def use_source_keyed_cache(package: Path) -> Path | None:
-    """Point numba's cache at `<base>/numba-<digest of package's sources>`; the folder, or None where the base
-    cannot be written (numba's own choice then stands). The base is the package's __pycache__, whose other
-    such folders are removed, or a NUMBA_CACHE_DIR the user set, left as it is but for the new folder."""
-    base_text = os.environ.get(_BASE_VAR)
-    if base_text is None:  # (this process's own choice, not one inherited from a parent's)
-        base_text = os.environ.get("NUMBA_CACHE_DIR", "")
-        os.environ[_BASE_VAR] = base_text
-    base = Path(base_text) if base_text else package / "__pycache__"
+def _base(package: Path) -> tuple[Path, bool]:
+    """(the folder the versions' folders go in, whether it is the package's own, whose old entries are ours to
+    remove): a user's NUMBA_CACHE_DIR; else the package's __pycache__; else, not writable (a read-only install),
+    the user's cache folder, where numba would otherwise cache each kernel by its own file again."""
+    inherited = os.environ.get("NUMBA_CACHE_DIR", "")
+    if inherited and inherited != os.environ.get(_FOLDER_VAR):
+        base_text = inherited  # (a user's: set for this process or the whole tree)
+    else:
+        base_text = os.environ.get(_BASE_VAR, "")
+    os.environ[_BASE_VAR] = base_text
+    if base_text:
+        return Path(base_text).resolve(), False
+    own = package / "__pycache__"
+    if _writable(own):
+        return own, True
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "vtrain-numba", False
+
+
+def _writable(folder: Path) -> bool:
     try:
-        base.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return None
-    if not os.access(base, os.W_OK):
+        return False
+    return os.access(folder, os.W_OK)
+
+
+def _remove_stale(base: Path, keep: Path) -> None:
+    """Remove other versions' folders and numba's own per-file cache (`*.nbi`, `*.nbc`, from before this module)
+    that nothing has written to for STALE_SECONDS."""
+    old = time.time() - STALE_SECONDS
+    for entry in base.iterdir():
+        try:
+            if entry != keep and entry.stat().st_mtime < old:
+                if entry.is_dir() and entry.name.startswith(PREFIX):
+                    import shutil  # noqa: PLC0415 (~2 ms an import, and most processes find nothing to remove)
+
+                    shutil.rmtree(entry, ignore_errors=True)
+                elif entry.suffix in (".nbi", ".nbc"):
+                    entry.unlink()
+        except OSError:  # (another process removed it first)
+            pass
+
+
+def use_source_keyed_cache(package: Path) -> Path | None:
+    """Point numba's cache at `<base>/numba-<digest of package's sources>` (see `_base`); the folder, or None
+    where no base can be written (numba's own choice then stands)."""
+    base, own = _base(package)
+    if not _writable(base):
         return None
     folder = base / f"{PREFIX}{source_digest(package)}"
-    if not base_text:  # (a user's folder may serve other checkouts too: theirs are not ours to remove)
-        for old in base.glob(f"{PREFIX}*"):
-            if old != folder and old.is_dir():
-                import shutil  # noqa: PLC0415 (~2 ms an import, and most processes find nothing to remove)
-
-                shutil.rmtree(old, ignore_errors=True)  # (another version's: never read again)
-    os.environ["NUMBA_CACHE_DIR"] = str(folder)
+    if own:
+        _remove_stale(base, folder)
+    os.environ["NUMBA_CACHE_DIR"] = os.environ[_FOLDER_VAR] = str(folder)
     if "numba" in sys.modules:  # (numba read its environment when it was imported)
         from numba.core import config  # noqa: PLC0415
 
         config.CACHE_DIR = str(folder)
+        reloader = getattr(config, "_env_reloader", None)
+        if reloader is not None and isinstance(getattr(reloader, "old_environ", None), dict):
+            # numba re-reads every setting from the environment once it sees the environment changed, which
+            # would undo whatever a user set in numba.config in code: it is told this change is known
+            reloader.old_environ["NUMBA_CACHE_DIR"] = str(folder)
     return folder

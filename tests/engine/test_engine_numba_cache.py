@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from vtrain.numba_cache import PREFIX, source_digest, use_source_keyed_cache
+from vtrain.numba_cache import PREFIX, STALE_SECONDS, source_digest, use_source_keyed_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 CALLEE = "from numba import njit\n\n\n@njit(cache=True)\ndef f(x):\n    return x + {}\n"
@@ -28,70 +29,119 @@ def _package(tmp: Path, name: str, keyed: bool) -> Path:
     return pkg
 
 
+OURS = ("NUMBA_CACHE_DIR", "VTRAIN_NUMBA_CACHE_BASE", "VTRAIN_NUMBA_CACHE_FOLDER")
+
+
 def _edit_callee(pkg: Path) -> None:
-    """Change only a.py (a later modification time, as any edit or checkout gives it)."""
+    """Change only a.py, a later modification time as any edit or checkout gives it (numba's own key)."""
     path = pkg / "a.py"
     before = path.stat().st_mtime_ns
     path.write_text(CALLEE.format(2))
     os.utime(path, ns=(before + 10**9, before + 10**9))
 
 
-def _g_of_one(tmp: Path, name: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "VTRAIN_NUMBA_CACHE_BASE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(ROOT)])
-    done = subprocess.run([sys.executable, "-c", f"from {name} import b; print(b.g(1))"], env=env, cwd=tmp,
-                          capture_output=True, text=True, timeout=300, check=True)
+def _age(path: Path) -> None:
+    """Make path look written to STALE_SECONDS and more ago."""
+    then = time.time() - 2 * STALE_SECONDS
+    os.utime(path, (then, then))
+
+
+def _python(tmp: Path, code: str, **env: str) -> str:
+    """code's output in a fresh interpreter, tmp and the repository importable, none of this process's cache
+    settings inherited unless given."""
+    base = {k: v for k, v in os.environ.items() if k not in OURS}
+    base["PYTHONPATH"] = os.pathsep.join([str(tmp), str(ROOT)])
+    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=tmp, capture_output=True,
+                          text=True, timeout=300, check=True)
     return done.stdout.strip()
+
+
+def _g_of_one(tmp: Path, name: str) -> str:
+    return _python(tmp, f"from {name} import b; print(b.g(1))")
 
 
 def test_a_caller_compiles_afresh_when_only_its_callee_changed(tmp_path: Path) -> None:
     keyed, plain = _package(tmp_path, "keyed", True), _package(tmp_path, "plain", False)
     assert _g_of_one(tmp_path, "keyed") == _g_of_one(tmp_path, "plain") == "20"
+    first = keyed / "__pycache__" / f"{PREFIX}{source_digest(keyed)}"
+    assert first.is_dir()
+    _age(first)  # (a version nothing has run for a while: its folder goes)
     for pkg in (keyed, plain):
         _edit_callee(pkg)
     # numba's own keys: b.py is unchanged, so g's cache, with f's old code compiled into it, is loaded
     assert _g_of_one(tmp_path, "plain") == "20"
     # keyed by every source: g is compiled with the f that is there now
     assert _g_of_one(tmp_path, "keyed") == "30"
-    folders = sorted(p.name for p in (keyed / "__pycache__").glob(f"{PREFIX}*"))
-    assert folders == [f"{PREFIX}{source_digest(keyed)}"]  # (the first version's folder removed)
+    assert sorted(p.name for p in (keyed / "__pycache__").glob(f"{PREFIX}*")) == [f"{PREFIX}{source_digest(keyed)}"]
 
 
-def test_the_digest_follows_every_source_and_only_sources(tmp_path: Path) -> None:
+def test_vtrain_kernels_cache_in_the_versions_folder_and_import_vtrain_loads_no_numba(tmp_path: Path) -> None:
+    folder = ROOT / "vtrain" / "__pycache__" / f"{PREFIX}{source_digest(ROOT / 'vtrain')}"
+    for first in ("", "import numba; "):  # (numba loaded before vtrain, or by it)
+        path = _python(tmp_path, f"{first}import vtrain.fused as f; print(f._round_in_place._cache._cache_path)")
+        assert Path(path).parent == folder
+    assert _python(tmp_path, "import sys, vtrain; print('numba' in sys.modules)") == "False"
+
+
+def test_the_digest_follows_every_sources_contents_and_only_sources(tmp_path: Path) -> None:
     pkg = _package(tmp_path, "p", False)
     (pkg / "sub").mkdir()
-    (pkg / "sub" / "c.py").write_text("x = 1\n")
+    path = pkg / "sub" / "c.py"
+    path.write_text("x = 1\n")
     first = source_digest(pkg)
     (pkg / "notes.txt").write_text("not a source")
+    _age(path)  # (a new time, the same contents)
     assert source_digest(pkg) == first
-    path = pkg / "sub" / "c.py"
     path.write_text("x = 2\n")  # (the same size)
-    os.utime(path, ns=(path.stat().st_mtime_ns + 10**9,) * 2)
+    _age(path)
     assert source_digest(pkg) != first
 
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for name in ("NUMBA_CACHE_DIR", "VTRAIN_NUMBA_CACHE_BASE"):
-        monkeypatch.delenv(name, raising=False)
     from numba.core import config
 
+    for name in OURS:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(config, "CACHE_DIR", config.CACHE_DIR)  # (restored after the test)
+    monkeypatch.setattr(config._env_reloader, "old_environ", dict(config._env_reloader.old_environ))
     return monkeypatch
 
 
-def test_the_folder_is_set_for_numba_and_for_child_processes(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+def test_the_folder_is_numbas_and_a_childs_and_only_stale_entries_go(tmp_path: Path,
+                                                                     clean_env: pytest.MonkeyPatch) -> None:
     from numba.core import config
 
     pkg = _package(tmp_path, "p", False)
-    stale = pkg / "__pycache__" / f"{PREFIX}0123456789abcdef"
-    stale.mkdir(parents=True)
+    cache = pkg / "__pycache__"
+    stale, recent = cache / f"{PREFIX}0123456789abcdef", cache / f"{PREFIX}fedcba9876543210"
+    old_index, new_index, other = cache / "a.f-3.py311.nbi", cache / "b.g-5.py311.nbi", cache / "a.cpython-311.pyc"
+    for d in (stale, recent):
+        d.mkdir(parents=True)
+    for f in (old_index, new_index, other):
+        f.write_text("")
+    for path in (stale, old_index, other):
+        _age(path)
     folder = use_source_keyed_cache(pkg)
-    assert folder == pkg / "__pycache__" / f"{PREFIX}{source_digest(pkg)}"
+    assert folder == cache / f"{PREFIX}{source_digest(pkg)}"
     assert os.environ["NUMBA_CACHE_DIR"] == config.CACHE_DIR == str(folder)
-    assert not stale.exists()
-    # a child process (the same package) inherits both variables and keeps the folder, not nesting it
+    assert not stale.exists() and not old_index.exists()  # (another version's, numba's own per-file cache)
+    assert recent.exists() and new_index.exists() and other.exists()  # (in use lately; not numba's)
+    # a child process (the same package) inherits the variables and keeps the folder, not nesting it
     assert use_source_keyed_cache(pkg) == folder
+    # one given a NUMBA_CACHE_DIR of its own makes the version's folder there
+    clean_env.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_source_keyed_cache(pkg) == tmp_path / "mine" / folder.name
+
+
+def test_numbas_settings_made_in_code_outlive_the_change(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # numba re-reads all its settings from the environment when it sees the environment changed
+    from numba.core import config
+
+    clean_env.setattr(config, "BOUNDSCHECK", 1)
+    use_source_keyed_cache(_package(tmp_path, "p", False))
+    config.reload_config()  # (as numba's compiler calls it)
+    assert config.BOUNDSCHECK == 1
 
 
 def test_a_users_cache_folder_holds_the_versions_and_keeps_its_own(tmp_path: Path,
@@ -100,9 +150,17 @@ def test_a_users_cache_folder_holds_the_versions_and_keeps_its_own(tmp_path: Pat
     user = tmp_path / "user-cache"
     other = user / f"{PREFIX}fedcba9876543210"  # (another checkout's, perhaps)
     other.mkdir(parents=True)
+    _age(other)
     clean_env.setenv("NUMBA_CACHE_DIR", str(user))
     assert use_source_keyed_cache(pkg) == user / f"{PREFIX}{source_digest(pkg)}"
     assert other.exists()
+
+
+def test_a_read_only_package_caches_in_the_users_cache_folder(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+    pkg = _package(tmp_path, "p", False)
+    (pkg / "__pycache__").write_text("")  # (no folder can be made there: as in an install the user cannot write)
+    clean_env.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    assert use_source_keyed_cache(pkg) == tmp_path / "home-cache" / "vtrain-numba" / f"{PREFIX}{source_digest(pkg)}"
 
 
 def test_an_unwritable_base_leaves_numba_its_own_choice(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
