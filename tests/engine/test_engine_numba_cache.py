@@ -18,6 +18,7 @@ CALLEE = "from numba import njit\n\n\n@njit(cache=True)\ndef f(x):\n    return x
 CALLER = "from numba import njit\n\nfrom {0} import a\n\n\n@njit(cache=True)\ndef g(x):\n    return a.f(x) * 10\n"
 KEYED = "from pathlib import Path\n\nfrom vtrain.numba_cache import use_source_keyed_cache\n\n" \
         "use_source_keyed_cache(Path(__file__).parent)\n"
+OURS = ("NUMBA_CACHE_DIR", "VTRAIN_NUMBA_CACHE_BASE", "VTRAIN_NUMBA_CACHE_FOLDER")  # (the variables it sets)
 
 
 def _package(tmp: Path, name: str, keyed: bool) -> Path:
@@ -27,9 +28,6 @@ def _package(tmp: Path, name: str, keyed: bool) -> Path:
     (pkg / "a.py").write_text(CALLEE.format(1))
     (pkg / "b.py").write_text(CALLER.format(name))
     return pkg
-
-
-OURS = ("NUMBA_CACHE_DIR", "VTRAIN_NUMBA_CACHE_BASE", "VTRAIN_NUMBA_CACHE_FOLDER")
 
 
 def _edit_callee(pkg: Path) -> None:
@@ -46,13 +44,13 @@ def _age(path: Path) -> None:
     os.utime(path, (then, then))
 
 
-def _python(tmp: Path, code: str, **env: str) -> str:
+def _python(tmp: Path, code: str) -> str:
     """code's output in a fresh interpreter, tmp and the repository importable, none of this process's cache
-    settings inherited unless given."""
-    base = {k: v for k, v in os.environ.items() if k not in OURS}
-    base["PYTHONPATH"] = os.pathsep.join([str(tmp), str(ROOT)])
-    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, cwd=tmp, capture_output=True,
-                          text=True, timeout=300, check=True)
+    settings inherited."""
+    env = {k: v for k, v in os.environ.items() if k not in OURS}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp), str(ROOT)])
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp, capture_output=True, text=True,
+                          timeout=300, check=True)
     return done.stdout.strip()
 
 
