@@ -55,7 +55,6 @@ _EMIN = -126  # the grid is uniform below 2^-126
 _BLOCK = 32  # K-block of the strided gather: 32 rows of memory stay in cache (16 and 32 measured best)
 _BELOW_24 = (1 << 29) - 1  # the float64 significand bits below a 24-bit one's
 _TINY, _HUGE = (int(np.float64(v).view(np.int64)) for v in (2.0**-149, 2.0**128))
-_NO_LOW = 0x7FFFFFFFFFFFFFFF  # `_short_stats`' least |x| of no values
 _LEVEL_BLOCK = 2048  # terms per block of `_two_levels`: its integer sums stay within 2^11 2^51 = 2^62
 
 
@@ -96,31 +95,20 @@ def copy_lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray, out: np.ndarr
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _short_stats(x: float, low: int, lo: int, hi: int) -> tuple[int, int, int]:
-    """`short`'s tests of values one at a time, as integer reductions that LLVM vectorises (the float32 round
-    trip they replace cost a weight gradient's positions 16 of their 92 us at resnet-tiny width 32): the OR of
-    the bit patterns, the least nonzero |x| less one and the largest |x|, as bit patterns."""
-    v = _bits(x)
-    a = v & 0x7FFFFFFFFFFFFFFF
-    return low | v, min(lo, (a - 1) & 0x7FFFFFFFFFFFFFFF), max(hi, a)  # a zero's a - 1 wraps to the largest
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _short_of(low: int, lo: int, hi: int) -> bool:
-    """Whether `_short_stats`' reductions are those of short values only (NaN and inf have |x| >= 2^128)."""
-    return ((low & _BELOW_24) == 0) & (lo >= _TINY - 1) & (hi < _HUGE)
-
-
-@njit(cache=True, nogil=True, inline="always")
 def short(x: np.ndarray) -> bool:
-    """Whether every value of the float64 line x is 0, or has <= 24 significant bits and a magnitude in
-    [2^-149, 2^128): every finite float32 value is (and a few float64 values below float32's normal range that
+    """Whether every value of the line x (float64 or float32) is 0, or has <= 24 significant bits and a magnitude
+    in [2^-149, 2^128): every finite float32 value is (and a few float64 values below float32's normal range that
     float32 lacks). A product of two such values is exact in float64: <= 48 bits, 0 or within 2^-298 .. 2^256,
-    so the products need no split."""
-    low, lo, hi = 0, _NO_LOW, 0
+    so the products need no split. Tested as integer reductions over the bit patterns, which LLVM vectorises
+    (the float32 round trip they replace cost a weight gradient's positions 16 of their 92 us at resnet-tiny
+    width 32): their OR, the least nonzero |x| less one (a zero's wraps to the largest) and the largest |x|
+    (NaN's and inf's are >= 2^128)."""
+    low, lo, hi = 0, 0x7FFFFFFFFFFFFFFF, 0
     for t in range(x.size):
-        low, lo, hi = _short_stats(x[np.uint64(t)], low, lo, hi)
-    return _short_of(low, lo, hi)
+        v = _bits(np.float64(x[np.uint64(t)]))
+        a = v & 0x7FFFFFFFFFFFFFFF
+        low, lo, hi = low | v, min(lo, (a - 1) & 0x7FFFFFFFFFFFFFFF), max(hi, a)
+    return ((low & _BELOW_24) == 0) & (lo >= _TINY - 1) & (hi < _HUGE)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -139,11 +127,10 @@ def known_short_plane(t: np.ndarray, n: int, c: int, known: np.ndarray) -> bool:
     accepts, tested at its first use and kept in known[n, c] (-1: not yet known), as `_known_short` keeps a
     line's: a convolution's plane serves every weight-gradient position of its channel (vtrain.resolve)."""
     if known[n, c] < 0:
-        low, lo, hi = 0, _NO_LOW, 0
+        s = True
         for i in range(t.shape[2]):
-            for j in range(t.shape[3]):
-                low, lo, hi = _short_stats(np.float64(t[n, c, i, np.uint64(j)]), low, lo, hi)
-        known[n, c] = _short_of(low, lo, hi)
+            s &= short(t[n, c, i])
+        known[n, c] = s
     return known[n, c] == 1
 
 
@@ -293,8 +280,6 @@ def distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.
     resnet-tiny width 32: their products span ~15 bits), are summed by `_two_levels` in one pass; the sweeps
     take the rest from the first block that has bits below.
     box: a 1-element int64 array viewed as float64, through which `_max_abs`' bits become a float."""
-    kbits = _kbits(n)
-    step = 53 - kbits
     rb = r.view(np.int64)
     fbox = box.view(np.float64)
     box[0] = _max_abs(rb, n)
@@ -311,9 +296,9 @@ def distill_into(r: np.ndarray, n: int, q1: np.ndarray, q2: np.ndarray, box: np.
             r, rb, n = r[hi:], rb[hi:], n - hi
         if n == 0:
             return np_
-        kbits = _kbits(n)
-        step = 53 - kbits
         box[0] = _max_abs(rb, n)
+    kbits = _kbits(n)
+    step = 53 - kbits
     while box[0] != 0:
         top = math.frexp(fbox[0])[1] + kbits  # max|r| < 2^e
         if top >= 1024:

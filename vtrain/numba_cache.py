@@ -40,23 +40,17 @@ def source_digest(package: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _base(package: Path) -> tuple[Path, bool]:
-    """(the folder the versions' folders go in, whether it is the package's own, whose old entries are ours to
-    remove): a user's NUMBA_CACHE_DIR; else the package's __pycache__; else, not writable (a read-only install),
-    the user's cache folder, where numba would otherwise cache each kernel by its own file again."""
-    inherited = os.environ.get("NUMBA_CACHE_DIR", "")
-    if inherited and inherited != os.environ.get(_FOLDER_VAR):
-        base_text = inherited  # (a user's: set for this process or the whole tree)
-    else:
-        base_text = os.environ.get(_BASE_VAR, "")
-    os.environ[_BASE_VAR] = base_text
-    if base_text:
-        return Path(base_text).resolve(), False
+def _base(package: Path, base_text: str) -> tuple[Path, bool] | None:
+    """(the writable folder the versions' folders go in, whether it is the package's own, whose old entries are
+    ours to remove), or None: `base_text` (a user's NUMBA_CACHE_DIR) if given; else the package's __pycache__;
+    else, not writable (a read-only install), the user's cache folder, where numba would otherwise cache each
+    kernel by its own file again."""
     own = package / "__pycache__"
-    if _writable(own):
+    if not base_text and _writable(own):
         return own, True
     cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "vtrain-numba", False
+    base = Path(base_text).resolve() if base_text else Path(cache_home) / "vtrain-numba"
+    return (base, False) if _writable(base) else None
 
 
 def _writable(folder: Path) -> bool:
@@ -87,9 +81,13 @@ def _remove_stale(base: Path, keep: Path) -> None:
 def use_source_keyed_cache(package: Path) -> Path | None:
     """Point numba's cache at `<base>/numba-<digest of package's sources>` (see `_base`); the folder, or None
     where no base can be written (numba's own choice then stands)."""
-    base, own = _base(package)
-    if not _writable(base):
+    inherited = os.environ.get("NUMBA_CACHE_DIR", "")
+    if inherited and inherited != os.environ.get(_FOLDER_VAR):
+        os.environ[_BASE_VAR] = inherited  # (a user's: set for this process or the whole tree)
+    found = _base(package, os.environ.setdefault(_BASE_VAR, ""))
+    if found is None:
         return None
+    base, own = found
     folder = base / f"{PREFIX}{source_digest(package)}"
     if own:
         _remove_stale(base, folder)
