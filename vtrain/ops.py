@@ -14,6 +14,8 @@
 3. DEVICE: device-dependent (matmuls, convolutions, reductions, softmax family, NLL loss, pooling sums,
    embedding backward, transcendental functions, GELU): computed by the Device, rounded, and logged with
    an error bound from vtrain.bounds.
+4. COMPOSITE: torch's fused norms (native_layer_norm, native_batch_norm and their backward passes), run as
+   the fixed sequences of classes 2 and 3 in vtrain.composites, each op of it dispatched on its own.
 
 An op in no class raises UnsupportedOpError naming it: nothing passes through silently. In-place class 3
 ops are computed out of place (through their functional overload) so that the error bound sees the
@@ -32,6 +34,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from vtrain.composites import COMPOSITES
 from vtrain.grains import EXACT_ALL, ExactAll
 from vtrain.inline import INLINE, InlineBound
 from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
@@ -48,7 +51,7 @@ class UnsupportedOpError(VtrainError):
         self.op = op
         super().__init__(
             f"unsupported op {op} under rounded execution: it is in no class of vtrain.ops (exact, IEEE, "
-            "device-dependent). Add it to the registry with its error bound, or avoid it in the model "
+            "device-dependent, composite). Add it to the registry with its error bound, or avoid it in the model "
             "(optimizers need foreach=False, fused=False)"
         )
 
@@ -57,6 +60,7 @@ class OpClass(enum.IntEnum):
     EXACT = 1
     IEEE = 2
     DEVICE = 3
+    COMPOSITE = 4
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,8 @@ class OpSpec:
     bound_inline: InlineBound | None = None  # class 3 small matmuls: `bound` computed as they round (vtrain.inline)
     bound_relative: Relative | None = None  # class 3 functions of one output: `bound`'s terms (vtrain.bounds.RELATIVE)
     exact_all: ExactAll | None = None  # class 3 sums: whether every output is exact on any device (vtrain.grains)
-    decomposed: Callable[..., torch.Tensor] | None = None  # class 2 fused ops: the primitive sequence
+    decomposed: Callable[..., Any] | None = None  # class 2 fused ops: the primitive sequence; class 4: its
+    # sequence of registry ops, given a function that dispatches one (`RoundedExecution.call`) first
 
 
 def _names(*ops: Any) -> list[Any]:
@@ -230,6 +235,8 @@ def _build() -> dict[Any, OpSpec]:
                            bound_relative=RELATIVE.get(functional))
     for op, (fn, inplace) in _DECOMPOSED.items():
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=inplace, decomposed=fn)
+    for op, fn in COMPOSITES.items():
+        table[op] = OpSpec(str(op), OpClass.COMPOSITE, decomposed=fn)
     return table
 
 

@@ -233,6 +233,8 @@ class RoundedExecution(TorchDispatchMode):
         spec = classify(func, args, kwargs)
         if spec.cls is OpClass.EXACT:
             return func(*args, **kwargs)
+        if spec.cls is OpClass.COMPOSITE:  # (its ops are counted, rounded and logged one by one)
+            return spec.decomposed(self.call, *args, **kwargs)
         self._counts["ops"] += 1
         if spec.cls is OpClass.IEEE:
             try:  # (an in-place op's output, and autograd's sum into a sole gradient, are args[0] itself)

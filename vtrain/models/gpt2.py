@@ -2,7 +2,8 @@
 causal multi-head attention and a GELU MLP, dropout, and a head tied to the token embedding.
 
 Differences from nanoGPT, made so that every op had a class in the rounded execution's registry (which
-has since gained gelu and embedding_dense_backward; the forms below stay, as they define the computation):
+has since gained gelu, embedding_dense_backward and torch's fused norms; the forms below stay, as they
+define the computation):
 - the token embedding is a one-hot matmul (its backward is a matmul; embedding_dense_backward is a
   scatter-add whose order differs between devices), and sequences always have the full context;
 - LayerNorm and GELU (the tanh form of GPT-2) are written out (vtrain.models.norms);

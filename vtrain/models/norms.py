@@ -6,6 +6,10 @@ device-dependent op with an error bound) or a single IEEE op (sub, mul, add, sqr
 rounding log covers exactly the reductions and nothing else needs one. The mathematics is that of
 nn.LayerNorm and nn.BatchNorm2d (biased variance in the normalisation, unbiased in the running
 variance, eps inside the square root).
+
+Under rounded execution torch's fused ops now run as these forward ops, one for one (vtrain.composites),
+so torch's modules compute the same forward bits; their backward passes are the composites' closed forms,
+not autograd's ops through the code below. The model families keep these modules: they define their runs.
 """
 
 from __future__ import annotations

@@ -1,0 +1,192 @@
+"""torch's fused norms under rounded execution (vtrain.composites): nn.LayerNorm and nn.BatchNorm*d compute the
+written-out modules' forward bits and logs, gradients that agree with torch's own kernels, and the same bits on
+every device, through the log or the exact resolution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from numkit import batch
+from vtrain.devices import get_device, list_devices
+from vtrain.grid import round_to_grid
+from vtrain.models.norms import BatchNorm2d, LayerNorm
+from vtrain.ops import OpClass, classify
+from vtrain.rounding import RoundedExecution
+
+aten = torch.ops.aten
+EMULATED = [d.name for d in list_devices() if d.emulated]
+
+
+def _grid(*shape: int, seed: int, bits: int = 32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return round_to_grid(torch.randn(*shape, generator=g, dtype=torch.float64) * 3 + 1, bits)
+
+
+def _rounded(fn: Any, resolution: str = "log", device: str = "cpu") -> tuple[Any, bytes]:
+    """fn() under a recording rounded execution: (its result, the step's log bytes)."""
+    with RoundedExecution(bits=32, device=get_device(device), mode="record", resolution=resolution) as rx:
+        out = fn()
+    return out, rx.log.to_bytes()
+
+
+def _written_layer_norm(x: torch.Tensor, dims: list[int], w: torch.Tensor | None, b: torch.Tensor | None,
+                        eps: float) -> torch.Tensor:
+    # vtrain.models.norms.LayerNorm's forward over any trailing dims, the affine parts optional
+    xc = x - x.mean(dims, keepdim=True)
+    y = xc / torch.sqrt((xc * xc).mean(dims, keepdim=True) + eps)
+    y = y if w is None else y * w
+    return y if b is None else y + b
+
+
+def test_the_fused_norms_are_composites() -> None:
+    for op in (aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
+               aten.native_batch_norm.default, aten.native_batch_norm_backward.default):
+        assert classify(op, (), {}).cls is OpClass.COMPOSITE
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+def test_nn_layer_norm_computes_the_written_out_modules_forward_bits_and_log(resolution: str) -> None:
+    x, w, b = _grid(4, 6, 16, seed=1), _grid(16, seed=2), _grid(16, seed=3)
+    torch_ln, ours = nn.LayerNorm(16).double(), LayerNorm(16).double()
+    with torch.no_grad():
+        for m in (torch_ln, ours):
+            m.weight.copy_(w)
+            m.bias.copy_(b)
+    with torch.no_grad():
+        got, got_log = _rounded(lambda: torch_ln(x), resolution)
+        want, want_log = _rounded(lambda: ours(x), resolution)
+    assert torch.equal(got, want) and got_log == want_log
+    # two normalised dims, and no affine parts (torch's weight and bias then are None)
+    with torch.no_grad():
+        got, got_log = _rounded(lambda: F.layer_norm(x, (6, 16), eps=1e-3), resolution)
+        want, want_log = _rounded(lambda: _written_layer_norm(x, [-2, -1], None, None, 1e-3), resolution)
+    assert torch.equal(got, want) and got_log == want_log
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("training", [True, False])
+def test_nn_batch_norm_computes_the_written_out_modules_forward_bits_and_running_statistics(
+        resolution: str, training: bool) -> None:
+    x, w, b = _grid(5, 3, 4, 4, seed=4), _grid(3, seed=5), _grid(3, seed=6)
+    torch_bn, ours = nn.BatchNorm2d(3, momentum=0.3).double(), BatchNorm2d(3, momentum=0.3).double()
+    with torch.no_grad():
+        for m in (torch_bn, ours):
+            m.weight.copy_(w)
+            m.bias.copy_(b)
+            m.running_mean.copy_(_grid(3, seed=7))
+            m.running_var.copy_(_grid(3, seed=8).abs())
+            m.train(training)
+    with torch.no_grad():
+        got, got_log = _rounded(lambda: torch_bn(x), resolution)
+        want, want_log = _rounded(lambda: ours(x), resolution)
+    assert torch.equal(got, want) and got_log == want_log
+    assert torch.equal(torch_bn.running_mean, ours.running_mean)
+    assert torch.equal(torch_bn.running_var, ours.running_var)
+    if training:  # (the update ran: the running statistics moved off their start)
+        assert not torch.equal(torch_bn.running_mean, _grid(3, seed=7))
+
+
+def _close(got: torch.Tensor | None, want: torch.Tensor | None) -> None:
+    # Each op of the composite is rounded to float32's grid (2^-24 relative), the native kernel's float64 result
+    # is not: the gradients agree to within a few such roundings of their largest value
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert got.shape == want.shape
+        assert (got - want).abs().max() <= 2.0**-18 * want.abs().max()
+
+
+def _gradients(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, rounded: bool) -> list:
+    x = x.detach().clone().requires_grad_()
+    for p in module.parameters():
+        p.grad = None
+    if rounded:
+        with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+            (module(x) * grad_out).sum().backward()
+    else:
+        (module(x) * grad_out).sum().backward()
+    return [x.grad, *(p.grad for p in module.parameters())]
+
+
+@pytest.mark.parametrize("case", ["layer", "layer-plain", "layer-2d", "layer-unbatched", "batch2d", "batch2d-eval",
+                                  "batch1d-plain", "batch-untracked"])
+def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
+    if case.startswith("layer"):
+        shape = (6, 16) if case == "layer-2d" else (16,)
+        module = nn.LayerNorm(shape, elementwise_affine=case != "layer-plain").double()
+        x = _grid(16, seed=9) if case == "layer-unbatched" else _grid(3, 6, 16, seed=9)
+    else:
+        module = (nn.BatchNorm1d(5, affine=False) if case == "batch1d-plain" else
+                  nn.BatchNorm2d(5, track_running_stats=case != "batch-untracked")).double()
+        x = _grid(8, 5, seed=9) if case == "batch1d-plain" else _grid(4, 5, 3, 3, seed=9)
+        module.train(case != "batch2d-eval")
+        if case == "batch2d-eval":
+            with torch.no_grad():
+                module.running_mean.copy_(_grid(5, seed=10))
+                module.running_var.copy_(_grid(5, seed=11).abs())
+    with torch.no_grad():
+        for i, p in enumerate(module.parameters()):
+            p.copy_(_grid(*p.shape, seed=20 + i))
+    grad_out = _grid(*x.shape, seed=12)
+    native = _gradients(module, x, grad_out, rounded=False)
+    for got, want in zip(_gradients(module, x, grad_out, rounded=True), native):
+        _close(got, want)
+
+
+class _Normed(nn.Module):
+    """A convolution, torch's batch norm, a linear layer, torch's layer norm, a head: on digits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.fc, self.ln, self.head = nn.Linear(256, 32), nn.LayerNorm(32), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.bn(self.conv(x.reshape(-1, 1, 8, 8)))).flatten(1)
+        return self.head(F.relu(self.ln(self.fc(h))))
+
+
+def _train(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
+    """Four Adam steps of `_Normed` in float32 work at bits = 19 (the scale models' regime, whose bands are wide):
+    (the weights, optimizer state and running statistics, the step logs, the corrections a replay made)."""
+    torch.manual_seed(0)
+    model = _Normed().float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(round_to_grid(p, 19))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3, foreach=False)
+    out, corrections = [], 0
+    for t in range(4):
+        x, y = batch(t, torch.float32)
+        with RoundedExecution(bits=19, device=get_device(device), mode=mode, step=t, resolution=resolution,
+                              replay_log=None if logs is None else logs[t]) as rx:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        out.append(rx.log)
+        corrections += rx.stats["corrections"]
+    state = [*model.parameters(), *model.buffers(), *(v for s in opt.state.values() for v in s.values())]
+    return [t.detach().clone() for t in state], out, corrections
+
+
+def test_a_model_with_torchs_norms_replays_bit_identically_on_every_device() -> None:
+    trainer, logs, _ = _train("cpu", "record")
+    assert {"aten.mean.dim", "aten.sum.dim_IntList"} <= {s.op for log in logs for s in log.sites}
+    corrections = 0
+    for auditor in EMULATED:
+        replayed, _, fixed = _train(auditor, "replay", logs)
+        assert all(torch.equal(a, b) for a, b in zip(trainer, replayed)), auditor
+        corrections += fixed
+    assert corrections > 0  # (the log did work: some device rounded some value the other way by itself)
+
+
+def test_a_model_with_torchs_norms_trains_to_the_same_bits_everywhere_under_the_exact_resolution() -> None:
+    want, logs, _ = _train("cpu", "record", resolution="exact")
+    assert all(not log.sites for log in logs)
+    for device in EMULATED:
+        got, _, _ = _train(device, "record", resolution="exact")
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), device

@@ -1,0 +1,161 @@
+"""torch's fused norms as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b).
+
+`nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
+aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
+The rounded execution runs each as the sequence below instead, every op of it dispatched on its own: means and
+sums as device ops (a band, a log entry or an exact resolution each), the rest as single IEEE operations. That
+sequence is the op's definition for every device and both policies.
+
+The forward passes are those of the written-out modules (vtrain.models.norms), op for op, so a model built with
+torch's modules computes the written-out model's forward bits: centre by the mean, divide by sqrt(var + eps),
+scale, shift. The statistics the backward pass reads are the mean and 1 / sqrt(var + eps) (reciprocal, one
+IEEE division). The backward passes are the closed forms, with xhat = (x - mean) * rstd and g the output's
+gradient times the weight:
+
+    grad_input  = (g - mean(g) - xhat * mean(g * xhat)) * rstd       (means over the normalised elements)
+    grad_weight = sum(grad_out * xhat),  grad_bias = sum(grad_out)   (sums over the other dims)
+
+Adding a composite changes no earlier run (its op was refused before), so no canonical version is bumped;
+changing one would (vtrain.canonical).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+aten = torch.ops.aten
+
+Call = Callable[..., Any]
+Grads = tuple["torch.Tensor | None", "torch.Tensor | None", "torch.Tensor | None"]
+
+
+def _sum(call: Call, x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    # (an empty dim list would reduce every dim: there, nothing is summed)
+    return call(aten.sum.dim_IntList, x, dims, False) if dims else x
+
+
+def _centre(call: Call, x: torch.Tensor, dims: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(xc = x - mean, the mean, the biased variance mean(xc * xc)) over `dims`, kept: the written-out modules'
+    first ops."""
+    mean = call(aten.mean.dim, x, dims, True)
+    xc = call(aten.sub.Tensor, x, mean)
+    return xc, mean, call(aten.mean.dim, call(aten.mul.Tensor, xc, xc), dims, True)
+
+
+def _std(call: Call, var: torch.Tensor, eps: float) -> torch.Tensor:
+    return call(aten.sqrt.default, call(aten.add.Tensor, var, eps))
+
+
+def _affine(call: Call, y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    if weight is not None:
+        y = call(aten.mul.Tensor, y, weight)
+    return y if bias is None else call(aten.add.Tensor, y, bias)
+
+
+def _input_grad(call: Call, g: torch.Tensor, xhat: torch.Tensor, dims: list[int], rstd: torch.Tensor) -> torch.Tensor:
+    """(g - mean(g) - xhat * mean(g * xhat)) * rstd, the means over `dims`."""
+    g_mean = call(aten.mean.dim, g, dims, True)
+    gx_mean = call(aten.mean.dim, call(aten.mul.Tensor, g, xhat), dims, True)
+    centred = call(aten.sub.Tensor, call(aten.sub.Tensor, g, g_mean), call(aten.mul.Tensor, xhat, gx_mean))
+    return call(aten.mul.Tensor, centred, rstd)
+
+
+def layer_norm(call: Call, x: torch.Tensor, normalized_shape: Sequence[int], weight: torch.Tensor | None,
+               bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """aten.native_layer_norm: (out, mean, rstd), the statistics in x's shape with the normalised dims kept as 1."""
+    dims = list(range(-len(normalized_shape), 0))
+    xc, mean, var = _centre(call, x, dims)
+    std = _std(call, var, eps)
+    out = _affine(call, call(aten.div.Tensor, xc, std), weight, bias)
+    return out, mean, call(aten.reciprocal.default, std)
+
+
+def layer_norm_backward(call: Call, grad_out: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[int],
+                        mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None,
+                        bias: torch.Tensor | None, output_mask: Sequence[bool]) -> Grads:
+    """aten.native_layer_norm_backward: (grad_input, grad_weight, grad_bias), None where output_mask says so
+    or the module has no such parameter."""
+    dims = list(range(-len(normalized_shape), 0))
+    outer = list(range(x.dim() - len(normalized_shape)))
+    xhat = call(aten.mul.Tensor, call(aten.sub.Tensor, x, mean), rstd)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        g = grad_out if weight is None else call(aten.mul.Tensor, grad_out, weight)
+        grad_input = _input_grad(call, g, xhat, dims, rstd)
+    if output_mask[1] and weight is not None:
+        grad_weight = _sum(call, call(aten.mul.Tensor, grad_out, xhat), outer)
+    if output_mask[2] and bias is not None:
+        grad_bias = _sum(call, grad_out, outer)
+    return grad_input, grad_weight, grad_bias
+
+
+def _channels(x: torch.Tensor) -> tuple[list[int], list[int]]:
+    """(the dims a batch norm reduces: all but the channels, dim 1; the shape a (C,) tensor takes to broadcast
+    over x)."""
+    return [0, *range(2, x.dim())], [1, -1] + [1] * (x.dim() - 2)
+
+
+def _per_channel(t: torch.Tensor | None, shape: list[int]) -> torch.Tensor | None:
+    return None if t is None else t.reshape(shape)
+
+
+def batch_norm(call: Call, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+               running_mean: torch.Tensor | None, running_var: torch.Tensor | None, training: bool,
+               momentum: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """aten.native_batch_norm: (out, the batch mean, its 1 / sqrt(var + eps)), both (C,), empty in evaluation.
+    Training updates the running statistics in place as torch does, with the unbiased variance:
+    r = r (1 - momentum) + momentum s."""
+    dims, shape = _channels(x)
+    w, b = _per_channel(weight, shape), _per_channel(bias, shape)
+    if not training:
+        xc = call(aten.sub.Tensor, x, running_mean.reshape(shape))
+        std = _std(call, running_var.reshape(shape), eps)
+        empty = x.new_empty(0)
+        return _affine(call, call(aten.div.Tensor, xc, std), w, b), empty, empty
+    xc, mean, var = _centre(call, x, dims)
+    if running_mean is not None:
+        n = x.numel() // x.shape[1]
+        for running, batch, scale in ((running_mean, mean, momentum), (running_var, var, momentum * n / (n - 1))):
+            call(aten.mul_.Tensor, running, 1.0 - momentum)
+            call(aten.add_.Tensor, running, call(aten.mul.Tensor, batch.reshape(-1), scale))
+    std = _std(call, var, eps)
+    out = _affine(call, call(aten.div.Tensor, xc, std), w, b)
+    return out, mean.reshape(-1), call(aten.reciprocal.default, std).reshape(-1)
+
+
+def batch_norm_backward(call: Call, grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                        running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                        save_mean: torch.Tensor | None, save_invstd: torch.Tensor | None, train: bool, eps: float,
+                        output_mask: Sequence[bool]) -> Grads:
+    """aten.native_batch_norm_backward: (grad_input, grad_weight, grad_bias). In training the batch's statistics,
+    as the forward pass saved them; in evaluation the running ones, 1 / sqrt(running_var + eps) computed afresh,
+    and grad_input is the output's gradient times weight * rstd alone (the statistics are constants there)."""
+    dims, shape = _channels(x)
+    if train:
+        mean, rstd = save_mean.reshape(shape), save_invstd.reshape(shape)
+    else:
+        mean = running_mean.reshape(shape)
+        rstd = call(aten.reciprocal.default, _std(call, running_var.reshape(shape), eps))
+    xhat = call(aten.mul.Tensor, call(aten.sub.Tensor, x, mean), rstd)
+    w = _per_channel(weight, shape)
+    scale = rstd if w is None else call(aten.mul.Tensor, w, rstd)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        grad_input = _input_grad(call, grad_out, xhat, dims, scale) if train else \
+            call(aten.mul.Tensor, grad_out, scale)
+    if output_mask[1] and weight is not None:
+        grad_weight = _sum(call, call(aten.mul.Tensor, grad_out, xhat), dims)
+    if output_mask[2]:
+        grad_bias = _sum(call, grad_out, dims)
+    return grad_input, grad_weight, grad_bias
+
+
+# aten op -> its sequence (the aten schema's arguments after `call`)
+COMPOSITES: dict[Any, Callable[..., Any]] = {
+    aten.native_layer_norm.default: layer_norm,
+    aten.native_layer_norm_backward.default: layer_norm_backward,
+    aten.native_batch_norm.default: batch_norm,
+    aten.native_batch_norm_backward.default: batch_norm_backward,
+}
