@@ -77,6 +77,7 @@ class OpSpec:
     bound_inline: InlineBound | None = None  # class 3 small matmuls: `bound` computed as they round (vtrain.inline)
     bound_relative: Relative | None = None  # class 3 functions of one output: `bound`'s terms (vtrain.bounds.RELATIVE)
     exact_all: ExactAll | None = None  # class 3 sums: whether every output is exact on any device (vtrain.grains)
+    constants: bool = False  # class 1 ops whose number arguments become output values (`_CONSTANTS`)
     decomposed: Callable[..., Any] | None = None  # class 2 fused ops: the primitive sequence; class 4: its
     # sequence of registry ops, given a function that dispatches one (`RoundedExecution.call`) first
 
@@ -125,6 +126,17 @@ _EXACT = _names(
     # bookkeeping
     torch.ops.profiler._record_function_enter_new.default, torch.ops.profiler._record_function_exit._RecordFunction,
 )
+
+# Class 1 ops that write their number arguments (a Python number, or a one-value tensor torch made of one) into
+# the output: exact only where those are grid values, as a mask's -128 or a clamp's 0 and 1. The rounded
+# execution rounds their output where one is off the grid (clamp(x, 0.1)); infinities stay (masking with -inf
+# before a softmax), a NaN fails there, naming the op.
+_CONSTANTS = frozenset(_names(
+    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.masked_fill.Scalar,
+    aten.masked_fill_.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Tensor, aten.scalar_tensor.default,
+    aten.constant_pad_nd.default, aten.where.self, aten.scatter.value, aten.scatter_.value, aten.index_put.default,
+    aten.index_put_.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
+))
 
 _IEEE = _names(
     aten.mul.Tensor, aten.mul_.Tensor, aten.mul.Scalar, aten.mul_.Scalar,
@@ -224,7 +236,7 @@ _DEVICE_INPLACE = {
 def _build() -> dict[Any, OpSpec]:
     table: dict[Any, OpSpec] = {}
     for op in _EXACT:
-        table[op] = OpSpec(str(op), OpClass.EXACT)
+        table[op] = OpSpec(str(op), OpClass.EXACT, constants=op in _CONSTANTS)
     for op in _IEEE:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():

@@ -232,7 +232,10 @@ class RoundedExecution(TorchDispatchMode):
         kwargs = kwargs or {}
         spec = classify(func, args, kwargs)
         if spec.cls is OpClass.EXACT:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if spec.constants and self._off_grid(args, kwargs):  # (in-place ops return args[0], rounded here)
+                return _map_floats(out, lambda t: self._round_into(t, spec))
+            return out
         if spec.cls is OpClass.COMPOSITE:  # (its ops are counted, rounded and logged one by one)
             return spec.decomposed(self.call, *args, **kwargs)
         self._counts["ops"] += 1
@@ -258,6 +261,22 @@ class RoundedExecution(TorchDispatchMode):
                 return out
             return _map_floats(out, lambda t: self._round_into(t, spec))
         return self._device_op(func, spec, args, kwargs)
+
+    def _off_grid(self, args: tuple, kwargs: dict) -> bool:
+        """Whether a number among the arguments (a Python number, or a one-value floating tensor) is not a grid
+        value (see ops._CONSTANTS). Infinities count as grid values here; a NaN does not, so that rounding the
+        output names the op that wrote it."""
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                if a.dim() or not a.is_floating_point():
+                    continue
+                a = a.item()
+            elif not isinstance(a, (int, float)) or isinstance(a, bool):
+                continue
+            v = float(a)
+            if self._fused.round_scalar(v, self.bits - 9, self.bits == 32, self._fused.POW2) != v:
+                return True
+        return False
 
     def count_rounded(self, elements: int, ops: int) -> None:
         """Account for `ops` IEEE op outputs of `elements` values in all rounded outside the dispatch path
