@@ -1,4 +1,5 @@
-"""torch's fused norms as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b).
+"""Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
+vector norms (gradient clipping), variances, SiLU and leaky ReLU.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -15,15 +16,19 @@ gradient times the weight:
     grad_input  = (g - mean(g) - xhat * mean(g * xhat)) * rstd       (means over the normalised elements)
     grad_weight = sum(grad_out * xhat),  grad_bias = sum(grad_out)   (sums over the other dims)
 
-Adding a composite changes no earlier run (its op was refused before), so no canonical version is bumped;
-changing one would (vtrain.canonical).
+Group norm is layer norm over each group's channels and positions, with a weight and bias per channel. The
+other composites' definitions are at their functions. Adding a composite changes no earlier run (its op was
+refused before), so no canonical version is bumped; changing one would (vtrain.canonical).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
+
+from vtrain.errors import UnsupportedOpError
 
 aten = torch.ops.aten
 
@@ -152,10 +157,134 @@ def batch_norm_backward(call: Call, grad_out: torch.Tensor, x: torch.Tensor, wei
     return grad_input, grad_weight, grad_bias
 
 
+def group_norm(call: Call, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, n: int, c: int,
+               hw: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """aten.native_group_norm: (out, mean, rstd), the statistics (N, group)."""
+    xc, mean, var = _centre(call, x.reshape(n, group, -1), [-1])
+    std = _std(call, var, eps)
+    _, shape = _channels(x)
+    out = _affine(call, call(aten.div.Tensor, xc, std).reshape(x.shape), _per_channel(weight, shape),
+                  _per_channel(bias, shape))
+    return out, mean.reshape(n, group), call(aten.reciprocal.default, std).reshape(n, group)
+
+
+def group_norm_backward(call: Call, grad_out: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                        weight: torch.Tensor | None, n: int, c: int, hw: int, group: int,
+                        output_mask: Sequence[bool]) -> Grads:
+    """aten.native_group_norm_backward: (grad_input, grad_weight, grad_bias), layer norm's over each group."""
+    dims, shape = _channels(x)
+    mean, rstd = mean.reshape(n, group, 1), rstd.reshape(n, group, 1)
+    xhat = call(aten.mul.Tensor, call(aten.sub.Tensor, x.reshape(n, group, -1), mean), rstd)
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        g = grad_out if weight is None else call(aten.mul.Tensor, grad_out, weight.reshape(shape))
+        grad_input = _input_grad(call, g.reshape(n, group, -1), xhat, [-1], rstd).reshape(x.shape)
+    if output_mask[1] and weight is not None:
+        grad_weight = _sum(call, call(aten.mul.Tensor, grad_out, xhat.reshape(x.shape)), dims)
+    if output_mask[2]:
+        grad_bias = _sum(call, grad_out, dims)
+    return grad_input, grad_weight, grad_bias
+
+
+def _reduced(x: torch.Tensor, dim: Sequence[int] | int | None) -> list[int]:
+    """The dims a reduction's `dim` argument names (None or empty: all of them)."""
+    if dim is None or (not isinstance(dim, int) and not len(dim)):
+        return list(range(x.dim()))
+    return [dim] if isinstance(dim, int) else list(dim)
+
+
+def vector_norm(call: Call, x: torch.Tensor, ord: float = 2, dim: Sequence[int] | int | None = None,  # noqa: A002
+                keepdim: bool = False, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten.linalg_vector_norm for ord 2 (sqrt(sum(x * x)), each square rounded), 1 (sum |x|) and +-inf (the
+    largest or smallest |x|, exact); other orders and a dtype other than x's are refused."""
+    if dtype not in (None, x.dtype) or ord not in (2, 1, math.inf, -math.inf):
+        raise UnsupportedOpError(str(aten.linalg_vector_norm.default),
+                                 f"ord={ord}, dtype={dtype}: the registry has the orders 2, 1, inf and -inf, in "
+                                 "the input's dtype (vtrain.composites)")
+    dims = _reduced(x, dim)
+    if ord == 2:
+        return call(aten.sqrt.default, call(aten.sum.dim_IntList, call(aten.mul.Tensor, x, x), dims, keepdim))
+    size = call(aten.abs.default, x)
+    if ord == 1:
+        return call(aten.sum.dim_IntList, size, dims, keepdim)
+    return call(aten.amax.default if ord > 0 else aten.amin.default, size, dims, keepdim)
+
+
+def _variance(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None, correction: float | None,
+              keepdim: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the variance sum((x - mean)^2) / (n - correction), correction 1 unless given, and the mean, keepdim's)."""
+    dims = _reduced(x, dim)
+    mean = call(aten.mean.dim, x, dims, True)
+    xc = call(aten.sub.Tensor, x, mean)
+    squares = call(aten.sum.dim_IntList, call(aten.mul.Tensor, xc, xc), dims, keepdim)
+    count = math.prod(x.shape[d] for d in dims) - (1 if correction is None else correction)
+    return call(aten.div.Tensor, squares, count), mean if keepdim else mean.squeeze(dims)
+
+
+def var(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None = None, *, correction: float | None = None,
+        keepdim: bool = False) -> torch.Tensor:
+    """aten.var.correction: `_variance`."""
+    return _variance(call, x, dim, correction, keepdim)[0]
+
+
+def std(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None = None, *, correction: float | None = None,
+        keepdim: bool = False) -> torch.Tensor:
+    """aten.std.correction: the square root of `_variance`."""
+    return call(aten.sqrt.default, var(call, x, dim, correction=correction, keepdim=keepdim))
+
+
+def var_mean(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None = None, *,
+             correction: float | None = None, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten.var_mean.correction: (`_variance`, the mean)."""
+    return _variance(call, x, dim, correction, keepdim)
+
+
+def std_mean(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None = None, *,
+             correction: float | None = None, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten.std_mean.correction: (the square root of `_variance`, the mean)."""
+    variance, mean = _variance(call, x, dim, correction, keepdim)
+    return call(aten.sqrt.default, variance), mean
+
+
+def silu(call: Call, x: torch.Tensor) -> torch.Tensor:
+    """aten.silu: x * sigmoid(x), the sigmoid rounded first."""
+    return call(aten.mul.Tensor, x, call(aten.sigmoid.default, x))
+
+
+def silu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """aten.silu_backward: grad * (s * (1 + x * (1 - s))), s = sigmoid(x)."""
+    s = call(aten.sigmoid.default, x)
+    inner = call(aten.add.Tensor, call(aten.mul.Tensor, x, call(aten.rsub.Scalar, s, 1)), 1)
+    return call(aten.mul.Tensor, grad, call(aten.mul.Tensor, s, inner))
+
+
+def leaky_relu(call: Call, x: torch.Tensor, negative_slope: float = 0.01) -> torch.Tensor:
+    """aten.leaky_relu: x where x > 0, else x * negative_slope (one IEEE product)."""
+    return call(aten.where.self, call(aten.gt.Scalar, x, 0), x, call(aten.mul.Tensor, x, negative_slope))
+
+
+def leaky_relu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, negative_slope: float,
+                        self_is_result: bool) -> torch.Tensor:
+    """aten.leaky_relu_backward: grad where x > 0, else grad * negative_slope (x: the input or, as torch passes
+    it after an in-place leaky ReLU, the output, positive at the same places)."""
+    return call(aten.where.self, call(aten.gt.Scalar, x, 0), grad, call(aten.mul.Tensor, grad, negative_slope))
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
     aten.native_layer_norm_backward.default: layer_norm_backward,
     aten.native_batch_norm.default: batch_norm,
     aten.native_batch_norm_backward.default: batch_norm_backward,
+    aten.native_group_norm.default: group_norm,
+    aten.native_group_norm_backward.default: group_norm_backward,
+    aten.linalg_vector_norm.default: vector_norm,
+    aten.var.correction: var,
+    aten.std.correction: std,
+    aten.var_mean.correction: var_mean,
+    aten.std_mean.correction: std_mean,
+    aten.silu.default: silu,
+    aten.silu_backward.default: silu_backward,
+    aten.leaky_relu.default: leaky_relu,
+    aten.leaky_relu_backward.default: leaky_relu_backward,
 }

@@ -16,3 +16,17 @@ class ToolchainError(VtrainError):
 
 class MerkleError(VtrainError):
     """A Merkle tree was asked for something it cannot give (bad index, empty tree)."""
+
+
+class UnsupportedOpError(VtrainError):
+    """An aten op (or a form of one) that is in no registry class of vtrain.ops: rounded training refuses to
+    guess."""
+
+    def __init__(self, op: str, detail: str | None = None):
+        self.op = op
+        super().__init__(
+            f"unsupported op {op} under rounded execution: "
+            + (detail or "it is in no class of vtrain.ops (exact, IEEE, device-dependent, composite). Add it to "
+               "the registry with its error bound, or avoid it in the model (optimizers need foreach=False, "
+               "fused=False)")
+        )

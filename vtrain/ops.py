@@ -39,21 +39,9 @@ from vtrain.grains import EXACT_ALL, ExactAll
 from vtrain.inline import INLINE, InlineBound
 from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
 from vtrain.bounds import BOUNDS, RELATIVE, Bound, PositionBound, Relative
-from vtrain.errors import VtrainError
+from vtrain.errors import UnsupportedOpError
 
 aten = torch.ops.aten
-
-
-class UnsupportedOpError(VtrainError):
-    """An aten op that is in no registry class: rounded training refuses to guess."""
-
-    def __init__(self, op: str):
-        self.op = op
-        super().__init__(
-            f"unsupported op {op} under rounded execution: it is in no class of vtrain.ops (exact, IEEE, "
-            "device-dependent, composite). Add it to the registry with its error bound, or avoid it in the model "
-            "(optimizers need foreach=False, fused=False)"
-        )
 
 
 class OpClass(enum.IntEnum):
@@ -112,7 +100,7 @@ _EXACT = _names(
     aten.new_empty_strided.default, aten.empty_strided.default,
     # exact elementwise functions and selections
     aten.relu.default, aten.relu_.default, aten.threshold_backward.default, aten.neg.default, aten.neg_.default,
-    aten.abs.default, aten.sign.default, aten.where.self, aten.maximum.default, aten.minimum.default,
+    aten.abs.default, aten.sign.default, aten.sgn.default, aten.where.self, aten.maximum.default, aten.minimum.default,
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.floor.default, aten.ceil.default,
     aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.argmax.default,
     aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,

@@ -1,9 +1,10 @@
-"""torch's fused norms under rounded execution (vtrain.composites): nn.LayerNorm and nn.BatchNorm*d compute the
-written-out modules' forward bits and logs, gradients that agree with torch's own kernels, and the same bits on
-every device, through the log or the exact resolution."""
+"""Composite ops under rounded execution (vtrain.composites): nn.LayerNorm and nn.BatchNorm*d compute the
+written-out modules' forward bits and logs, every composite its written definition's bits, gradients that agree
+with torch's own kernels, and the same bits on every device, through the log or the exact resolution."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from numkit import batch
 from vtrain.devices import get_device, list_devices
+from vtrain.errors import UnsupportedOpError
 from vtrain.grid import round_to_grid
 from vtrain.models.norms import BatchNorm2d, LayerNorm
 from vtrain.ops import OpClass, classify
@@ -24,7 +26,7 @@ EMULATED = [d.name for d in list_devices() if d.emulated]
 
 def _grid(*shape: int, seed: int, bits: int = 32) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return round_to_grid(torch.randn(*shape, generator=g, dtype=torch.float64) * 3 + 1, bits)
+    return round_to_grid(torch.randn(shape, generator=g, dtype=torch.float64) * 3 + 1, bits)
 
 
 def _rounded(fn: Any, resolution: str = "log", device: str = "cpu") -> tuple[Any, bytes]:
@@ -43,10 +45,61 @@ def _written_layer_norm(x: torch.Tensor, dims: list[int], w: torch.Tensor | None
     return y if b is None else y + b
 
 
-def test_the_fused_norms_are_composites() -> None:
+def test_the_composites_are_in_the_registry() -> None:
     for op in (aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
-               aten.native_batch_norm.default, aten.native_batch_norm_backward.default):
+               aten.native_batch_norm.default, aten.native_batch_norm_backward.default,
+               aten.native_group_norm.default, aten.native_group_norm_backward.default,
+               aten.linalg_vector_norm.default, aten.var.correction, aten.std.correction, aten.var_mean.correction,
+               aten.std_mean.correction, aten.silu.default, aten.silu_backward.default, aten.leaky_relu.default,
+               aten.leaky_relu_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
+
+
+def _moments(x: torch.Tensor, dims: list[int], divisor: int, keepdim: bool = False) -> torch.Tensor:
+    """(sum((x - mean)^2) / divisor, the mean), stacked: a variance's definition, its sum and mean kept as asked."""
+    mean = x.mean(dims, keepdim=True)
+    xc = x - mean
+    return torch.stack([(xc * xc).sum(dims, keepdim=keepdim) / divisor, mean if keepdim else mean.squeeze(dims)])
+
+
+def _rooted(moments: torch.Tensor) -> torch.Tensor:
+    return torch.stack([torch.sqrt(moments[0]), moments[1]])
+
+
+# (the composite, its definition in registry ops) on x of shape (4, 6, 5)
+DEFINITIONS = {
+    "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), lambda x: torch.where(x > 0, x, x * 0.2)),
+    "norm": (lambda x: torch.linalg.vector_norm(x), lambda x: torch.sqrt((x * x).sum((0, 1, 2)))),
+    "norm-dim": (lambda x: torch.linalg.vector_norm(x, dim=(0, 2), keepdim=True),
+                 lambda x: torch.sqrt((x * x).sum((0, 2), keepdim=True))),
+    "norm-1": (lambda x: torch.linalg.vector_norm(x, ord=1, dim=1), lambda x: x.abs().sum(1)),
+    "norm-inf": (lambda x: torch.linalg.vector_norm(x, ord=math.inf), lambda x: x.abs().amax((0, 1, 2))),
+    "norm-minus-inf": (lambda x: torch.linalg.vector_norm(x, ord=-math.inf, dim=-1), lambda x: x.abs().amin(-1)),
+    "var": (lambda x: x.var(-1), lambda x: _moments(x, [-1], 4)[0]),
+    "std": (lambda x: x.std((0, 1), correction=0), lambda x: torch.sqrt(_moments(x, [0, 1], 24)[0])),
+    "var_mean": (lambda x: torch.stack(torch.var_mean(x, 1, keepdim=True)), lambda x: _moments(x, [1], 5, True)),
+    "std_mean": (lambda x: torch.stack(torch.std_mean(x)), lambda x: _rooted(_moments(x, [0, 1, 2], 119))),
+    "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
+                   lambda x: _written_layer_norm(x.reshape(4, 2, -1), [-1], None, None, 1e-3).reshape(x.shape)),
+}
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("name", list(DEFINITIONS))
+def test_a_composite_computes_its_definitions_bits_and_log(name: str, resolution: str) -> None:
+    x = _grid(4, 6, 5, seed=13)
+    composite, definition = DEFINITIONS[name]
+    with torch.no_grad():
+        got, got_log = _rounded(lambda: composite(x), resolution)
+        want, want_log = _rounded(lambda: definition(x), resolution)
+    assert torch.equal(got, want) and got_log == want_log
+
+
+def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
+    x = _grid(4, seed=1)
+    with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):
+        _rounded(lambda: torch.linalg.vector_norm(x, ord=3))
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])
@@ -112,10 +165,26 @@ def _gradients(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, round
     return [x.grad, *(p.grad for p in module.parameters())]
 
 
+class _Applied(nn.Module):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+
+_FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items()}
+
+
 @pytest.mark.parametrize("case", ["layer", "layer-plain", "layer-2d", "layer-unbatched", "batch2d", "batch2d-eval",
-                                  "batch1d-plain", "batch-untracked"])
+                                  "batch1d-plain", "batch-untracked", "group", "group-plain", *_FUNCTIONS])
 def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
-    if case.startswith("layer"):
+    if case in _FUNCTIONS:
+        module, x = _Applied(_FUNCTIONS[case]), _grid(4, 6, 5, seed=9)
+    elif case.startswith("group"):
+        module, x = nn.GroupNorm(2, 4, affine=case == "group").double(), _grid(3, 4, 2, 5, seed=9)
+    elif case.startswith("layer"):
         shape = (6, 16) if case == "layer-2d" else (16,)
         module = nn.LayerNorm(shape, elementwise_affine=case != "layer-plain").double()
         x = _grid(16, seed=9) if case == "layer-unbatched" else _grid(3, 6, 16, seed=9)
@@ -131,28 +200,32 @@ def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
     with torch.no_grad():
         for i, p in enumerate(module.parameters()):
             p.copy_(_grid(*p.shape, seed=20 + i))
-    grad_out = _grid(*x.shape, seed=12)
+    grad_out = _grid(*module(x).shape, seed=12)
     native = _gradients(module, x, grad_out, rounded=False)
     for got, want in zip(_gradients(module, x, grad_out, rounded=True), native):
         _close(got, want)
 
 
 class _Normed(nn.Module):
-    """A convolution, torch's batch norm, a linear layer, torch's layer norm, a head: on digits."""
+    """Convolutions with torch's batch and group norms, linear layers with its layer norm, SiLU and leaky ReLU, a
+    head: on digits."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv, self.bn = nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.conv2, self.gn = nn.Conv2d(4, 4, 3, padding=1), nn.GroupNorm(2, 4)
         self.fc, self.ln, self.head = nn.Linear(256, 32), nn.LayerNorm(32), nn.Linear(32, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.bn(self.conv(x.reshape(-1, 1, 8, 8)))).flatten(1)
+        h = F.silu(self.bn(self.conv(x.reshape(-1, 1, 8, 8))))
+        h = F.leaky_relu(self.gn(self.conv2(h))).flatten(1)
         return self.head(F.relu(self.ln(self.fc(h))))
 
 
 def _train(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
-    """Four Adam steps of `_Normed` in float32 work at bits = 19 (the scale models' regime, whose bands are wide):
-    (the weights, optimizer state and running statistics, the step logs, the corrections a replay made)."""
+    """Four Adam steps of `_Normed`, gradients clipped to norm 1, in float32 work at bits = 19 (the scale models'
+    regime, whose bands are wide): (the weights, optimizer state and running statistics, the step logs, the
+    corrections a replay made)."""
     torch.manual_seed(0)
     model = _Normed().float()
     with torch.no_grad():
@@ -166,6 +239,7 @@ def _train(device: str, mode: str, logs: list | None = None, resolution: str = "
                               replay_log=None if logs is None else logs[t]) as rx:
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
             opt.step()
         out.append(rx.log)
         corrections += rx.stats["corrections"]
