@@ -1,5 +1,5 @@
 """Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping), variances, SiLU and leaky ReLU.
+vector norms (gradient clipping), variances, SiLU, leaky ReLU and scaled dot-product attention.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -270,6 +270,85 @@ def leaky_relu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, negativ
     return call(aten.where.self, call(aten.gt.Scalar, x, 0), grad, call(aten.mul.Tensor, grad, negative_slope))
 
 
+def _no_dtype(op: Any, x: torch.Tensor, dtype: torch.dtype | None) -> None:
+    if dtype not in (None, x.dtype):
+        raise UnsupportedOpError(str(op), f"dtype={dtype} on a {x.dtype} input: the registry computes in the "
+                                 "input's dtype (vtrain.composites)")
+
+
+def safe_softmax(call: Call, x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten._safe_softmax (attention's math path): softmax, and 0 along a line of -inf only, where softmax is NaN."""
+    _no_dtype(aten._safe_softmax.default, x, dtype)
+    empty = call(aten.eq.Scalar, call(aten.amax.default, x, [dim], True), -math.inf)
+    p = call(aten._softmax.default, call(aten.masked_fill.Scalar, x, empty, 0.0), dim, False)
+    return call(aten.masked_fill.Scalar, p, empty, 0.0)
+
+
+def _attention(call: Call, q: torch.Tensor, k: torch.Tensor, is_causal: bool, attn_mask: torch.Tensor | None,
+               scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """(the probabilities p = e / z over (N, L, S), the row maxima m, the sums z, the scale) of attention on
+    (..., L, E) queries and (..., S, E) keys, their leading dims flattened: scores s = (q k^T) * scale, plus a
+    float mask's finite values; masked where causal, where a boolean mask is False or a float mask -inf;
+    e = exp(s - m) with m the largest unmasked score, 0 where masked; z = sum e. (The masked scores never enter
+    an IEEE op as -inf, whose infinite output would be an error here: they are m, then e's 0.)"""
+    (length, width), keys = q.shape[-2:], k.shape[-2]
+    scale = 1.0 / math.sqrt(width) if scale is None else scale
+    q3, k3 = q.reshape(-1, length, width), k.reshape(-1, keys, width)
+    s = call(aten.mul.Tensor, call(aten.bmm.default, q3, k3.transpose(1, 2)), scale)
+    masked = torch.ones(length, keys, dtype=torch.bool, device=q.device).triu(1) if is_causal else None
+    if attn_mask is not None:
+        mask = attn_mask.expand(*q.shape[:-2], length, keys).reshape(-1, length, keys)
+        if mask.dtype != torch.bool:  # (torch hands a boolean mask over as a float one of 0 and -inf)
+            s = call(aten.add.Tensor, s, call(aten.masked_fill.Scalar, mask, mask == -math.inf, 0.0))
+            mask = mask != -math.inf
+        masked = ~mask if masked is None else masked | ~mask
+    if masked is None:
+        m = call(aten.amax.default, s, [-1], True)
+        e = call(aten.exp.default, call(aten.sub.Tensor, s, m))
+    else:
+        m = call(aten.amax.default, call(aten.masked_fill.Scalar, s, masked, -math.inf), [-1], True)
+        shifted = call(aten.sub.Tensor, call(aten.where.self, masked, m, s), m)
+        e = call(aten.masked_fill.Scalar, call(aten.exp.default, shifted), masked, 0.0)
+    z = call(aten.sum.dim_IntList, e, [-1], True)
+    return call(aten.div.Tensor, e, z), m, z, scale
+
+
+def _no_dropout(op: Any, dropout_p: float) -> None:
+    if dropout_p:
+        raise UnsupportedOpError(str(op), f"dropout_p={dropout_p}: the kernel would draw its dropout mask on the "
+                                 "device; pass dropout_p=0 and apply masks drawn from the seed (vtrain.composites)")
+
+
+def flash_attention(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    is_causal: bool = False, *, attn_mask: torch.Tensor | None = None,
+                    scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten._scaled_dot_product_flash_attention_for_cpu (F.scaled_dot_product_attention on CPU): (p v, the
+    log-sum-exp m + log z of each row), with `_attention`'s p."""
+    _no_dropout(aten._scaled_dot_product_flash_attention_for_cpu.default, dropout_p)
+    p, m, z, _ = _attention(call, q, k, is_causal, attn_mask, scale)
+    out = call(aten.bmm.default, p, v.reshape(-1, *v.shape[-2:]))
+    lse = call(aten.add.Tensor, m, call(aten.log.default, z))
+    return out.reshape(*q.shape[:-1], v.shape[-1]), lse.reshape(q.shape[:-1])
+
+
+def flash_attention_backward(call: Call, grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, logsumexp: torch.Tensor, dropout_p: float, is_causal: bool, *,
+                             attn_mask: torch.Tensor | None = None,
+                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Its backward pass, p recomputed as the forward computed it: dv = p^T g, ds = p (g v^T - rowsum(g out))
+    * scale (softmax's backward, rowsum(g v^T p) being rowsum(g out)), dq = ds k, dk = ds^T q."""
+    _no_dropout(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, dropout_p)
+    p, _, _, scale = _attention(call, q, k, is_causal, attn_mask, scale)
+    flat = [t.reshape(-1, *t.shape[-2:]) for t in (grad_out, q, k, v, out)]
+    g, q3, k3, v3, o3 = flat
+    dv = call(aten.bmm.default, p.transpose(1, 2), g)
+    rows = call(aten.sum.dim_IntList, call(aten.mul.Tensor, g, o3), [-1], True)
+    ds = call(aten.mul.Tensor, call(aten.sub.Tensor, call(aten.bmm.default, g, v3.transpose(1, 2)), rows), p)
+    ds = call(aten.mul.Tensor, ds, scale)
+    dq, dk = call(aten.bmm.default, ds, k3), call(aten.bmm.default, ds.transpose(1, 2), q3)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
@@ -287,4 +366,7 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.silu_backward.default: silu_backward,
     aten.leaky_relu.default: leaky_relu,
     aten.leaky_relu_backward.default: leaky_relu_backward,
+    aten._safe_softmax.default: safe_softmax,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_backward,
 }

@@ -96,6 +96,48 @@ def test_a_composite_computes_its_definitions_bits_and_log(name: str, resolution
     assert torch.equal(got, want) and got_log == want_log
 
 
+def _written_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bias: torch.Tensor | None,
+                       scale: float) -> torch.Tensor:
+    # vtrain.composites' attention in registry ops: scores, masked, the shifted exponentials, their sum
+    s = (q.flatten(0, 1) @ k.flatten(0, 1).transpose(1, 2)) * scale
+    masked = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1) if causal else torch.zeros(s.shape[-2:], dtype=torch.bool)
+    if bias is not None:
+        s = s + bias
+    m = s.masked_fill(masked, -math.inf).amax(-1, keepdim=True)
+    e = torch.exp(torch.where(masked, m, s) - m).masked_fill(masked, 0.0)
+    z = e.sum(-1, keepdim=True)
+    out = (e / z @ v.flatten(0, 1)).reshape(*q.shape[:-1], v.shape[-1])
+    _ = m + torch.log(z)  # (the log-sum-exp the composite returns for the backward pass: in the log too)
+    return out
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("case", ["causal", "float-mask"])
+def test_attention_computes_its_definitions_bits_and_log(case: str, resolution: str) -> None:
+    q, k, v = _grid(2, 3, 5, 4, seed=1), _grid(2, 3, 5, 4, seed=2), _grid(2, 3, 5, 4, seed=3)
+    bias = _grid(5, 5, seed=4) if case == "float-mask" else None
+    scale = 0.25 if bias is None else 0.375
+    with torch.no_grad():
+        got, got_log = _rounded(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                                                       is_causal=bias is None, scale=scale), resolution)
+        want, want_log = _rounded(lambda: _written_attention(q, k, v, bias is None, bias, scale), resolution)
+    assert torch.equal(got, want) and got_log == want_log
+
+
+def test_attention_with_dropout_inside_is_refused_by_name() -> None:
+    q = _grid(1, 1, 4, 4, seed=1)
+    with pytest.raises(UnsupportedOpError, match="dropout_p=0.5"):
+        _rounded(lambda: aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.5, True))
+
+
+def test_safe_softmax_gives_zeros_along_a_line_of_minus_infinity_and_softmax_elsewhere() -> None:
+    x = _grid(3, 4, seed=5)
+    x[1] = -math.inf
+    got, _ = _rounded(lambda: aten._safe_softmax(x, -1))
+    want, _ = _rounded(lambda: torch.softmax(x[[0, 2]], -1))
+    assert torch.equal(got[1], torch.zeros(4, dtype=torch.float64)) and torch.equal(got[[0, 2]], want)
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):
@@ -177,10 +219,34 @@ class _Applied(nn.Module):
 _FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items()}
 
 
+_BIAS = _grid(5, 7, seed=6)
+_ATTENTION = {  # (q, k and v's shapes, the call): 3-d operands, or v's width another, take torch's math path
+    "attention-causal": ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4),
+                         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    "attention-float-mask": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4),
+                             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, _BIAS, scale=0.3)),
+    "attention-math": ((3, 5, 4), (3, 7, 4), (3, 7, 6), lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
+}
+
+
+class _Attending(nn.Module):
+    def __init__(self, shapes: tuple, fn: Any) -> None:
+        super().__init__()
+        self.k, self.v = nn.Parameter(_grid(*shapes[1], seed=7)), nn.Parameter(_grid(*shapes[2], seed=8))
+        self.fn = fn
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.fn(q, self.k, self.v)
+
+
 @pytest.mark.parametrize("case", ["layer", "layer-plain", "layer-2d", "layer-unbatched", "batch2d", "batch2d-eval",
-                                  "batch1d-plain", "batch-untracked", "group", "group-plain", *_FUNCTIONS])
+                                  "batch1d-plain", "batch-untracked", "group", "group-plain", *_FUNCTIONS,
+                                  *_ATTENTION])
 def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
-    if case in _FUNCTIONS:
+    if case in _ATTENTION:
+        *shapes, fn = _ATTENTION[case]
+        module, x = _Attending(shapes, fn).double(), _grid(*shapes[0], seed=9)
+    elif case in _FUNCTIONS:
         module, x = _Applied(_FUNCTIONS[case]), _grid(4, 6, 5, seed=9)
     elif case.startswith("group"):
         module, x = nn.GroupNorm(2, 4, affine=case == "group").double(), _grid(3, 4, 2, 5, seed=9)
@@ -199,7 +265,7 @@ def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
                 module.running_var.copy_(_grid(5, seed=11).abs())
     with torch.no_grad():
         for i, p in enumerate(module.parameters()):
-            p.copy_(_grid(*p.shape, seed=20 + i))
+            p.copy_(_grid(*p.shape, seed=20 + i) * (0.3 if case in _ATTENTION else 1))
     grad_out = _grid(*module(x).shape, seed=12)
     native = _gradients(module, x, grad_out, rounded=False)
     for got, want in zip(_gradients(module, x, grad_out, rounded=True), native):
@@ -207,8 +273,8 @@ def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
 
 
 class _Normed(nn.Module):
-    """Convolutions with torch's batch and group norms, linear layers with its layer norm, SiLU and leaky ReLU, a
-    head: on digits."""
+    """Convolutions with torch's batch and group norms, linear layers with its layer norm, SiLU, leaky ReLU and
+    causal attention over four tokens, a head: on digits."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -218,8 +284,9 @@ class _Normed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.silu(self.bn(self.conv(x.reshape(-1, 1, 8, 8))))
-        h = F.leaky_relu(self.gn(self.conv2(h))).flatten(1)
-        return self.head(F.relu(self.ln(self.fc(h))))
+        h = self.fc(F.leaky_relu(self.gn(self.conv2(h))).flatten(1)).reshape(-1, 1, 4, 8)
+        h = F.scaled_dot_product_attention(h, h, h, is_causal=True).flatten(1)
+        return self.head(F.relu(self.ln(h)))
 
 
 def _train(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
