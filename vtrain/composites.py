@@ -1,5 +1,6 @@
 """Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping), variances, SiLU, leaky ReLU and scaled dot-product attention.
+vector norms (gradient clipping), variances, SiLU, leaky ReLU, softplus, scaled dot-product attention and the
+regression and binary losses (MSE, Huber, smooth L1, BCE with logits).
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -349,6 +350,105 @@ def flash_attention_backward(call: Call, grad_out: torch.Tensor, q: torch.Tensor
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+def _reduce(call: Call, loss: torch.Tensor, reduction: int) -> torch.Tensor:
+    """A loss's reduction: 0 none, 1 the mean, 2 the sum (torch's enum)."""
+    if reduction == 0:
+        return loss
+    return call(aten.mean.dim if reduction == 1 else aten.sum.dim_IntList, loss, list(range(loss.dim())), False)
+
+
+def _scaled_grad(call: Call, g: torch.Tensor, grad: torch.Tensor, reduction: int) -> torch.Tensor:
+    """g * grad, divided by the element count under a mean."""
+    g = call(aten.mul.Tensor, g, grad)
+    return call(aten.div.Tensor, g, g.numel()) if reduction == 1 else g
+
+
+def mse_loss(call: Call, x: torch.Tensor, target: torch.Tensor, reduction: int = 1) -> torch.Tensor:
+    """aten.mse_loss: (x - target)^2, reduced."""
+    d = call(aten.sub.Tensor, x, target)
+    return _reduce(call, call(aten.mul.Tensor, d, d), reduction)
+
+
+def mse_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                      reduction: int) -> torch.Tensor:
+    """aten.mse_loss_backward: 2 (x - target) grad (/ n under a mean)."""
+    return _scaled_grad(call, call(aten.mul.Tensor, call(aten.sub.Tensor, x, target), 2.0), grad, reduction)
+
+
+def huber_loss(call: Call, x: torch.Tensor, target: torch.Tensor, reduction: int = 1,
+               delta: float = 1.0) -> torch.Tensor:
+    """aten.huber_loss: with z = |x - target|, (0.5 z) z where z < delta, else (z - 0.5 delta) delta; reduced."""
+    z = call(aten.abs.default, call(aten.sub.Tensor, x, target))
+    quadratic = call(aten.mul.Tensor, call(aten.mul.Tensor, z, 0.5), z)
+    linear = call(aten.mul.Tensor, call(aten.sub.Tensor, z, 0.5 * delta), delta)
+    return _reduce(call, call(aten.where.self, call(aten.lt.Scalar, z, delta), quadratic, linear), reduction)
+
+
+def huber_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, reduction: int,
+                        delta: float) -> torch.Tensor:
+    """aten.huber_loss_backward: (x - target) where |x - target| < delta, else sign(x - target) delta; times grad."""
+    d = call(aten.sub.Tensor, x, target)
+    inside = call(aten.lt.Scalar, call(aten.abs.default, d), delta)
+    g = call(aten.where.self, inside, d, call(aten.mul.Tensor, call(aten.sign.default, d), delta))
+    return _scaled_grad(call, g, grad, reduction)
+
+
+def smooth_l1_loss(call: Call, x: torch.Tensor, target: torch.Tensor, reduction: int = 1,
+                   beta: float = 1.0) -> torch.Tensor:
+    """aten.smooth_l1_loss: with z = |x - target|, (0.5 z) z / beta where z < beta, else z - 0.5 beta; reduced."""
+    z = call(aten.abs.default, call(aten.sub.Tensor, x, target))
+    if beta == 0:
+        return _reduce(call, z, reduction)
+    quadratic = call(aten.div.Tensor, call(aten.mul.Tensor, call(aten.mul.Tensor, z, 0.5), z), beta)
+    linear = call(aten.sub.Tensor, z, 0.5 * beta)
+    return _reduce(call, call(aten.where.self, call(aten.lt.Scalar, z, beta), quadratic, linear), reduction)
+
+
+def smooth_l1_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, reduction: int,
+                            beta: float) -> torch.Tensor:
+    """aten.smooth_l1_loss_backward: (x - target) / beta where |x - target| < beta, else its sign; times grad."""
+    d = call(aten.sub.Tensor, x, target)
+    g = call(aten.sign.default, d)
+    if beta != 0:
+        g = call(aten.where.self, call(aten.lt.Scalar, call(aten.abs.default, d), beta), call(aten.div.Tensor, d, beta),
+                 g)
+    return _scaled_grad(call, g, grad, reduction)
+
+
+def bce_with_logits(call: Call, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                    pos_weight: torch.Tensor | None = None, reduction: int = 1) -> torch.Tensor:
+    """aten.binary_cross_entropy_with_logits: (1 - t) x + w_t softplus(-x), with softplus(-x) = log1p(exp(-|x|)) +
+    max(-x, 0) (no exponential of a large value) and w_t = (pos_weight - 1) t + 1 (1 without pos_weight); times
+    weight; reduced. (Its backward pass is torch's formula in registry ops.)"""
+    softplus = call(aten.add.Tensor, call(aten.log1p.default, call(aten.exp.default, call(aten.neg.default,
+                    call(aten.abs.default, x)))), call(aten.clamp_min.default, call(aten.neg.default, x), 0))
+    if pos_weight is not None:
+        scale = call(aten.add.Tensor, call(aten.mul.Tensor, call(aten.sub.Tensor, pos_weight, 1), target), 1)
+        softplus = call(aten.mul.Tensor, scale, softplus)
+    loss = call(aten.add.Tensor, call(aten.mul.Tensor, call(aten.rsub.Scalar, target, 1), x), softplus)
+    return _reduce(call, loss if weight is None else call(aten.mul.Tensor, loss, weight), reduction)
+
+
+def _softplus_parts(call: Call, x: torch.Tensor, beta: float, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(where beta x > threshold, beta x with 0 there: no exponential of a large value)."""
+    xb = x if beta == 1 else call(aten.mul.Tensor, x, beta)
+    linear = call(aten.gt.Scalar, xb, threshold)
+    return linear, call(aten.masked_fill.Scalar, xb, linear, 0.0)
+
+
+def softplus(call: Call, x: torch.Tensor, beta: float = 1, threshold: float = 20) -> torch.Tensor:
+    """aten.softplus: x where beta x > threshold, else log1p(exp(beta x)) / beta."""
+    linear, xb = _softplus_parts(call, x, beta, threshold)
+    y = call(aten.log1p.default, call(aten.exp.default, xb))
+    return call(aten.where.self, linear, x, y if beta == 1 else call(aten.div.Tensor, y, beta))
+
+
+def softplus_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, beta: float, threshold: float) -> torch.Tensor:
+    """aten.softplus_backward: grad where beta x > threshold, else grad sigmoid(beta x)."""
+    linear, xb = _softplus_parts(call, x, beta, threshold)
+    return call(aten.where.self, linear, grad, call(aten.mul.Tensor, grad, call(aten.sigmoid.default, xb)))
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
@@ -369,4 +469,13 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten._safe_softmax.default: safe_softmax,
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_backward,
+    aten.mse_loss.default: mse_loss,
+    aten.mse_loss_backward.default: mse_loss_backward,
+    aten.huber_loss.default: huber_loss,
+    aten.huber_loss_backward.default: huber_loss_backward,
+    aten.smooth_l1_loss.default: smooth_l1_loss,
+    aten.smooth_l1_loss_backward.default: smooth_l1_loss_backward,
+    aten.binary_cross_entropy_with_logits.default: bce_with_logits,
+    aten.softplus.default: softplus,
+    aten.softplus_backward.default: softplus_backward,
 }

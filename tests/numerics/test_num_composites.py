@@ -51,7 +51,12 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.native_group_norm.default, aten.native_group_norm_backward.default,
                aten.linalg_vector_norm.default, aten.var.correction, aten.std.correction, aten.var_mean.correction,
                aten.std_mean.correction, aten.silu.default, aten.silu_backward.default, aten.leaky_relu.default,
-               aten.leaky_relu_backward.default):
+               aten.leaky_relu_backward.default, aten._safe_softmax.default,
+               aten._scaled_dot_product_flash_attention_for_cpu.default,
+               aten._scaled_dot_product_flash_attention_for_cpu_backward.default, aten.mse_loss.default,
+               aten.mse_loss_backward.default, aten.huber_loss.default, aten.huber_loss_backward.default,
+               aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default,
+               aten.binary_cross_entropy_with_logits.default, aten.softplus.default, aten.softplus_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
 
 
@@ -64,6 +69,36 @@ def _moments(x: torch.Tensor, dims: list[int], divisor: int, keepdim: bool = Fal
 
 def _rooted(moments: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.sqrt(moments[0]), moments[1]])
+
+
+_ALL = (0, 1, 2)
+_TARGET, _WEIGHT, _POS = _grid(4, 6, 5, seed=31), _grid(5, seed=32).abs(), _grid(5, seed=33).abs()
+_LABELS = (_grid(4, 6, 5, seed=34) > 1).double()
+
+
+def _bce(x: torch.Tensor, weight: torch.Tensor | None = None, pos: torch.Tensor | None = None) -> torch.Tensor:
+    softplus = torch.log1p(torch.exp(-x.abs())) + (-x).clamp_min(0)
+    if pos is not None:
+        softplus = ((pos - 1) * _LABELS + 1) * softplus
+    loss = (1 - _LABELS) * x + softplus
+    return loss if weight is None else loss * weight
+
+
+def _softplus(x: torch.Tensor, beta: float, threshold: float) -> torch.Tensor:
+    xb = x * beta
+    linear = xb > threshold
+    y = torch.log1p(torch.exp(xb.masked_fill(linear, 0.0)))
+    return torch.where(linear, x, y / beta)
+
+
+def _huber(x: torch.Tensor, delta: float) -> torch.Tensor:
+    z = (x - _TARGET).abs()
+    return torch.where(z < delta, (z * 0.5) * z, (z - 0.5 * delta) * delta).mean(_ALL)
+
+
+def _smooth_l1(x: torch.Tensor, beta: float) -> torch.Tensor:
+    z = (x - _TARGET).abs()
+    return torch.where(z < beta, (z * 0.5) * z / beta, z - 0.5 * beta).sum(_ALL)
 
 
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
@@ -80,6 +115,17 @@ DEFINITIONS = {
     "std": (lambda x: x.std((0, 1), correction=0), lambda x: torch.sqrt(_moments(x, [0, 1], 24)[0])),
     "var_mean": (lambda x: torch.stack(torch.var_mean(x, 1, keepdim=True)), lambda x: _moments(x, [1], 5, True)),
     "std_mean": (lambda x: torch.stack(torch.std_mean(x)), lambda x: _rooted(_moments(x, [0, 1, 2], 119))),
+    "mse": (lambda x: F.mse_loss(x, _TARGET), lambda x: ((x - _TARGET) * (x - _TARGET)).mean(_ALL)),
+    "mse-none": (lambda x: F.mse_loss(x, _TARGET, reduction="none"), lambda x: (x - _TARGET) * (x - _TARGET)),
+    "huber": (lambda x: F.huber_loss(x, _TARGET, delta=0.75), lambda x: _huber(x, 0.75)),
+    "smooth_l1": (lambda x: F.smooth_l1_loss(x, _TARGET, reduction="sum", beta=0.5), lambda x: _smooth_l1(x, 0.5)),
+    "bce": (lambda x: F.binary_cross_entropy_with_logits(x, _LABELS), lambda x: _bce(x).mean(_ALL)),
+    "bce-weighted": (lambda x: F.binary_cross_entropy_with_logits(x * 8, _LABELS, _WEIGHT, pos_weight=_POS,
+                                                                  reduction="sum"),
+                     lambda x: _bce(x * 8, _WEIGHT, _POS).sum(_ALL)),
+    "softplus": (F.softplus, lambda x: _softplus(x, 1, 20)),
+    "softplus-scaled": (lambda x: F.softplus(x * 4, beta=2, threshold=6), lambda x: _softplus(x * 4, 2, 6)),
+    "hardtanh": (lambda x: F.hardtanh(x, -0.5, 0.75), lambda x: x.clamp(-0.5, 0.75)),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
                    lambda x: _written_layer_norm(x.reshape(4, 2, -1), [-1], None, None, 1e-3).reshape(x.shape)),
 }
@@ -100,7 +146,7 @@ def _written_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
                        scale: float) -> torch.Tensor:
     # vtrain.composites' attention in registry ops: scores, masked, the shifted exponentials, their sum
     s = (q.flatten(0, 1) @ k.flatten(0, 1).transpose(1, 2)) * scale
-    masked = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1) if causal else torch.zeros(s.shape[-2:], dtype=torch.bool)
+    masked = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1 if causal else s.shape[-1])
     if bias is not None:
         s = s + bias
     m = s.masked_fill(masked, -math.inf).amax(-1, keepdim=True)

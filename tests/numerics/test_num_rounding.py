@@ -331,15 +331,16 @@ def test_unsupported_op_is_named() -> None:
 
 @pytest.mark.parametrize("bits", [32, 19])
 def test_a_constant_off_the_grid_that_an_exact_op_writes_is_rounded_onto_it(bits: int) -> None:
-    # clamp, masked_fill, where, pad and their kin copy their numbers into the output: with 0.1 that is a value
-    # off the grid, which every output must be on; grid numbers and -inf (a mask before a softmax) are left as
-    # they are, with no rounding pass
+    # clamp, hardtanh, masked_fill, where, pad and their kin copy their numbers into the output: with 0.1 that is
+    # a value off the grid, which every output must be on; grid numbers and -inf (a mask before a softmax) are
+    # left as they are, with no rounding pass
     x = round_to_grid(torch.randn(8, dtype=torch.float64) * 0.3, bits)
     keep = x > 0
     tenth = float(round_to_grid(torch.tensor(0.1, dtype=torch.float64), bits))
     with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record") as rx:
         outs = [torch.clamp(x, min=0.1), x.clamp_max(0.1), x.masked_fill(keep, 0.1), torch.where(keep, x, 0.1),
-                F.pad(x, (1, 1), value=0.1), x.clone().masked_fill_(keep, 0.1), torch.arange(0.0, 1.0, 0.1)]
+                F.pad(x, (1, 1), value=0.1), x.clone().masked_fill_(keep, 0.1), torch.arange(0.0, 1.0, 0.1),
+                F.hardtanh(x, -0.1, 0.1)]
         rounded = rx.stats["rounded"]
         grid = [x.masked_fill(keep, -128.0), x.masked_fill(keep, float("-inf")), torch.clamp(x, 0.0, 1.0)]
         assert rx.stats["rounded"] == rounded
