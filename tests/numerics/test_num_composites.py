@@ -377,3 +377,67 @@ def test_a_model_with_torchs_norms_trains_to_the_same_bits_everywhere_under_the_
     for device in EMULATED:
         got, _, _ = _train(device, "record", resolution="exact")
         assert all(torch.equal(a, b) for a, b in zip(want, got)), device
+
+
+class _TorchGPT(nn.Module):
+    """A GPT in nanoGPT's layout written with torch's own modules: embeddings, pre-LayerNorm blocks (no biases in
+    the norms) of causal scaled dot-product attention and a GELU MLP, a head tied to the token embedding."""
+
+    def __init__(self, vocab: int = 17, width: int = 16, heads: int = 2, layers: int = 2, context: int = 8) -> None:
+        super().__init__()
+        self.heads = heads
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(context, width)
+        self.blocks = nn.ModuleList(nn.ModuleDict({
+            "ln_1": nn.LayerNorm(width, bias=False), "attn": nn.Linear(width, 3 * width), "proj": nn.Linear(width, width),
+            "ln_2": nn.LayerNorm(width, bias=False), "fc": nn.Linear(width, 4 * width), "out": nn.Linear(4 * width, width),
+        }) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        b, t = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(t))
+        for blk in self.blocks:
+            q, k, v = blk["attn"](blk["ln_1"](x)).split(x.shape[-1], dim=2)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+            x = x + blk["proj"](y)
+            x = x + blk["out"](F.gelu(blk["fc"](blk["ln_2"](x))))
+        return self.ln_f(x) @ self.wte.weight.T
+
+
+def _train_gpt(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
+    """Four AdamW steps of `_TorchGPT` on random tokens, gradients clipped, float32 work at bits = 19."""
+    torch.manual_seed(0)
+    model = _TorchGPT().float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(round_to_grid(p, 19))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    tokens = torch.randint(0, 17, (4, 4, 9), generator=torch.Generator().manual_seed(1))
+    out, corrections = [], 0
+    for t in range(4):
+        with RoundedExecution(bits=19, device=get_device(device), mode=mode, step=t, resolution=resolution,
+                              replay_log=None if logs is None else logs[t]) as rx:
+            opt.zero_grad()
+            logits = model(tokens[t, :, :-1])
+            F.cross_entropy(logits.reshape(-1, 17), tokens[t, :, 1:].reshape(-1)).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+            opt.step()
+        out.append(rx.log)
+        corrections += rx.stats["corrections"]
+    state = [*model.parameters(), *(v for s in opt.state.values() for v in s.values())]
+    return [t.detach().clone() for t in state], out, corrections
+
+
+def test_a_gpt_written_with_torchs_modules_replays_bit_identically_on_every_device() -> None:
+    trainer, logs, _ = _train_gpt("cpu", "record")
+    corrections = 0
+    for auditor in EMULATED:
+        replayed, _, fixed = _train_gpt(auditor, "replay", logs)
+        assert all(torch.equal(a, b) for a, b in zip(trainer, replayed)), auditor
+        corrections += fixed
+    assert corrections > 0
+    want, exact_logs, _ = _train_gpt("cpu", "record", resolution="exact")
+    assert all(not log.sites for log in exact_logs)
+    for device in EMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(want, _train_gpt(device, "record", resolution="exact")[0])), device
