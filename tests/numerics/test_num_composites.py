@@ -388,8 +388,9 @@ class _TorchGPT(nn.Module):
         self.heads = heads
         self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(context, width)
         self.blocks = nn.ModuleList(nn.ModuleDict({
-            "ln_1": nn.LayerNorm(width, bias=False), "attn": nn.Linear(width, 3 * width), "proj": nn.Linear(width, width),
-            "ln_2": nn.LayerNorm(width, bias=False), "fc": nn.Linear(width, 4 * width), "out": nn.Linear(4 * width, width),
+            "ln_1": nn.LayerNorm(width, bias=False), "attn": nn.Linear(width, 3 * width),
+            "proj": nn.Linear(width, width), "ln_2": nn.LayerNorm(width, bias=False),
+            "fc": nn.Linear(width, 4 * width), "out": nn.Linear(4 * width, width),
         }) for _ in range(layers))
         self.ln_f = nn.LayerNorm(width, bias=False)
 
