@@ -335,29 +335,43 @@ class _Normed(nn.Module):
         return self.head(F.relu(self.ln(h)))
 
 
-def _train(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
-    """Four Adam steps of `_Normed`, gradients clipped to norm 1, in float32 work at bits = 19 (the scale models'
-    regime, whose bands are wide): (the weights, optimizer state and running statistics, the step logs, the
-    corrections a replay made)."""
+def _steps(make: Any, optimizer: Any, loss: Any, device: str, mode: str, logs: list | None,
+           resolution: str) -> tuple[list, list, int]:
+    """Four steps of the model `make()` with `optimizer(parameters)` on `loss(model, step)`, gradients clipped to
+    norm 1, in float32 work at bits = 19 (the scale models' regime, whose bands are wide): (the weights, buffers
+    and optimizer state, the step logs, the corrections a replay made)."""
     torch.manual_seed(0)
-    model = _Normed().float()
+    model = make().float()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(round_to_grid(p, 19))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3, foreach=False)
+    opt = optimizer(model.parameters())
     out, corrections = [], 0
     for t in range(4):
-        x, y = batch(t, torch.float32)
         with RoundedExecution(bits=19, device=get_device(device), mode=mode, step=t, resolution=resolution,
                               replay_log=None if logs is None else logs[t]) as rx:
             opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            loss(model, t).backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
             opt.step()
         out.append(rx.log)
         corrections += rx.stats["corrections"]
     state = [*model.parameters(), *model.buffers(), *(v for s in opt.state.values() for v in s.values())]
     return [t.detach().clone() for t in state], out, corrections
+
+
+_DIGITS = [batch(t, torch.float32) for t in range(4)]
+
+
+def _digits_loss(model: nn.Module, t: int) -> torch.Tensor:
+    x, y = _DIGITS[t]
+    return F.cross_entropy(model(x), y)
+
+
+def _train(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
+    """`_steps` of `_Normed` with Adam on digits."""
+    return _steps(_Normed, lambda ps: torch.optim.Adam(ps, lr=3e-3, foreach=False), _digits_loss, device, mode, logs,
+                  resolution)
 
 
 def test_a_model_with_torchs_norms_replays_bit_identically_on_every_device() -> None:
@@ -406,28 +420,18 @@ class _TorchGPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.T
 
 
+_TOKENS = torch.randint(0, 17, (4, 4, 9), generator=torch.Generator().manual_seed(1))
+
+
+def _next_token_loss(model: nn.Module, t: int) -> torch.Tensor:
+    logits = model(_TOKENS[t, :, :-1])
+    return F.cross_entropy(logits.reshape(-1, 17), _TOKENS[t, :, 1:].reshape(-1))
+
+
 def _train_gpt(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
-    """Four AdamW steps of `_TorchGPT` on random tokens, gradients clipped, float32 work at bits = 19."""
-    torch.manual_seed(0)
-    model = _TorchGPT().float()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(round_to_grid(p, 19))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
-    tokens = torch.randint(0, 17, (4, 4, 9), generator=torch.Generator().manual_seed(1))
-    out, corrections = [], 0
-    for t in range(4):
-        with RoundedExecution(bits=19, device=get_device(device), mode=mode, step=t, resolution=resolution,
-                              replay_log=None if logs is None else logs[t]) as rx:
-            opt.zero_grad()
-            logits = model(tokens[t, :, :-1])
-            F.cross_entropy(logits.reshape(-1, 17), tokens[t, :, 1:].reshape(-1)).backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
-            opt.step()
-        out.append(rx.log)
-        corrections += rx.stats["corrections"]
-    state = [*model.parameters(), *(v for s in opt.state.values() for v in s.values())]
-    return [t.detach().clone() for t in state], out, corrections
+    """`_steps` of `_TorchGPT` with AdamW on random tokens."""
+    return _steps(_TorchGPT, lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False), _next_token_loss, device, mode,
+                  logs, resolution)
 
 
 def test_a_gpt_written_with_torchs_modules_replays_bit_identically_on_every_device() -> None:
