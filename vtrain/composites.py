@@ -288,10 +288,11 @@ def safe_softmax(call: Call, x: torch.Tensor, dim: int, dtype: torch.dtype | Non
 def _attention(call: Call, q: torch.Tensor, k: torch.Tensor, is_causal: bool, attn_mask: torch.Tensor | None,
                scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """(the probabilities p = e / z over (N, L, S), the row maxima m, the sums z, the scale) of attention on
-    (..., L, E) queries and (..., S, E) keys, their leading dims flattened: scores s = (q k^T) * scale, plus a
-    float mask's finite values; masked where causal, where a boolean mask is False or a float mask -inf;
-    e = exp(s - m) with m the largest unmasked score, 0 where masked; z = sum e. (The masked scores never enter
-    an IEEE op as -inf, whose infinite output would be an error here: they are m, then e's 0.)"""
+    (..., L, E) queries and (..., S, E) keys (as many heads), their leading dims flattened: scores
+    s = (q k^T) * scale, plus a float mask's finite values; masked where causal, where a boolean mask is False or
+    a float mask -inf; e = exp(s - m) with m the largest unmasked score, 0 where masked; z = sum e. A row with every
+    key masked has m = 0 and z = 1, so p = 0 there, as torch's kernel gives. (The masked scores never enter an IEEE
+    op as -inf, whose infinite output would be an error here: they are m, then e's 0.)"""
     (length, width), keys = q.shape[-2:], k.shape[-2]
     scale = 1.0 / math.sqrt(width) if scale is None else scale
     q3, k3 = q.reshape(-1, length, width), k.reshape(-1, keys, width)
@@ -306,12 +307,31 @@ def _attention(call: Call, q: torch.Tensor, k: torch.Tensor, is_causal: bool, at
     if masked is None:
         m = call(aten.amax.default, s, [-1], True)
         e = call(aten.exp.default, call(aten.sub.Tensor, s, m))
+        z = call(aten.sum.dim_IntList, e, [-1], True)
     else:
         m = call(aten.amax.default, call(aten.masked_fill.Scalar, s, masked, -math.inf), [-1], True)
+        m = call(aten.masked_fill.Scalar, m, m == -math.inf, 0.0)
         shifted = call(aten.sub.Tensor, call(aten.where.self, masked, m, s), m)
         e = call(aten.masked_fill.Scalar, call(aten.exp.default, shifted), masked, 0.0)
-    z = call(aten.sum.dim_IntList, e, [-1], True)
+        z = call(aten.sum.dim_IntList, e, [-1], True)
+        z = call(aten.masked_fill.Scalar, z, z == 0, 1.0)  # (an unmasked row's z is at least its maximum's 1)
     return call(aten.div.Tensor, e, z), m, z, scale
+
+
+def _shared(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Keys or values t with q's heads (dim -3): grouped-query attention's shared heads, each repeated for its group
+    (exact copies)."""
+    groups = q.shape[-3] // t.shape[-3]
+    return t if groups == 1 else t.repeat_interleave(groups, dim=-3)
+
+
+def _group_sums(call: Call, grad: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of `_shared(q, like)` (grad, in q's heads) for `like` itself: summed over each group."""
+    groups = grad.shape[-3] // like.shape[-3]
+    if groups == 1:
+        return grad
+    per_group = grad.reshape(*like.shape[:-2], groups, *like.shape[-2:])
+    return call(aten.sum.dim_IntList, per_group, [like.dim() - 2], False)
 
 
 def _no_dropout(op: Any, dropout_p: float) -> None:
@@ -326,6 +346,7 @@ def flash_attention(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """aten._scaled_dot_product_flash_attention_for_cpu (F.scaled_dot_product_attention on CPU): (p v, the
     log-sum-exp m + log z of each row), with `_attention`'s p."""
     _no_dropout(aten._scaled_dot_product_flash_attention_for_cpu.default, dropout_p)
+    k, v = _shared(q, k), _shared(q, v)
     p, m, z, _ = _attention(call, q, k, is_causal, attn_mask, scale)
     out = call(aten.bmm.default, p, v.reshape(-1, *v.shape[-2:]))
     lse = call(aten.add.Tensor, m, call(aten.log.default, z))
@@ -339,6 +360,8 @@ def flash_attention_backward(call: Call, grad_out: torch.Tensor, q: torch.Tensor
     """Its backward pass, p recomputed as the forward computed it: dv = p^T g, ds = p (g v^T - rowsum(g out))
     * scale (softmax's backward, rowsum(g v^T p) being rowsum(g out)), dq = ds k, dk = ds^T q."""
     _no_dropout(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, dropout_p)
+    keys, values = k, v
+    k, v = _shared(q, k), _shared(q, v)
     p, _, _, scale = _attention(call, q, k, is_causal, attn_mask, scale)
     flat = [t.reshape(-1, *t.shape[-2:]) for t in (grad_out, q, k, v, out)]
     g, q3, k3, v3, o3 = flat
@@ -347,7 +370,8 @@ def flash_attention_backward(call: Call, grad_out: torch.Tensor, q: torch.Tensor
     ds = call(aten.mul.Tensor, call(aten.sub.Tensor, call(aten.bmm.default, g, v3.transpose(1, 2)), rows), p)
     ds = call(aten.mul.Tensor, ds, scale)
     dq, dk = call(aten.bmm.default, ds, k3), call(aten.bmm.default, ds.transpose(1, 2), q3)
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    return (dq.reshape(q.shape), _group_sums(call, dk.reshape(k.shape), keys),
+            _group_sums(call, dv.reshape(v.shape), values))
 
 
 def _reduce(call: Call, loss: torch.Tensor, reduction: int) -> torch.Tensor:

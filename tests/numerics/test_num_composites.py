@@ -142,32 +142,43 @@ def test_a_composite_computes_its_definitions_bits_and_log(name: str, resolution
     assert torch.equal(got, want) and got_log == want_log
 
 
-def _written_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, bias: torch.Tensor | None,
-                       scale: float) -> torch.Tensor:
-    # vtrain.composites' attention in registry ops: scores, masked, the shifted exponentials, their sum
+def _written_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, masked: torch.Tensor,
+                       bias: torch.Tensor | None, scale: float) -> torch.Tensor:
+    # vtrain.composites' attention in registry ops: scores, masked, the shifted exponentials, their sum (a row
+    # with every key masked: m = 0, z = 1), the log-sum-exp
     s = (q.flatten(0, 1) @ k.flatten(0, 1).transpose(1, 2)) * scale
-    masked = torch.ones(s.shape[-2:], dtype=torch.bool).triu(1 if causal else s.shape[-1])
     if bias is not None:
         s = s + bias
     m = s.masked_fill(masked, -math.inf).amax(-1, keepdim=True)
+    m = m.masked_fill(m == -math.inf, 0.0)
     e = torch.exp(torch.where(masked, m, s) - m).masked_fill(masked, 0.0)
     z = e.sum(-1, keepdim=True)
+    z = z.masked_fill(z == 0, 1.0)
     out = (e / z @ v.flatten(0, 1)).reshape(*q.shape[:-1], v.shape[-1])
     _ = m + torch.log(z)  # (the log-sum-exp the composite returns for the backward pass: in the log too)
     return out
 
 
+_EMPTY_ROW = torch.ones(5, 5, dtype=torch.bool).tril()
+_EMPTY_ROW[2] = False  # (a query that may attend to no key)
+
+
 @pytest.mark.parametrize("resolution", ["log", "exact"])
-@pytest.mark.parametrize("case", ["causal", "float-mask"])
+@pytest.mark.parametrize("case", ["causal", "float-mask", "bool-mask"])
 def test_attention_computes_its_definitions_bits_and_log(case: str, resolution: str) -> None:
     q, k, v = _grid(2, 3, 5, 4, seed=1), _grid(2, 3, 5, 4, seed=2), _grid(2, 3, 5, 4, seed=3)
     bias = _grid(5, 5, seed=4) if case == "float-mask" else None
-    scale = 0.25 if bias is None else 0.375
+    mask = {"causal": None, "float-mask": bias, "bool-mask": _EMPTY_ROW}[case]
+    masked = {"causal": torch.ones(5, 5, dtype=torch.bool).triu(1), "float-mask": torch.zeros(5, 5, dtype=torch.bool),
+              "bool-mask": ~_EMPTY_ROW}[case]
     with torch.no_grad():
-        got, got_log = _rounded(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
-                                                                       is_causal=bias is None, scale=scale), resolution)
-        want, want_log = _rounded(lambda: _written_attention(q, k, v, bias is None, bias, scale), resolution)
+        got, got_log = _rounded(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                       is_causal=case == "causal", scale=0.375),
+                                resolution)
+        want, want_log = _rounded(lambda: _written_attention(q, k, v, masked, bias, 0.375), resolution)
     assert torch.equal(got, want) and got_log == want_log
+    if case == "bool-mask":  # (torch's kernel gives 0 there too)
+        assert not got[:, :, 2].any()
 
 
 def test_attention_with_dropout_inside_is_refused_by_name() -> None:
@@ -266,12 +277,21 @@ _FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items()}
 
 
 _BIAS = _grid(5, 7, seed=6)
+_MINUS_INF = _grid(5, 5, seed=10).masked_fill(~_EMPTY_ROW, -math.inf)  # (finite values, -inf, a row of -inf)
 _ATTENTION = {  # (q, k and v's shapes, the call): 3-d operands, or v's width another, take torch's math path
     "attention-causal": ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4),
                          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
     "attention-float-mask": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4),
                              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, _BIAS, scale=0.3)),
     "attention-math": ((3, 5, 4), (3, 7, 4), (3, 7, 6), lambda q, k, v: F.scaled_dot_product_attention(q, k, v)),
+    "attention-causal-wide": ((2, 3, 5, 4), (2, 3, 7, 4), (2, 3, 7, 4),
+                              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    "attention-bool-mask": ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4),
+                            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, _EMPTY_ROW)),
+    "attention-minus-inf": ((2, 3, 5, 4), (2, 3, 5, 4), (2, 3, 5, 4),
+                            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, _MINUS_INF)),
+    "attention-grouped": ((2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4),
+                          lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)),
 }
 
 
