@@ -92,8 +92,7 @@ _EXACT = _names(
     # creation and fills with grid constants (zero, one, a grid scalar)
     aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
-    aten.new_empty.default, aten.zero_.default, aten.scalar_tensor.default, aten.arange.default,
-    aten.arange.start, aten.arange.start_step,
+    aten.new_empty.default, aten.zero_.default, aten.scalar_tensor.default,
     # (autograd's AccumulateGrad copies a gradient it cannot take over, one something else still references,
     # into a new_empty_strided tensor in the parameter's layout, every value written before it is read, as
     # with the empty tensors above)
@@ -125,7 +124,7 @@ _CONSTANTS = frozenset(_names(
     aten.hardtanh_.default, aten.masked_fill.Scalar,
     aten.masked_fill_.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Tensor, aten.scalar_tensor.default,
     aten.constant_pad_nd.default, aten.where.self, aten.scatter.value, aten.scatter_.value, aten.index_put.default,
-    aten.index_put_.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
+    aten.index_put_.default,
 ))
 
 _IEEE = _names(
@@ -135,6 +134,8 @@ _IEEE = _names(
     aten.full_like.default, aten.new_full.default,
     # dropout: the mask is 0/1 and the kept values are scaled by one multiplication
     aten.native_dropout.default, aten.native_dropout_backward.default,
+    # start + i step: off the grid wherever the grid's spacing exceeds the step's, or the step is not a grid value
+    aten.arange.default, aten.arange.start, aten.arange.start_step,
 )
 
 # Fused ops as fixed sequences of IEEE primitives (each torch op below is one correctly rounded
@@ -198,6 +199,27 @@ def _sigmoid_backward(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.mul(grad, torch.mul(torch.rsub(y, 1), y))  # g ((1 - y) y)
 
 
+def _distinct(x: torch.Tensor, indices: list) -> bool:
+    """Whether the positions of x that index_put's `indices` name are all different (one boolean mask alone names
+    each once; a mask beside other indices counts as not)."""
+    given = [(d, t) for d, t in enumerate(indices) if t is not None]
+    if any(t.dtype == torch.bool for _, t in given):
+        return len(given) == 1
+    keys = torch.stack(torch.broadcast_tensors(*(t.remainder(x.shape[d]) for d, t in given)), -1)
+    keys = keys.reshape(-1, len(given))
+    return torch.unique(keys, dim=0).shape[0] == keys.shape[0]
+
+
+def _index_add(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = True) -> torch.Tensor:
+    # index_put with accumulate: each named position plus its values, which for distinct positions is one IEEE
+    # addition each (an indexing's backward into zeros: exact). Repeated positions would sum in the order the
+    # device's kernel chooses: refused.
+    if not _distinct(x, indices):
+        raise UnsupportedOpError(str(aten.index_put.default), "accumulate=True at a position named twice sums "
+                                 "in the device's order; gather with a one-hot matmul or an embedding instead")
+    return torch.index_put(x, indices, values, True)
+
+
 _DECOMPOSED = {
     aten.tanh_backward.default: (_tanh_backward, False),
     aten.sigmoid_backward.default: (_sigmoid_backward, False),
@@ -245,6 +267,8 @@ def _build() -> dict[Any, OpSpec]:
 _TABLE = _build()
 _POW_SQUARE = OpSpec(str(aten.pow.Tensor_Scalar), OpClass.IEEE,
                      decomposed=lambda x, e: torch.mul(x, x) if e == 2 else x.clone())
+_INDEX_ADDS = {op: OpSpec(str(op), OpClass.IEEE, inplace=op is aten.index_put_.default, decomposed=_index_add)
+               for op in (aten.index_put.default, aten.index_put_.default)}
 
 
 def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:
@@ -254,6 +278,8 @@ def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:
         raise UnsupportedOpError(str(func))
     if func is aten.pow.Tensor_Scalar and args[1] in (1, 2):  # x*x: one rounding
         return _POW_SQUARE
+    if func in _INDEX_ADDS and (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
+        return _INDEX_ADDS[func]
     return spec
 
 

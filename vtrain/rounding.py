@@ -234,6 +234,7 @@ class RoundedExecution(TorchDispatchMode):
         if spec.cls is OpClass.EXACT:
             out = func(*args, **kwargs)
             if spec.constants and self._off_grid(args, kwargs):  # (in-place ops return args[0], rounded here)
+                self._counts["ops"] += 1  # (counted as the rounded op it has become: errors name it by number)
                 return _map_floats(out, lambda t: self._round_into(t, spec))
             return out
         if spec.cls is OpClass.COMPOSITE:  # (its ops are counted, rounded and logged one by one)
@@ -263,18 +264,21 @@ class RoundedExecution(TorchDispatchMode):
         return self._device_op(func, spec, args, kwargs)
 
     def _off_grid(self, args: tuple, kwargs: dict) -> bool:
-        """Whether a number among the arguments (a Python number, or a one-value floating tensor) is not a grid
-        value (see ops._CONSTANTS). Infinities count as grid values here; a NaN does not, so that rounding the
-        output names the op that wrote it."""
+        """Whether a number among the arguments (a Python number, or a one-value tensor on the CPU, where torch puts
+        the numbers it wraps) is not a grid value (see ops._CONSTANTS). Values beyond the grid's range are left as
+        they are, as infinities: a mask's -inf or torch.finfo(dtype).min before a softmax. A NaN is off the grid,
+        so that rounding the output names the op that wrote it. (One-value tensors elsewhere are op outputs, on the
+        grid already: reading them would wait for their device.)"""
         for a in (*args, *kwargs.values()):
             if isinstance(a, torch.Tensor):
-                if a.dim() or not a.is_floating_point():
+                if a.dim() or a.dtype is torch.bool or not a.is_cpu:
                     continue
                 a = a.item()
             elif not isinstance(a, (int, float)) or isinstance(a, bool):
                 continue
             v = float(a)
-            if self._fused.round_scalar(v, self.bits - 9, self.bits == 32, self._fused.POW2) != v:
+            if not abs(v) > self._limit and \
+                    self._fused.round_scalar(v, self.bits - 9, self.bits == 32, self._fused.POW2) != v:
                 return True
         return False
 

@@ -195,6 +195,17 @@ def test_safe_softmax_gives_zeros_along_a_line_of_minus_infinity_and_softmax_els
     assert torch.equal(got[1], torch.zeros(4, dtype=torch.float64)) and torch.equal(got[[0, 2]], want)
 
 
+def test_a_masked_softmax_under_the_exact_resolution_is_the_same_on_every_device() -> None:
+    # canonical softmax's subtraction x - max(x) had an infinite output at a -inf (a mask): now 0 there, the
+    # other values exp(x - max) / sum as before, on every device alike
+    x = _grid(4, 6, seed=14)
+    masked = x.masked_fill(torch.ones(4, 6, dtype=torch.bool).triu(1), -math.inf)
+    got = [_rounded(lambda: torch.softmax(masked, -1), "exact", device)[0] for device in ("cpu", *EMULATED)]
+    assert all(torch.equal(got[0], other) for other in got[1:])
+    assert not got[0][0, 1:].any() and got[0][0, 0] == 1
+    assert (got[0] - torch.softmax(masked, -1)).abs().max() <= 2.0**-24
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):

@@ -348,9 +348,42 @@ def test_a_constant_off_the_grid_that_an_exact_op_writes_is_rounded_onto_it(bits
         assert torch.equal(out, round_to_grid(out, bits))
     assert torch.equal(outs[0], torch.clamp(x, min=tenth)) and torch.equal(outs[2], x.masked_fill(keep, tenth))
     assert torch.equal(grid[1], x.masked_fill(keep, float("-inf")))
-    with pytest.raises(NonFiniteError, match="masked_fill"):
+    with pytest.raises(NonFiniteError, match=r"op #0 \(aten.masked_fill"):
         with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
             x.masked_fill(keep, float("nan"))
+
+
+@pytest.mark.parametrize("work", [torch.float64, torch.float32])
+def test_constants_beyond_the_grid_stay_and_integers_and_aranges_are_rounded(work: torch.dtype) -> None:
+    # at bits = 12 the grid has 4 significant bits: 257 and arange(300)'s 257, 259, ... lie off it; finfo's
+    # smallest value (a mask before a softmax) lies beyond its range and stays, as -inf does
+    bits = 12
+    x = round_to_grid(torch.randn(8, dtype=torch.float64), bits).to(work)
+    keep = x > 0
+    with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
+        whole = x.masked_fill(keep, torch.tensor(257))
+        counted = torch.arange(300.0, dtype=work)
+        stepped = torch.arange(1.0, 2.0, 2.0**-8, dtype=work)
+        lowest = x.masked_fill(keep, torch.finfo(work).min)
+    for out in (whole, counted, stepped):
+        assert torch.equal(out, round_to_grid(out, bits))
+    assert torch.equal(whole[keep], torch.full_like(whole[keep], 256.0)) and counted[257] == 256
+    assert torch.equal(lowest, x.masked_fill(keep, torch.finfo(work).min))
+
+
+def test_an_index_put_that_sums_is_rounded_and_refused_where_a_position_repeats() -> None:
+    # x[idx]'s backward sums the gradients into zeros at idx (index_put with accumulate): one IEEE addition a
+    # position where the positions differ, rounded like one; a sum in the device's order where one repeats
+    bits = 12
+    x = round_to_grid(torch.randn(6, dtype=torch.float64), bits).requires_grad_()
+    w = round_to_grid(torch.tensor([0.3, 0.7, 1.1], dtype=torch.float64), bits)
+    with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
+        (x[torch.tensor([0, 2, -1])] * w).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(6, dtype=torch.float64).index_put((torch.tensor([0, 2, 5]),), w))
+    for repeated in (torch.tensor([1, 1, 3]), torch.tensor([5, 0, -1])):
+        with pytest.raises(UnsupportedOpError, match="index_put.*named twice"):
+            with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
+                (x[repeated] * w).sum().backward()
 
 
 def test_overflow_is_a_non_finite_error_naming_step_and_op() -> None:
