@@ -14,8 +14,9 @@
 3. DEVICE: device-dependent (matmuls, convolutions, reductions, softmax family, NLL loss, pooling sums,
    embedding backward, transcendental functions, GELU): computed by the Device, rounded, and logged with
    an error bound from vtrain.bounds.
-4. COMPOSITE: torch's fused norms (native_layer_norm, native_batch_norm and their backward passes), run as
-   the fixed sequences of classes 2 and 3 in vtrain.composites, each op of it dispatched on its own.
+4. COMPOSITE: ops run as fixed sequences of registry ops (vtrain.composites), each op of them dispatched on its
+   own: torch's fused norms, vector norms, variances, SiLU, softplus, scaled dot-product attention, the
+   regression and binary losses, and their backward passes.
 
 An op in no class raises UnsupportedOpError naming it: nothing passes through silently. In-place class 3
 ops are computed out of place (through their functional overload) so that the error bound sees the
@@ -117,14 +118,13 @@ _EXACT = _names(
 
 # Class 1 ops that write their number arguments (a Python number, or a one-value tensor torch made of one) into
 # the output: exact only where those are grid values, as a mask's -128 or a clamp's 0 and 1. The rounded
-# execution rounds their output where one is off the grid (clamp(x, 0.1)); infinities stay (masking with -inf
-# before a softmax), a NaN fails there, naming the op.
+# execution rounds their output where one is off the grid (clamp(x, 0.1)); values beyond the grid's range stay,
+# as infinities do (a mask of -inf or finfo.min before a softmax); a NaN fails there, naming the op.
 _CONSTANTS = frozenset(_names(
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default,
-    aten.hardtanh_.default, aten.masked_fill.Scalar,
-    aten.masked_fill_.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Tensor, aten.scalar_tensor.default,
-    aten.constant_pad_nd.default, aten.where.self, aten.scatter.value, aten.scatter_.value, aten.index_put.default,
-    aten.index_put_.default,
+    aten.hardtanh_.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor,
+    aten.masked_fill_.Tensor, aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self,
+    aten.scatter.value, aten.scatter_.value, aten.index_put.default, aten.index_put_.default,
 ))
 
 _IEEE = _names(
