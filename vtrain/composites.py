@@ -1,6 +1,6 @@
 """Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping), variances, SiLU, leaky ReLU, softplus, scaled dot-product attention and the
-regression and binary losses (MSE, Huber, smooth L1, BCE with logits).
+vector norms (gradient clipping), variances, SiLU, leaky ReLU, softplus, ELU, scaled dot-product attention, the
+regression and binary losses (MSE, Huber, smooth L1, BCE with logits), and nearest upsampling's backward pass.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -473,6 +473,60 @@ def softplus_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, beta: flo
     return call(aten.where.self, linear, grad, call(aten.mul.Tensor, grad, call(aten.sigmoid.default, xb)))
 
 
+def elu(call: Call, x: torch.Tensor, alpha: float = 1, scale: float = 1, input_scale: float = 1) -> torch.Tensor:
+    """aten.elu: x scale where x > 0, else expm1(x input_scale) alpha scale (the exponential taken of 0 where
+    x > 0)."""
+    positive = call(aten.gt.Scalar, x, 0)
+    xn = call(aten.masked_fill.Scalar, x, positive, 0.0)
+    negative = call(aten.mul.Tensor, call(aten.expm1.default, _times(call, xn, input_scale)), alpha * scale)
+    return call(aten.where.self, positive, _times(call, x, scale), negative)
+
+
+def elu_(call: Call, x: torch.Tensor, alpha: float = 1, scale: float = 1, input_scale: float = 1) -> torch.Tensor:
+    """aten.elu_: `elu`, written into x."""
+    return call(aten.copy_.default, x, elu(call, x, alpha, scale, input_scale))
+
+
+def elu_backward(call: Call, grad: torch.Tensor, alpha: float, scale: float, input_scale: float, is_result: bool,
+                 x_or_y: torch.Tensor) -> torch.Tensor:
+    """aten.elu_backward: grad scale where the input is > 0; else grad exp(x input_scale) alpha scale input_scale,
+    or, from the output y (after an in-place ELU), grad (y + alpha scale) input_scale."""
+    positive = call(aten.gt.Scalar, x_or_y, 0)
+    at = call(aten.masked_fill.Scalar, x_or_y, positive, 0.0)
+    if is_result:
+        slope = _times(call, call(aten.add.Tensor, at, alpha * scale), input_scale)
+    else:
+        slope = call(aten.mul.Tensor, call(aten.exp.default, _times(call, at, input_scale)),
+                     alpha * scale * input_scale)
+    return call(aten.where.self, positive, _times(call, grad, scale), call(aten.mul.Tensor, grad, slope))
+
+
+def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
+    return x if factor == 1 else call(aten.mul.Tensor, x, factor)
+
+
+def _whole_scales(output_size: Sequence[int], input_size: Sequence[int], scales: Sequence[float | None]) -> list[int]:
+    """A nearest upsampling's factors where each input pixel fills a whole block of the output (output sizes
+    whole multiples, the scales given, if any, those multiples); otherwise refused: a pixel's share of the output
+    would vary, and its gradient's sum with it."""
+    factors = [o // i if i and o % i == 0 else 0 for o, i in zip(output_size, input_size)]
+    if 0 in factors or any(s is not None and s != f for s, f in zip(scales, factors)):
+        raise UnsupportedOpError(str(aten.upsample_nearest2d_backward.default),
+                                 f"output {list(output_size)} from input {list(input_size)}, scales {list(scales)}: "
+                                 "the registry has whole-number factors only (vtrain.composites)")
+    return factors
+
+
+def upsample_nearest2d_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int],
+                                input_size: Sequence[int], scales_h: float | None = None,
+                                scales_w: float | None = None) -> torch.Tensor:
+    """aten.upsample_nearest2d_backward at whole-number factors (sh, sw): each input pixel's gradient is the sum of
+    its sh x sw block of the output's."""
+    sh, sw = _whole_scales(output_size, input_size[2:], (scales_h, scales_w))
+    n, c, h, w = input_size
+    return call(aten.sum.dim_IntList, grad.reshape(n, c, h, sh, w, sw), [3, 5], False)
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
@@ -502,4 +556,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.binary_cross_entropy_with_logits.default: bce_with_logits,
     aten.softplus.default: softplus,
     aten.softplus_backward.default: softplus_backward,
+    aten.elu.default: elu,
+    aten.elu_.default: elu_,
+    aten.elu_backward.default: elu_backward,
+    aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
 }

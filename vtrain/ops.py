@@ -100,7 +100,7 @@ _EXACT = _names(
     aten.new_empty_strided.default, aten.empty_strided.default,
     # exact elementwise functions and selections
     aten.relu.default, aten.relu_.default, aten.threshold_backward.default, aten.neg.default, aten.neg_.default,
-    aten.hardtanh.default, aten.hardtanh_.default, aten.hardtanh_backward.default,
+    aten.hardtanh.default, aten.hardtanh_.default, aten.hardtanh_backward.default, aten.upsample_nearest2d.default,
     aten.abs.default, aten.sign.default, aten.sgn.default, aten.where.self, aten.maximum.default, aten.minimum.default,
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.floor.default, aten.ceil.default,
     aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.argmax.default,

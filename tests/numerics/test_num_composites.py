@@ -56,7 +56,9 @@ def test_the_composites_are_in_the_registry() -> None:
                aten._scaled_dot_product_flash_attention_for_cpu_backward.default, aten.mse_loss.default,
                aten.mse_loss_backward.default, aten.huber_loss.default, aten.huber_loss_backward.default,
                aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default,
-               aten.binary_cross_entropy_with_logits.default, aten.softplus.default, aten.softplus_backward.default):
+               aten.binary_cross_entropy_with_logits.default, aten.softplus.default, aten.softplus_backward.default,
+               aten.elu.default, aten.elu_.default, aten.elu_backward.default,
+               aten.upsample_nearest2d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
 
 
@@ -89,6 +91,12 @@ def _softplus(x: torch.Tensor, beta: float, threshold: float) -> torch.Tensor:
     linear = xb > threshold
     y = torch.log1p(torch.exp(xb.masked_fill(linear, 0.0)))
     return torch.where(linear, x, y / beta)
+
+
+def _elu(x: torch.Tensor, alpha: float, scale: float) -> torch.Tensor:
+    positive = x > 0
+    negative = torch.expm1(x.masked_fill(positive, 0.0)) * (alpha * scale)
+    return torch.where(positive, x if scale == 1 else x * scale, negative)
 
 
 def _huber(x: torch.Tensor, delta: float) -> torch.Tensor:
@@ -126,6 +134,11 @@ DEFINITIONS = {
     "softplus": (F.softplus, lambda x: _softplus(x, 1, 20)),
     "softplus-scaled": (lambda x: F.softplus(x * 4, beta=2, threshold=6), lambda x: _softplus(x * 4, 2, 6)),
     "hardtanh": (lambda x: F.hardtanh(x, -0.5, 0.75), lambda x: x.clamp(-0.5, 0.75)),
+    "elu": (lambda x: F.elu(x, 0.5), lambda x: _elu(x, 0.5, 1.0)),
+    "elu-in-place": (lambda x: F.elu(x * 1.0, 0.5, inplace=True), lambda x: _elu(x * 1.0, 0.5, 1.0)),
+    "selu": (F.selu, lambda x: _elu(x, 1.6732632423543772, 1.0507009873554805)),
+    "upsample": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), scale_factor=2),
+                 lambda x: x.reshape(4, 1, 6, 1, 5, 1).expand(4, 1, 6, 2, 5, 2).reshape(4, 1, 12, 10)),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
                    lambda x: _written_layer_norm(x.reshape(4, 2, -1), [-1], None, None, 1e-3).reshape(x.shape)),
 }
@@ -204,6 +217,13 @@ def test_a_masked_softmax_under_the_exact_resolution_is_the_same_on_every_device
     assert all(torch.equal(got[0], other) for other in got[1:])
     assert not got[0][0, 1:].any() and got[0][0, 0] == 1
     assert (got[0] - torch.softmax(masked, -1)).abs().max() <= 2.0**-24
+
+
+def test_nearest_upsampling_by_a_fraction_is_refused_by_name_in_the_backward_pass() -> None:
+    # (its forward pass copies values; its backward pass would sum a varying number of them per pixel)
+    x = _grid(1, 2, 4, 5, seed=1).requires_grad_()
+    with pytest.raises(UnsupportedOpError, match=r"upsample_nearest2d_backward.*output \[6, 7\]"):
+        _rounded(lambda: F.interpolate(x, size=(6, 7)).sum().backward())
 
 
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
