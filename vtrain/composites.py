@@ -1,5 +1,5 @@
 """Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping), variances, SiLU, leaky ReLU, softplus, ELU, scaled dot-product attention, the
+vector norms (gradient clipping), variances, SiLU, leaky ReLU, softplus, ELU and CELU, scaled dot-product attention, the
 regression and binary losses (MSE, Huber, smooth L1, BCE with logits), and nearest upsampling's backward pass.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
@@ -487,6 +487,16 @@ def elu_(call: Call, x: torch.Tensor, alpha: float = 1, scale: float = 1, input_
     return call(aten.copy_.default, x, elu(call, x, alpha, scale, input_scale))
 
 
+def celu(call: Call, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """aten.celu: `elu` with input scale 1 / alpha."""
+    return elu(call, x, alpha, 1, 1 / alpha)
+
+
+def celu_(call: Call, x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """aten.celu_: `celu`, written into x."""
+    return elu_(call, x, alpha, 1, 1 / alpha)
+
+
 def elu_backward(call: Call, grad: torch.Tensor, alpha: float, scale: float, input_scale: float, is_result: bool,
                  x_or_y: torch.Tensor) -> torch.Tensor:
     """aten.elu_backward: grad scale where the input is > 0; else grad exp(x input_scale) alpha scale input_scale,
@@ -558,6 +568,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.softplus_backward.default: softplus_backward,
     aten.elu.default: elu,
     aten.elu_.default: elu_,
+    aten.celu.default: celu,
+    aten.celu_.default: celu_,
     aten.elu_backward.default: elu_backward,
     aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
 }

@@ -212,12 +212,12 @@ def _distinct(x: torch.Tensor, indices: list) -> bool:
 
 def _index_add(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = True) -> torch.Tensor:
     # index_put with accumulate: each named position plus its values, which for distinct positions is one IEEE
-    # addition each (an indexing's backward into zeros: exact). Repeated positions would sum in the order the
-    # device's kernel chooses: refused.
-    if not _distinct(x, indices):
+    # addition each (an indexing's backward into zeros: exact). Repeated positions would sum floats in the order
+    # the device's kernel chooses: refused. (Integer sums are the same in any order.)
+    if x.is_floating_point() and not _distinct(x, indices):
         raise UnsupportedOpError(str(aten.index_put.default), "accumulate=True at a position named twice sums "
                                  "in the device's order; gather with a one-hot matmul or an embedding instead")
-    return torch.index_put(x, indices, values, True)
+    return aten.index_put.default(x, indices, values, True)  # (the aten op: its indices may hold None)
 
 
 _DECOMPOSED = {

@@ -57,7 +57,7 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.mse_loss_backward.default, aten.huber_loss.default, aten.huber_loss_backward.default,
                aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default,
                aten.binary_cross_entropy_with_logits.default, aten.softplus.default, aten.softplus_backward.default,
-               aten.elu.default, aten.elu_.default, aten.elu_backward.default,
+               aten.elu.default, aten.elu_.default, aten.celu.default, aten.celu_.default, aten.elu_backward.default,
                aten.upsample_nearest2d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
 
@@ -93,9 +93,10 @@ def _softplus(x: torch.Tensor, beta: float, threshold: float) -> torch.Tensor:
     return torch.where(linear, x, y / beta)
 
 
-def _elu(x: torch.Tensor, alpha: float, scale: float) -> torch.Tensor:
+def _elu(x: torch.Tensor, alpha: float, scale: float, input_scale: float = 1.0) -> torch.Tensor:
     positive = x > 0
-    negative = torch.expm1(x.masked_fill(positive, 0.0)) * (alpha * scale)
+    shifted = x.masked_fill(positive, 0.0)
+    negative = torch.expm1(shifted if input_scale == 1 else shifted * input_scale) * (alpha * scale)
     return torch.where(positive, x if scale == 1 else x * scale, negative)
 
 
@@ -137,6 +138,7 @@ DEFINITIONS = {
     "elu": (lambda x: F.elu(x, 0.5), lambda x: _elu(x, 0.5, 1.0)),
     "elu-in-place": (lambda x: F.elu(x * 1.0, 0.5, inplace=True), lambda x: _elu(x * 1.0, 0.5, 1.0)),
     "selu": (F.selu, lambda x: _elu(x, 1.6732632423543772, 1.0507009873554805)),
+    "celu": (lambda x: F.celu(x, 0.75), lambda x: _elu(x, 0.75, 1.0, 1 / 0.75)),
     "upsample": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), scale_factor=2),
                  lambda x: x.reshape(4, 1, 6, 1, 5, 1).expand(4, 1, 6, 2, 5, 2).reshape(4, 1, 12, 10)),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),

@@ -384,6 +384,15 @@ def test_an_index_put_that_sums_is_rounded_and_refused_where_a_position_repeats(
         with pytest.raises(UnsupportedOpError, match="index_put.*named twice"):
             with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
                 (x[repeated] * w).sum().backward()
+    # columns picked (the indices hold None for the rows), and integer counts, which repeat in any order alike
+    m = round_to_grid(torch.randn(2, 6, dtype=torch.float64), bits).requires_grad_()
+    counts = torch.zeros(4, dtype=torch.long)
+    with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
+        (m[:, torch.tensor([1, 3, -1])] * w).sum().backward()
+        counts.index_put_((torch.tensor([1, 1, 2]),), torch.tensor(1), accumulate=True)
+    want = torch.zeros(2, 6, dtype=torch.float64)
+    want[:, [1, 3, 5]] = w
+    assert torch.equal(m.grad, want) and counts.tolist() == [0, 2, 1, 0]
 
 
 def test_overflow_is_a_non_finite_error_naming_step_and_op() -> None:
