@@ -1,6 +1,7 @@
 """Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping), variances, SiLU, leaky ReLU, softplus, ELU and CELU, scaled dot-product attention, the
-regression and binary losses (MSE, Huber, smooth L1, BCE with logits), and nearest upsampling's backward pass.
+vector norms (gradient clipping), variances, the activations (SiLU, leaky ReLU, softplus, ELU, CELU, hard sigmoid
+and swish, log-sigmoid, Mish), scaled dot-product attention, the regression and binary losses (MSE, Huber, smooth
+L1, BCE with logits), xlogy (KL divergence) and nearest upsampling's backward pass.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -511,6 +512,62 @@ def elu_backward(call: Call, grad: torch.Tensor, alpha: float, scale: float, inp
     return call(aten.where.self, positive, _times(call, grad, scale), call(aten.mul.Tensor, grad, slope))
 
 
+def hardsigmoid(call: Call, x: torch.Tensor) -> torch.Tensor:
+    """aten.hardsigmoid: clamp(x + 3, 0, 6) / 6."""
+    return call(aten.div.Tensor, call(aten.clamp.default, call(aten.add.Tensor, x, 3), 0, 6), 6)
+
+
+def hardsigmoid_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """aten.hardsigmoid_backward: grad / 6 where -3 < x < 3, else 0."""
+    outside = call(aten.logical_not.default, call(aten.logical_and.default, call(aten.gt.Scalar, x, -3),
+                                                   call(aten.lt.Scalar, x, 3)))
+    return call(aten.masked_fill.Scalar, call(aten.div.Tensor, grad, 6), outside, 0.0)
+
+
+def hardswish(call: Call, x: torch.Tensor) -> torch.Tensor:
+    """aten.hardswish: (x clamp(x + 3, 0, 6)) / 6."""
+    return call(aten.div.Tensor, call(aten.mul.Tensor, x, call(aten.clamp.default, call(aten.add.Tensor, x, 3), 0, 6)),
+                6)
+
+
+def hardswish_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """aten.hardswish_backward: 0 where x < -3, grad (x / 3 + 0.5) up to 3, grad above."""
+    middle = call(aten.mul.Tensor, grad, call(aten.add.Tensor, call(aten.div.Tensor, x, 3), 0.5))
+    inner = call(aten.where.self, call(aten.le.Scalar, x, 3), middle, grad)
+    return call(aten.masked_fill.Scalar, inner, call(aten.lt.Scalar, x, -3), 0.0)
+
+
+def log_sigmoid(call: Call, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten.log_sigmoid_forward: (min(x, 0) - log1p(exp(-|x|)), an empty buffer: the backward pass below reads x)."""
+    tail = call(aten.log1p.default, call(aten.exp.default, call(aten.neg.default, call(aten.abs.default, x))))
+    return call(aten.sub.Tensor, call(aten.clamp_max.default, x, 0), tail), x.new_empty(0)
+
+
+def log_sigmoid_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """aten.log_sigmoid_backward: grad sigmoid(-x)."""
+    return call(aten.mul.Tensor, grad, call(aten.sigmoid.default, call(aten.neg.default, x)))
+
+
+def mish(call: Call, x: torch.Tensor) -> torch.Tensor:
+    """aten.mish: x tanh(softplus(x)), `softplus` at beta 1 and threshold 20."""
+    return call(aten.mul.Tensor, x, call(aten.tanh.default, softplus(call, x)))
+
+
+def mish_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """aten.mish_backward: grad (t + x sigmoid(x) (1 - t t)), t = tanh(softplus(x))."""
+    t = call(aten.tanh.default, softplus(call, x))
+    slope = call(aten.mul.Tensor, call(aten.mul.Tensor, x, call(aten.sigmoid.default, x)),
+                 call(aten.rsub.Scalar, call(aten.mul.Tensor, t, t), 1))
+    return call(aten.mul.Tensor, grad, call(aten.add.Tensor, t, slope))
+
+
+def xlogy(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """aten.xlogy.Tensor: x log(y), 0 where x is 0 (the log taken of 1 there, whatever y holds: torch's NaN for a
+    NaN y there would stop the step)."""
+    zero = call(aten.eq.Scalar, x, 0)
+    return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y.expand_as(zero), zero, 1.0)))
+
+
 def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
     return x if factor == 1 else call(aten.mul.Tensor, x, factor)
 
@@ -572,4 +629,13 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.celu_.default: celu_,
     aten.elu_backward.default: elu_backward,
     aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
+    aten.hardsigmoid.default: hardsigmoid,
+    aten.hardsigmoid_backward.default: hardsigmoid_backward,
+    aten.hardswish.default: hardswish,
+    aten.hardswish_backward.default: hardswish_backward,
+    aten.log_sigmoid_forward.default: log_sigmoid,
+    aten.log_sigmoid_backward.default: log_sigmoid_backward,
+    aten.mish.default: mish,
+    aten.mish_backward.default: mish_backward,
+    aten.xlogy.Tensor: xlogy,
 }

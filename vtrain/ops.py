@@ -102,7 +102,8 @@ _EXACT = _names(
     aten.relu.default, aten.relu_.default, aten.threshold_backward.default, aten.neg.default, aten.neg_.default,
     aten.hardtanh.default, aten.hardtanh_.default, aten.hardtanh_backward.default, aten.upsample_nearest2d.default,
     aten.abs.default, aten.sign.default, aten.sgn.default, aten.where.self, aten.maximum.default, aten.minimum.default,
-    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.floor.default, aten.ceil.default,
+    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
+    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.floor.default, aten.ceil.default,
     aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.argmax.default,
     aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,
     aten.amin.default,
@@ -121,7 +122,8 @@ _EXACT = _names(
 # execution rounds their output where one is off the grid (clamp(x, 0.1)); values beyond the grid's range stay,
 # as infinities do (a mask of -inf or finfo.min before a softmax); a NaN fails there, naming the op.
 _CONSTANTS = frozenset(_names(
-    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.hardtanh.default,
+    aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
+    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.hardtanh.default,
     aten.hardtanh_.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor,
     aten.masked_fill_.Tensor, aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self,
     aten.scatter.value, aten.scatter_.value, aten.index_put.default, aten.index_put_.default,

@@ -58,7 +58,9 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.smooth_l1_loss.default, aten.smooth_l1_loss_backward.default,
                aten.binary_cross_entropy_with_logits.default, aten.softplus.default, aten.softplus_backward.default,
                aten.elu.default, aten.elu_.default, aten.celu.default, aten.celu_.default, aten.elu_backward.default,
-               aten.upsample_nearest2d_backward.default):
+               aten.upsample_nearest2d_backward.default, aten.hardsigmoid.default, aten.hardsigmoid_backward.default,
+               aten.hardswish.default, aten.hardswish_backward.default, aten.log_sigmoid_forward.default,
+               aten.log_sigmoid_backward.default, aten.mish.default, aten.mish_backward.default, aten.xlogy.Tensor):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
 
 
@@ -100,6 +102,10 @@ def _elu(x: torch.Tensor, alpha: float, scale: float, input_scale: float = 1.0) 
     return torch.where(positive, x if scale == 1 else x * scale, negative)
 
 
+def _xlogy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x * torch.log(y.masked_fill(x == 0, 1.0))
+
+
 def _huber(x: torch.Tensor, delta: float) -> torch.Tensor:
     z = (x - _TARGET).abs()
     return torch.where(z < delta, (z * 0.5) * z, (z - 0.5 * delta) * delta).mean(_ALL)
@@ -139,6 +145,11 @@ DEFINITIONS = {
     "elu-in-place": (lambda x: F.elu(x * 1.0, 0.5, inplace=True), lambda x: _elu(x * 1.0, 0.5, 1.0)),
     "selu": (F.selu, lambda x: _elu(x, 1.6732632423543772, 1.0507009873554805)),
     "celu": (lambda x: F.celu(x, 0.75), lambda x: _elu(x, 0.75, 1.0, 1 / 0.75)),
+    "hardsigmoid": (F.hardsigmoid, lambda x: (x + 3).clamp(0, 6) / 6),
+    "hardswish": (F.hardswish, lambda x: (x * (x + 3).clamp(0, 6)) / 6),
+    "logsigmoid": (F.logsigmoid, lambda x: x.clamp_max(0) - torch.log1p(torch.exp(-x.abs()))),
+    "mish": (F.mish, lambda x: x * torch.tanh(_softplus(x, 1, 20))),
+    "xlogy": (lambda x: torch.xlogy(x.clamp_min(0), _TARGET.abs()), lambda x: _xlogy(x.clamp_min(0), _TARGET.abs())),
     "upsample": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), scale_factor=2),
                  lambda x: x.reshape(4, 1, 6, 1, 5, 1).expand(4, 1, 6, 2, 5, 2).reshape(4, 1, 12, 10)),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
@@ -307,6 +318,9 @@ class _Applied(nn.Module):
 
 
 _FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items()}
+# (torch's own compositions of the ops above: their gradients)
+_FUNCTIONS["kl_div"] = lambda x: F.kl_div(F.log_softmax(x, -1), torch.softmax(_TARGET, -1), reduction="batchmean")
+_FUNCTIONS["cosine_similarity"] = lambda x: F.cosine_similarity(x, _TARGET, dim=-1)
 
 
 _BIAS = _grid(5, 7, seed=6)
