@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from vtrain.composites import masked_exp
+
 aten = torch.ops.aten
 
 CANONICAL_VERSION = 1
@@ -34,22 +36,11 @@ def _shifted(call: Call, x: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _softmax(call: Call, x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:
-    if torch.isneginf(x).any():
-        e = _masked_exp(call, x, dim)
-    else:
-        e = call(aten.exp.default, _shifted(call, x, dim))
-    return call(aten.div.Tensor, e, call(aten.sum.dim_IntList, e, [dim], True))
-
-
-def _masked_exp(call: Call, x: torch.Tensor, dim: int) -> torch.Tensor:
-    # exp(x - max(x)) where x holds -inf (a mask): 0 there, the others' values as `_shifted`'s, whose IEEE
-    # subtraction would have an infinite output. (A line of -inf only: its sum is 0, and the division fails
-    # there, naming it.)
     lost = torch.isneginf(x)
-    m = call(aten.amax.default, x, [dim], True)
-    m = call(aten.masked_fill.Scalar, m, torch.isneginf(m), 0.0)
-    shifted = call(aten.sub.Tensor, call(aten.where.self, lost, m, x), m)
-    return call(aten.masked_fill.Scalar, call(aten.exp.default, shifted), lost, 0.0)
+    # (where x holds a mask's -inf: 0 there, the others' values as `_shifted`'s, whose IEEE subtraction would
+    # have an infinite output; a line of -inf only sums to 0, and the division fails there, naming it)
+    e = masked_exp(call, x, lost, dim)[0] if lost.any() else call(aten.exp.default, _shifted(call, x, dim))
+    return call(aten.div.Tensor, e, call(aten.sum.dim_IntList, e, [dim], True))
 
 
 def _log_softmax(call: Call, x: torch.Tensor, dim: int, half_to_float: bool = False) -> torch.Tensor:

@@ -55,6 +55,12 @@ def _std(call: Call, var: torch.Tensor, eps: float) -> torch.Tensor:
     return call(aten.sqrt.default, call(aten.add.Tensor, var, eps))
 
 
+def _normalised(call: Call, xc: torch.Tensor, var: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(xc / sqrt(var + eps), that square root)."""
+    std = _std(call, var, eps)
+    return call(aten.div.Tensor, xc, std), std
+
+
 def _affine(call: Call, y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     if weight is not None:
         y = call(aten.mul.Tensor, y, weight)
@@ -74,9 +80,8 @@ def layer_norm(call: Call, x: torch.Tensor, normalized_shape: Sequence[int], wei
     """aten.native_layer_norm: (out, mean, rstd), the statistics in x's shape with the normalised dims kept as 1."""
     dims = list(range(-len(normalized_shape), 0))
     xc, mean, var = _centre(call, x, dims)
-    std = _std(call, var, eps)
-    out = _affine(call, call(aten.div.Tensor, xc, std), weight, bias)
-    return out, mean, call(aten.reciprocal.default, std)
+    y, std = _normalised(call, xc, var, eps)
+    return _affine(call, y, weight, bias), mean, call(aten.reciprocal.default, std)
 
 
 def layer_norm_backward(call: Call, grad_out: torch.Tensor, x: torch.Tensor, normalized_shape: Sequence[int],
@@ -117,19 +122,17 @@ def batch_norm(call: Call, x: torch.Tensor, weight: torch.Tensor | None, bias: t
     dims, shape = _channels(x)
     w, b = _per_channel(weight, shape), _per_channel(bias, shape)
     if not training:
-        xc = call(aten.sub.Tensor, x, running_mean.reshape(shape))
-        std = _std(call, running_var.reshape(shape), eps)
+        y, _ = _normalised(call, call(aten.sub.Tensor, x, running_mean.reshape(shape)), running_var.reshape(shape), eps)
         empty = x.new_empty(0)
-        return _affine(call, call(aten.div.Tensor, xc, std), w, b), empty, empty
+        return _affine(call, y, w, b), empty, empty
     xc, mean, var = _centre(call, x, dims)
     if running_mean is not None:
         n = x.numel() // x.shape[1]
         for running, batch, scale in ((running_mean, mean, momentum), (running_var, var, momentum * n / (n - 1))):
             call(aten.mul_.Tensor, running, 1.0 - momentum)
             call(aten.add_.Tensor, running, call(aten.mul.Tensor, batch.reshape(-1), scale))
-    std = _std(call, var, eps)
-    out = _affine(call, call(aten.div.Tensor, xc, std), w, b)
-    return out, mean.reshape(-1), call(aten.reciprocal.default, std).reshape(-1)
+    y, std = _normalised(call, xc, var, eps)
+    return _affine(call, y, w, b), mean.reshape(-1), call(aten.reciprocal.default, std).reshape(-1)
 
 
 def batch_norm_backward(call: Call, grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
@@ -163,10 +166,9 @@ def group_norm(call: Call, x: torch.Tensor, weight: torch.Tensor | None, bias: t
                hw: int, group: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """aten.native_group_norm: (out, mean, rstd), the statistics (N, group)."""
     xc, mean, var = _centre(call, x.reshape(n, group, -1), [-1])
-    std = _std(call, var, eps)
+    y, std = _normalised(call, xc, var, eps)
     _, shape = _channels(x)
-    out = _affine(call, call(aten.div.Tensor, xc, std).reshape(x.shape), _per_channel(weight, shape),
-                  _per_channel(bias, shape))
+    out = _affine(call, y.reshape(x.shape), _per_channel(weight, shape), _per_channel(bias, shape))
     return out, mean.reshape(n, group), call(aten.reciprocal.default, std).reshape(n, group)
 
 
@@ -292,8 +294,7 @@ def _attention(call: Call, q: torch.Tensor, k: torch.Tensor, is_causal: bool, at
     (..., L, E) queries and (..., S, E) keys (as many heads), their leading dims flattened: scores
     s = (q k^T) * scale, plus a float mask's finite values; masked where causal, where a boolean mask is False or
     a float mask -inf; e = exp(s - m) with m the largest unmasked score, 0 where masked; z = sum e. A row with every
-    key masked has m = 0 and z = 1, so p = 0 there, as torch's kernel gives. (The masked scores never enter an IEEE
-    op as -inf, whose infinite output would be an error here: they are m, then e's 0.)"""
+    key masked has m = 0 and z = 1, so p = 0 there, as torch's kernel gives (`masked_exp`)."""
     (length, width), keys = q.shape[-2:], k.shape[-2]
     scale = 1.0 / math.sqrt(width) if scale is None else scale
     q3, k3 = q.reshape(-1, length, width), k.reshape(-1, keys, width)
@@ -310,13 +311,20 @@ def _attention(call: Call, q: torch.Tensor, k: torch.Tensor, is_causal: bool, at
         e = call(aten.exp.default, call(aten.sub.Tensor, s, m))
         z = call(aten.sum.dim_IntList, e, [-1], True)
     else:
-        m = call(aten.amax.default, call(aten.masked_fill.Scalar, s, masked, -math.inf), [-1], True)
-        m = call(aten.masked_fill.Scalar, m, m == -math.inf, 0.0)
-        shifted = call(aten.sub.Tensor, call(aten.where.self, masked, m, s), m)
-        e = call(aten.masked_fill.Scalar, call(aten.exp.default, shifted), masked, 0.0)
+        e, m = masked_exp(call, s, masked, -1)
         z = call(aten.sum.dim_IntList, e, [-1], True)
         z = call(aten.masked_fill.Scalar, z, z == 0, 1.0)  # (an unmasked row's z is at least its maximum's 1)
     return call(aten.div.Tensor, e, z), m, z, scale
+
+
+def masked_exp(call: Call, s: torch.Tensor, masked: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e = exp(s - m), 0 where `masked`; m, the largest unmasked s along dim, 0 along a line masked whole): the
+    masked values never enter an IEEE op (-inf there would give an infinite output, an error here), they are m,
+    then e's 0. Attention's and, under `exact`, a softmax over a mask's -inf (vtrain.canonical)."""
+    m = call(aten.amax.default, call(aten.masked_fill.Scalar, s, masked, -math.inf), [dim], True)
+    m = call(aten.masked_fill.Scalar, m, m == -math.inf, 0.0)
+    shifted = call(aten.sub.Tensor, call(aten.where.self, masked, m, s), m)
+    return call(aten.masked_fill.Scalar, call(aten.exp.default, shifted), masked, 0.0), m
 
 
 def _shared(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
