@@ -19,6 +19,8 @@ and prints medians (steps 3 onward) and ratios to native.
     .venv/bin/python benchmarks/bench_dispatch.py --family gpt2-tiny --set d_model=256 --set context=128 \\
         --set batch_size=8 --steps 10
     .venv/bin/python benchmarks/bench_dispatch.py --family resnet-tiny --set width=32 --set batch_size=32
+
+`--threads N` runs every mode on N torch threads (default 1, as bench_families).
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
                     help="a family size setting, e.g. d_model=256 (repeatable)")
     ap.add_argument("--steps", type=int, default=8, help="steps per mode; the first two are warm-up")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for every mode (vtrain's own kernels run on one; see docs/benchmarks.md)")
     args = ap.parse_args()
     changes = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
     steps = max(args.steps, 3)  # (two of warm-up, one measured at least)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         data = {"cifar10": write_cifar(Path(tmp) / "cifar"), "text": write_corpus(Path(tmp) / "corpus.txt")}
         # (the spec's run length: longer than its learning-rate warm-up, as bench_families sets it)
@@ -62,7 +66,7 @@ def main() -> None:
                 secs[name].append(session.step(t, mode).seconds)
     med = {k: statistics.median(v[2:]) for k, v in secs.items()}
     label = " ".join(f"{k}={v}" for k, v in changes.items())
-    print(f"{args.family} {label} ({steps - 2} steps, medians)")
+    print(f"{args.family} {label} ({steps - 2} steps, medians, {args.threads} torch thread(s))")
     print("| mode | ms / step | / native |\n|---|---|---|")
     for k, v in med.items():
         print(f"| {k} | {v * 1e3:.1f} | {v / med['native']:.2f}x |")

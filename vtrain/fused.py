@@ -34,6 +34,8 @@ import numpy as np
 import torch
 from numba import njit
 
+from vtrain import omp
+
 MIN_NORMAL = 2.0**-126
 ENABLED = True  # tests turn it off to compare against the torch path
 
@@ -88,6 +90,11 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
     """out = v rounded onto the grid with m mantissa bits (out another array: `round_in_place` for v itself).
     Returns the first position whose value is NaN, infinite or rounds beyond `limit` (the largest grid
     value), or -1."""
+    parts = omp.parts(v.size) if v.dtype == np.float64 else 1
+    if parts > 1:
+        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
+
+        return omp_kernels.round_float64(parts, v, out, m, limit)
     vi, mant, emask, bias = _layout(v)
     return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
@@ -95,6 +102,11 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
 def round_in_place(v: np.ndarray, m: int, limit: float) -> int:
     """`round_into(v, v, m, limit)`, in a kernel of its own (see `_round_in_place`), except that a value whose
     rounding is off the grid stays as it was, so that the error can name it."""
+    parts = omp.parts(v.size) if v.dtype == np.float64 else 1
+    if parts > 1:
+        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
+
+        return omp_kernels.round_float64(parts, v, None, m, limit)
     return _round_in_place(v, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
 
@@ -112,6 +124,11 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
     The test is `RoundedExecution._candidates`: a superset of the values within factor * e of a rounding
     boundary, since the nearest boundary is at least half the spacing below r away from r."""
     if m == 23 and v.dtype == np.float64:
+        parts = omp.parts(v.size)
+        if parts > 1:
+            from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
+
+            return omp_kernels.round_near32(parts, v, e, out, cand, held, factor, limit, plus)
         return _round_near32(v, e, factor, limit, out, cand, held, plus)
     vi, mant, emask, bias = _layout(v)
     oi = _layout(out)[0]
@@ -123,6 +140,11 @@ def round_near_relative(v: np.ndarray, k: float, a: float, c: float, f: float, f
     """`round_near` for float64 work at bits = 32 with the band e = ((k |v|) + a) c + f computed as it goes (a
     transcendental function's, vtrain.bounds.RELATIVE: on GPT-2's 1M-value tanh, E in torch wrote a tensor as
     large as the output in four passes)."""
+    parts = omp.parts(v.size)
+    if parts > 1:
+        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
+
+        return omp_kernels.round_near32(parts, v, None, out, cand, held, factor, limit, plus, (k, a, c, f))
     return _round_near32_relative(v, k, a, c, f, factor, limit, out, cand, held, plus)
 
 
@@ -144,6 +166,11 @@ def round_near_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.
     value is an exact zero with no nonzero product (a_ik b_kj with both factors nonzero) is dropped: its E is
     k floor units (k 2^-1022, vtrain.bounds._floor_unit), within no band of a boundary."""
     sa, sb = support if support is not None else (_NO_SUPPORT, _NO_SUPPORT)
+    parts = omp.parts(v.size)
+    if parts > 1 and all(x.flags.c_contiguous for x in (rows, cols, add, sa, sb)):
+        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
+
+        return omp_kernels.round_near32_outer(parts, v, rows, cols, add, factor, limit, out, cand, held, plus, sa, sb)
     return _round_near32_outer(v, rows, cols, add, factor, limit, out, cand, held, plus, sa, sb)
 
 

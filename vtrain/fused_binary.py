@@ -35,7 +35,7 @@ import torch
 from numba import njit
 from torch.autograd.graph import increment_version
 
-from vtrain import fused
+from vtrain import fused, omp
 from vtrain.fused import POW2, round_value
 from vtrain.grid import GridOverflowError, check_finite_range
 
@@ -84,8 +84,15 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: b
     if a is None or b is None:
         return None
     out = x if in_place else torch.empty(plan.shape, dtype=torch.float64)
-    if _binary(code, a, plan.sa, b, plan.sb, plan.dims, None if in_place else out.numpy().reshape(-1), m, m == 23,
-               limit, POW2):
+    o = None if in_place else out.numpy().reshape(-1)
+    parts = omp.parts(plan.size)
+    if parts > 1:
+        from vtrain import omp_kernels  # noqa: PLC0415 (numba's C callbacks: compiled where threads run them)
+
+        nbad = omp_kernels.binary(parts, code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, plan.size)
+    else:
+        nbad = _binary(code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, POW2, 0, plan.size)
+    if nbad:
         if in_place:  # (x's values are gone: no second way to take; x holds the value's rounding, off the grid)
             check_finite_range(x, m + 9)
             raise GridOverflowError(f"{func} left the grid (bits={m + 9}) where it was written in place")
@@ -293,9 +300,9 @@ def _pairs(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, cas
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
-            out: np.ndarray | None, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
-    """out (flat, C order over dims) = the rounded a op b, a and b read through their strides over dims
-    (innermost 0 or 1); the count of values off the grid. Out None: a itself is the output (contiguous)."""
+            out: np.ndarray | None, m: int, cast32: bool, limit: float, pow2: np.ndarray, lo: int, hi: int) -> int:
+    """out[lo:hi] (flat, C order over dims) = the rounded a op b there, a and b read through their strides over
+    dims (innermost 0 or 1); the count of values off the grid. Out None: a itself is the output (contiguous)."""
     # (numba compiles a None out and an array apart, each with its own loop below only: with both loops in one
     # function, every op's out-of-place kernel ran 3-11 % slower in situ)
     n = dims[3]
@@ -303,28 +310,36 @@ def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndar
     # then one loop shape, which vectorises, serves every case.
     w = min(n, _BLOCK)
     xs, ys = np.empty(w), np.empty(w)
-    nbad, o = 0, 0
-    for i0 in range(dims[0]):
-        for i1 in range(dims[1]):
-            for i2 in range(dims[2]):
-                pa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2]
-                pb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2]
-                if not sa[3]:
-                    xs[:] = a[pa]
-                if not sb[3]:
-                    ys[:] = b[pb]
-                for j in range(0, n, w):
-                    k = min(w, n - j)
-                    if out is None:
-                        # the line read and written as one array: given as two (one memory), the vectorised
-                        # loop's run-time check finds them overlapping and takes its scalar fallback (1.88
-                        # against 0.94 ms for a 1M-value sum; 1.19 into a fresh tensor)
-                        line = a[o + j:o + j + k]
-                        nbad += _pairs(code, line, b[pb + j:pb + j + k] if sb[3] else ys[:k], line, m, cast32,
-                                       limit, pow2)
-                    else:
-                        nbad += _pairs(code, a[pa + j:pa + j + k] if sa[3] else xs[:k],
-                                       b[pb + j:pb + j + k] if sb[3] else ys[:k], out[o + j:o + j + k], m, cast32,
-                                       limit, pow2)
-                o += n
+    nbad, o = 0, lo
+    line, start = lo // n, lo % n  # [lo, hi) may start and end inside a line (vtrain.omp's parts)
+    i0, i1, i2 = line // (dims[1] * dims[2]), line // dims[2] % dims[1], line % dims[2]
+    while o < hi:
+        stop = min(n, start + hi - o)
+        pa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2]
+        pb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2]
+        if not sa[3]:
+            xs[:] = a[pa]
+        if not sb[3]:
+            ys[:] = b[pb]
+        first = o - start  # (the line's first value in out)
+        for j in range(start, stop, w):
+            k = min(w, stop - j)
+            if out is None:
+                # the line read and written as one array: given as two (one memory), the vectorised loop's
+                # run-time check finds them overlapping and takes its scalar fallback (1.88 against 0.94 ms
+                # for a 1M-value sum; 1.19 into a fresh tensor)
+                part = a[first + j:first + j + k]
+                nbad += _pairs(code, part, b[pb + j:pb + j + k] if sb[3] else ys[:k], part, m, cast32, limit,
+                               pow2)
+            else:
+                nbad += _pairs(code, a[pa + j:pa + j + k] if sa[3] else xs[:k],
+                               b[pb + j:pb + j + k] if sb[3] else ys[:k], out[first + j:first + j + k], m, cast32,
+                               limit, pow2)
+        o += stop - start
+        start = 0
+        i2 += 1  # (the next line's indices by carries: a division a line cost ~10 % on 256-value lines)
+        if i2 == dims[2]:
+            i2, i1 = 0, i1 + 1
+            if i1 == dims[1]:
+                i1, i0 = 0, i0 + 1
     return nbad

@@ -1,0 +1,52 @@
+"""Training on two torch threads, where vtrain's own kernels split their passes across torch's OpenMP team
+(vtrain.omp), gives the one-thread run's logs, losses and states bit for bit. Parts are made small here
+(MIN_VALUES 512), and the one-pass binary ops and the matmul pre-filter taken at every size, so that the
+families' default sizes split every kind of pass; the kernels' parts against their whole passes are tested in
+tests/numerics/test_num_omp.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from familykit import family_spec
+from vtrain import fused_binary, inline, omp, omp_kernels
+from vtrain.state import state_hash
+from vtrain.train import TrainingSession
+
+KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "outer": omp_kernels._outer_part,
+           "round": omp_kernels._round_part}
+
+
+def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
+    ran, run = set(), omp.run
+    names = {k.address: name for name, k in KERNELS.items()}
+
+    def noting(kernel, block, parts):  # noqa: ANN001, ANN202
+        ran.add(names[kernel])
+        return run(kernel, block, parts)
+
+    monkeypatch.setattr(omp, "run", noting)
+    monkeypatch.setattr(omp, "MIN_VALUES", 512)
+    monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(inline, "INLINE_PRODUCTS", 0)
+    torch.set_num_threads(threads)
+    try:
+        s = TrainingSession(spec, "cpu")
+        out = [s.step(t, "record") for t in range(1, 4)]
+    finally:
+        torch.set_num_threads(1)
+    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), ran
+
+
+@pytest.mark.parametrize("family,resolution,kernels", [
+    ("gpt2-tiny", "log", {"binary", "near", "outer", "round"}),
+    ("resnet-tiny", "log", {"binary", "outer"}),
+    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round"})])
+def test_two_threads_train_as_one(family_data, family: str, resolution: str, kernels: set,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = family_spec(family, family_data, steps=10, resolution=resolution)
+    logs2, loss2, state2, ran2 = _train(spec, 2, monkeypatch)
+    logs1, loss1, state1, ran1 = _train(spec, 1, monkeypatch)
+    assert ran2 == kernels and not ran1  # every kernel split on two threads, none on one
+    assert logs2 == logs1 and loss2 == loss1 and state2 == state1

@@ -1,0 +1,156 @@
+"""vtrain.omp: a pass split in parts across torch's OpenMP threads gives the whole pass's results bit for bit,
+for any number of parts: the rounded outputs, the candidates in order with their held values, the count and
+first position of values off the grid. (Training under two threads against one: tests/families/
+test_family_threads.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vtrain import fused, fused_binary, omp, omp_kernels
+from vtrain.fused import POW2
+from vtrain.grid import grid_max
+
+aten = torch.ops.aten
+LIMIT = grid_max(32)
+PARTS = (2, 3, 5)
+
+
+def _values(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Float64 values with the hard cases sprinkled in: float32 midpoints (ties), near-ties, zeros of both
+    signs, subnormal-range values, values beyond float32's range, infinities and NaN."""
+    v = rng.standard_normal(size) * 2.0 ** rng.integers(-30, 30, size)
+    grid = v.astype(np.float32).astype(np.float64)
+    ties = grid + np.spacing(grid.astype(np.float32)).astype(np.float64) / 2
+    pick = rng.integers(0, 12, size)
+    v = np.where(pick == 0, ties, v)
+    v = np.where(pick == 1, ties * (1 + 2.0**-50), v)
+    v = np.where(pick == 2, rng.choice([0.0, -0.0], size), v)
+    v = np.where(pick == 3, v * 2.0**-140, v)
+    v[rng.integers(0, size, 3)] = [1e39, np.inf, np.nan]
+    return v
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return all(np.array_equal(x, y, equal_nan=True) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("code", [fused_binary.ADD, fused_binary.SUB, fused_binary.MUL, fused_binary.DIV,
+                                  fused_binary.TANH_BACKWARD])
+@pytest.mark.parametrize("shapes", [((64, 300), (64, 300)), ((64, 300), (300,)), ((5, 7, 40), (5, 7, 1)),
+                                    ((3, 4, 7, 73), (3, 1, 7, 1)), ((9, 4000), ())])
+def test_binary_in_parts(code: int, shapes: tuple) -> None:
+    rng = np.random.default_rng(code)
+    x = torch.from_numpy(_values(rng, int(np.prod(shapes[0]))).reshape(shapes[0]))
+    y = torch.from_numpy(_values(rng, int(np.prod(shapes[1]))).reshape(shapes[1])) if shapes[1] else 2.5
+    plan = fused_binary._plan(fused_binary._key(x), fused_binary._key(y))
+    a, b = fused_binary._memory(x, plan.x_span), fused_binary._memory(y, plan.y_span)
+    for in_place in (False, True):
+        whole_out = None if in_place else np.empty(plan.size)
+        whole_a = a.copy()
+        whole = fused_binary._binary(code, whole_a, plan.sa, b, plan.sb, plan.dims, whole_out, 23, True, LIMIT, POW2,
+                                     0, plan.size)
+        for parts in PARTS:
+            part_a, out = a.copy(), None if in_place else np.empty(plan.size)
+            nbad = omp_kernels.binary(parts, code, part_a, plan.sa, b, plan.sb, plan.dims, out, 23, True, LIMIT,
+                                      plan.size)
+            assert nbad == whole > 0
+            got, want = (part_a, whole_a) if in_place else (out, whole_out)
+            assert np.array_equal(got, want, equal_nan=True)
+
+
+def _near(kind: str, v: np.ndarray, e: np.ndarray, out_is_v: bool, parts: int) -> tuple:
+    v = v.copy()
+    out = v if out_is_v else np.empty_like(v)
+    cand, held = np.full(v.size, -7, np.int64), np.full(v.size, -7.0)
+    relative = (2.0**-40, 2.0**-1000, 1.5, 0.0)
+    if parts == 1:
+        if kind == "relative":
+            count, bad = fused._round_near32_relative(v, *relative, 1.0, LIMIT, out, cand, held, -0.0)
+        else:
+            count, bad = fused._round_near32(v, e, 1.0, LIMIT, out, cand, held, -0.0)
+    else:
+        count, bad = omp_kernels.round_near32(parts, v, None if kind == "relative" else e, out, cand, held, 1.0,
+                                              LIMIT, -0.0, relative if kind == "relative" else (0.0,) * 4)
+    return count, bad, out.copy(), cand[:count].copy(), held[:count].copy()
+
+
+@pytest.mark.parametrize("kind", ["band", "one band", "relative"])
+def test_rounding_near_boundaries_in_parts(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    v = _values(rng, 3 * fused.NEAR_BLOCK + 77)
+    e = {"band": np.abs(v) * 2.0**-45, "one band": np.array([2.0**-60]), "relative": None}[kind]
+    for out_is_v in (False, True):
+        whole = _near(kind, v, e, out_is_v, 1)
+        assert whole[0] > 10 and whole[1] >= 0  # candidates in several parts, and a value off the grid
+        for parts in PARTS:
+            assert _same(_near(kind, v, e, out_is_v, parts), whole)
+
+
+def _outer(v: np.ndarray, rows, cols, add, sa, sb, out_is_v: bool, parts: int) -> tuple:
+    v = v.copy()
+    out = v if out_is_v else np.empty_like(v)
+    cand, held = np.full(v.size, -7, np.int64), np.full(v.size, -7.0)
+    if parts == 1:
+        count, bad = fused._round_near32_outer(v, rows, cols, add, 1.0, LIMIT, out, cand, held, -0.0, sa, sb)
+    else:
+        count, bad = omp_kernels.round_near32_outer(parts, v, rows, cols, add, 1.0, LIMIT, out, cand, held, -0.0,
+                                                    sa, sb)
+    return count, bad, out.copy(), cand[:count].copy(), held[:count].copy()
+
+
+@pytest.mark.parametrize("batches,m,n,words", [(1, 37, 300, 0), (1, 41, 129, 2), (6, 9, 50, 1), (2, 30, 20, 0)])
+def test_matmul_prefilter_in_parts(batches: int, m: int, n: int, words: int) -> None:
+    """Whole rows of one matrix, or whole batches, with and without the nonzero-term bitsets."""
+    rng = np.random.default_rng(m)
+    v = _values(rng, batches * m * n)
+    v[rng.integers(0, v.size, v.size // 20)] = 0.0  # exact zeros, which the bitsets may drop
+    rows = np.abs(rng.standard_normal((batches, m))) * 2.0**-29
+    cols, add = np.abs(rng.standard_normal((batches, n))), np.abs(rng.standard_normal((batches, n))) * 2.0**-60
+    if words:
+        sa = rng.integers(0, 2**63, (batches, m, words), dtype=np.uint64) & rng.integers(0, 2**63, (batches, m, words),
+                                                                                         dtype=np.uint64)
+        sb = rng.integers(0, 2**63, (batches, n, words), dtype=np.uint64) & rng.integers(0, 2**63, (batches, n, words),
+                                                                                         dtype=np.uint64)
+        sa[:, ::3] = 0
+    else:
+        sa = sb = np.zeros((0, 0, 0), np.uint64)
+    for out_is_v in (False, True):
+        whole = _outer(v, rows, cols, add, sa, sb, out_is_v, 1)
+        assert whole[0] > 10 and whole[1] >= 0
+        for parts in PARTS:
+            assert _same(_outer(v, rows, cols, add, sa, sb, out_is_v, parts), whole)
+
+
+def test_rounding_in_parts() -> None:
+    rng = np.random.default_rng(2)
+    v = _values(rng, 5 * fused.NEAR_BLOCK + 3)
+    for in_place in (False, True):
+        whole_v, whole_out = v.copy(), np.empty_like(v)
+        if in_place:
+            whole = fused._round_in_place(whole_v, 23, True, LIMIT, POW2)
+        else:
+            whole = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, whole_out, 23, True, LIMIT, POW2)
+        for parts in PARTS:
+            part_v, out = v.copy(), np.empty_like(v)
+            bad = omp_kernels.round_float64(parts, part_v, None if in_place else out, 23, LIMIT)
+            assert bad == whole >= 0
+            assert np.array_equal(part_v if in_place else out, whole_v if in_place else whole_out, equal_nan=True)
+
+
+def test_parts_follow_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass splits in torch's thread count where torch runs on libgomp (Linux wheels), parts of MIN_VALUES at
+    least; one thread, a small pass, or the switch off: whole."""
+    assert omp._parallel() is not None  # the platform CI runs on: torch's OpenMP is GNU's
+    size = 10 * omp.MIN_VALUES
+    torch.set_num_threads(4)
+    try:
+        assert omp.parts(size) == 4 and omp.parts(3 * omp.MIN_VALUES) == 3 and omp.parts(omp.MIN_VALUES) == 1
+        monkeypatch.setattr(omp, "ENABLED", False)
+        assert omp.parts(size) == 1
+    finally:
+        torch.set_num_threads(1)
+    monkeypatch.setattr(omp, "ENABLED", True)
+    assert omp.parts(size) == 1

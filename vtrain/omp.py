@@ -1,0 +1,73 @@
+"""vtrain's own kernels on torch's OpenMP threads.
+
+Torch runs a matmul or an addition on every thread it is given (`vtrain train --threads`, by default one a
+core); the rounding passes of vtrain.fused and vtrain.fused_binary ran on one. At two threads GPT-2-tiny
+d_model 256's plain float64 step went from 275 to 154 ms, the trainer's only from 384 to 323, and its rounded
+elementwise products took 67 ms a step against torch's 30 (docs/benchmarks.md, session 37).
+
+Parts of a pass run on a pool of Python threads (the kernels release the GIL) were no faster: after each of
+its parallel ops, torch's OpenMP workers spin for a while waiting for the next one, so a thread of ours
+shared a core with a spinning worker (81 against 67 ms a step for the products). Here the parts run on those
+workers themselves: `run` hands a kernel to libgomp as the C compiler does for `#pragma omp parallel`, in the
+libgomp that torch loaded, whose team is the one torch's ops use (a 1M-value product and rounding: 0.49 ms
+on two threads, 0.90 on one; torch's own product 0.45).
+
+Each kernel split here computes every output value from its own inputs, so the parts' outputs are the one
+pass's, bit for bit, for any number of parts (vtrain.omp_kernels gathers their candidates in order). No sum
+is split: a run's results never depend on its thread count (tests/numerics/test_num_omp.py). Where torch
+runs on another threading library, or one thread, every pass stays whole.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+# Smaller passes stay whole: a part of 64K values takes ~40 us, about what waking the team costs.
+MIN_VALUES = 1 << 17
+ENABLED = True  # (tests compare the split kernels with the whole ones)
+
+
+@functools.cache
+def _parallel() -> Any:
+    """libgomp's GOMP_parallel in the copy torch loaded, or None where torch's parallel backend is not OpenMP
+    or its library is not GNU's."""
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        return None
+    try:  # (by soname, among the libraries already loaded: never a second OpenMP runtime)
+        lib = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None
+    fn = lib.GOMP_parallel
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint], None
+    return fn
+
+
+def parts(size: int) -> int:
+    """In how many parts a pass over `size` values runs: torch's thread count, fewer where a part would hold
+    under MIN_VALUES, 1 where torch's threads are not libgomp's."""
+    if not ENABLED or size < 2 * MIN_VALUES:
+        return 1
+    n = min(torch.get_num_threads(), size // MIN_VALUES)
+    return n if n > 1 and _parallel() is not None else 1
+
+
+_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def run(kernel: int, block: np.ndarray, threads: int) -> None:
+    """Run the C function at address `kernel` on `threads` threads of torch's OpenMP team, each given the
+    int64 array `block` (its first value, the parts' counter, set to 0 here), and return once all are done.
+    Without libgomp (`parts` then never splits a pass, but a test may ask for parts), this thread alone runs
+    it: the function claims every part in turn."""
+    block[0] = 0
+    parallel = _parallel()
+    if parallel is None or threads == 1:
+        _CALLBACK(kernel)(block.ctypes.data)
+    else:
+        parallel(kernel, block.ctypes.data, threads, 0)

@@ -1,0 +1,262 @@
+"""The kernels vtrain.omp splits across torch's OpenMP threads, as C callbacks (numba cfuncs).
+
+libgomp calls a callback with one pointer, so each call's arguments travel in an int64 block: addresses and
+sizes of arrays, integers, and the address of a float64 block for floats. Every thread of the team claims
+parts of the pass from the block's counter (an atomic addition) until none is left, and runs the kernel of
+vtrain.fused or vtrain.fused_binary on each, unchanged, writing its results into the block's slots for that
+part. A part's candidates go into its own stretch of the candidate buffers (a part of n values has at most n);
+`_gather` then packs them to the front, part by part, so they come out in the whole pass's order.
+
+Imported on the first pass that runs split (numba compiles or loads the callbacks then, not at every import
+of vtrain).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, cfunc, njit, types
+from numba.extending import intrinsic
+
+from vtrain import fused, fused_binary, omp
+from vtrain.fused import NEAR_BLOCK, POW2
+
+_SIGNATURE = types.void(types.CPointer(types.int64))
+_HEAD = 2  # block[0]: the next part to claim; block[1]: the number of parts
+
+
+@intrinsic
+def _pointer(typingctx, address, dtype):  # noqa: ANN001, ANN202 (numba's intrinsic protocol)
+    """An array address (an int64 in a block) as a pointer to `dtype` values, for numba's `carray`."""
+    if not isinstance(dtype, types.NumberClass):
+        return None
+    target = types.CPointer(dtype.instance_type)
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.inttoptr(args[0], context.get_value_type(target))
+
+    return target(types.int64, dtype), codegen
+
+
+@intrinsic
+def _claim(typingctx, block):  # noqa: ANN001, ANN202
+    """The next unclaimed part: block[0], incremented atomically (each part goes to exactly one thread)."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.atomic_rmw("add", args[0], context.get_constant(types.int64, 1), "monotonic")
+
+    return types.int64(block), codegen
+
+
+def _cut(size: int, part: int, parts: int, grain: int) -> int:
+    """Where part `part` of `parts` begins in a pass over `size` values, cut at a multiple of `grain`."""
+    return min(size, (-(-size // grain) * part // parts) * grain)
+
+
+_jit_cut = njit(cache=True, nogil=True, inline="always")(_cut)
+
+
+def _floats(*values: float) -> np.ndarray:
+    return np.array(values, np.float64)
+
+
+def _block(parts: int, fields: list[int], count: int, results: int) -> np.ndarray:
+    """An argument block: the head, the fields (`count` of them, as the callback reads them), and `results`
+    slots for each part."""
+    assert len(fields) == count, "a callback's fields and its caller's differ"
+    block = np.zeros(_HEAD + len(fields) + results * parts, np.int64)
+    block[1] = parts
+    block[_HEAD:_HEAD + len(fields)] = fields
+    return block
+
+
+def _address(a: np.ndarray | None) -> int:
+    return 0 if a is None else a.ctypes.data
+
+
+def _gather(block: np.ndarray, at: int, starts: list[int], cand: np.ndarray, held: np.ndarray,
+            *more: np.ndarray) -> tuple[int, int]:
+    """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad) at block[at:],
+    the parts' candidates moved from cand[start:start + count] (positions counted from start, as `more`
+    alongside) to the front, in order."""
+    total, bad = 0, -1
+    for p, start in enumerate(starts):
+        found, first_bad = int(block[at + 2 * p]), int(block[at + 2 * p + 1])
+        if found:
+            if start != total:
+                for a in (cand, held, *more):
+                    a[total:total + found] = a[start:start + found].copy()  # (the stretches may overlap)
+            cand[total:total + found] += start
+        total += found
+        if bad < 0 <= first_bad:
+            bad = start + first_bad
+    return total, bad
+
+
+# fused_binary.binary: fields code, a (address, size), sa[4], b (address, size), sb[4], dims[4], out (address, 0:
+# in place), m, cast32, floats (limit), size; one slot a part: its count of values off the grid.
+_B_FIELDS = 22
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _binary_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _B_FIELDS + d[1])
+    code, m, cast32, size, parts = blk[2], blk[20], blk[21] != 0, blk[23], blk[1]
+    a, b = carray(_pointer(blk[3], np.float64), blk[4]), carray(_pointer(blk[9], np.float64), blk[10])
+    sa, sb, dims = blk[5:9], blk[11:15], blk[15:19]
+    limit = carray(_pointer(blk[22], np.float64), 1)[0]
+    p = _claim(d)
+    while p < parts:
+        lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
+        if blk[19] == 0:
+            nbad = fused_binary._binary(code, a, sa, b, sb, dims, None, m, cast32, limit, POW2, lo, hi)
+        else:
+            out = carray(_pointer(blk[19], np.float64), size)
+            nbad = fused_binary._binary(code, a, sa, b, sb, dims, out, m, cast32, limit, POW2, lo, hi)
+        blk[_HEAD + _B_FIELDS + p] = nbad
+        p = _claim(d)
+
+
+def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
+           out: np.ndarray | None, m: int, cast32: bool, limit: float, size: int) -> int:
+    """`fused_binary._binary` over all `size` output values, in `parts` parts: the count of values off the grid."""
+    floats = _floats(limit)
+    block = _block(parts, [code, a.ctypes.data, a.size, *sa, b.ctypes.data, b.size, *sb, *dims, _address(out), m,
+                           cast32, floats.ctypes.data, size], _B_FIELDS, 1)
+    omp.run(_binary_part.address, block, parts)
+    return int(block[_HEAD + _B_FIELDS:].sum())
+
+
+# fused.round_near (bits = 32) and round_near_relative: fields v, out, cand, held (addresses), size, e (address,
+# size; size 0: the relative band), floats (factor, limit, plus, k, a, c, f); two slots a part: count, bad.
+_N_FIELDS = 8
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _near_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _N_FIELDS + 2 * d[1])
+    size, parts, e_size = blk[6], blk[1], blk[8]
+    floats = carray(_pointer(blk[9], np.float64), 7)
+    factor, limit, plus, k, a, c, f = floats[0], floats[1], floats[2], floats[3], floats[4], floats[5], floats[6]
+    p = _claim(d)
+    while p < parts:
+        lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
+        v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
+        out = carray(_pointer(blk[3] + 8 * lo, np.float64), hi - lo)
+        cand = carray(_pointer(blk[4] + 8 * lo, np.int64), hi - lo)
+        held = carray(_pointer(blk[5] + 8 * lo, np.float64), hi - lo)
+        if e_size == 0:
+            count, bad = fused._round_near32_relative(v, k, a, c, f, factor, limit, out, cand, held, plus)
+        else:
+            e = carray(_pointer(blk[7] + 8 * lo * (e_size > 1), np.float64), hi - lo if e_size > 1 else 1)
+            count, bad = fused._round_near32(v, e, factor, limit, out, cand, held, plus)
+        at = _HEAD + _N_FIELDS + 2 * p
+        blk[at], blk[at + 1] = count, bad
+        p = _claim(d)
+
+
+def round_near32(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarray, cand: np.ndarray,
+                 held: np.ndarray, factor: float, limit: float, plus: float,
+                 relative: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> tuple[int, int]:
+    """`fused._round_near32` (band e) or, e None, `fused._round_near32_relative` (its terms `relative`) over v
+    in `parts` parts: (count, first bad position or -1), cand[:count] and held[:count] as the whole pass's."""
+    floats = _floats(factor, limit, plus, *relative)
+    size = v.size
+    block = _block(parts, [v.ctypes.data, out.ctypes.data, cand.ctypes.data, held.ctypes.data, size,
+                           _address(e), 0 if e is None else e.size, floats.ctypes.data], _N_FIELDS, 2)
+    omp.run(_near_part.address, block, parts)
+    starts = [_cut(size, p, parts, NEAR_BLOCK) for p in range(parts)]
+    return _gather(block, _HEAD + _N_FIELDS, starts, cand, held)
+
+
+# fused.round_near_outer: fields v, out, cand, held (addresses), batches, rows a batch, columns, rows, cols, add,
+# sa, sb (addresses; sa 0: no support), words a bitset, floats (factor, limit, plus); two slots a part. Parts are
+# whole rows of the one batch, or whole batches.
+_O_FIELDS = 14
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _outer_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _O_FIELDS + 2 * d[1])
+    parts, batches, m, n, words = blk[1], blk[6], blk[7], blk[8], blk[14]
+    floats = carray(_pointer(blk[15], np.float64), 3)
+    size = m if batches == 1 else batches  # (the units the parts are cut in)
+    p = _claim(d)
+    while p < parts:
+        lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
+        # rows r0:r1 of the one batch, or batches lo:hi: (batches of the part, rows a batch, first batch, first row)
+        nb, nm, b0, r0 = (1, hi - lo, 0, lo) if batches == 1 else (hi - lo, m, lo, 0)
+        start = (b0 * m + r0) * n
+        v = carray(_pointer(blk[2] + 8 * start, np.float64), nb * nm * n)
+        out = carray(_pointer(blk[3] + 8 * start, np.float64), nb * nm * n)
+        cand = carray(_pointer(blk[4] + 8 * start, np.int64), nb * nm * n)
+        held = carray(_pointer(blk[5] + 8 * start, np.float64), nb * nm * n)
+        rows = carray(_pointer(blk[9] + 8 * (b0 * m + r0), np.float64), (nb, nm))
+        cols = carray(_pointer(blk[10] + 8 * b0 * n, np.float64), (nb, n))
+        add = carray(_pointer(blk[11] + 8 * b0 * n, np.float64), (nb, n))
+        if words:
+            sa = carray(_pointer(blk[12] + 8 * (b0 * m + r0) * words, np.uint64), (nb, nm, words))
+            sb = carray(_pointer(blk[13] + 8 * b0 * n * words, np.uint64), (nb, n, words))
+        else:
+            sa = sb = np.zeros((0, 0, 0), np.uint64)
+        count, bad = fused._round_near32_outer(v, rows, cols, add, floats[0], floats[1], out, cand, held, floats[2],
+                                               sa, sb)
+        at = _HEAD + _O_FIELDS + 2 * p
+        blk[at], blk[at + 1] = count, bad
+        p = _claim(d)
+
+
+def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray,
+                       factor: float, limit: float, out: np.ndarray, cand: np.ndarray, held: np.ndarray, plus: float,
+                       sa: np.ndarray, sb: np.ndarray) -> tuple[int, int]:
+    """`fused._round_near32_outer` in up to `parts` parts of whole rows (one batch) or whole batches: as
+    `round_near32`. The arrays must be C-contiguous (rows (B, M), cols and add (B, N), sa (B, M, W) and sb
+    (B, N, W) or both empty)."""
+    batches, m, n = rows.shape[0], rows.shape[1], cols.shape[1]
+    units = m if batches == 1 else batches
+    parts = min(parts, units)
+    floats = _floats(factor, limit, plus)
+    words = sa.shape[2] if sa.size else 0
+    block = _block(parts, [v.ctypes.data, out.ctypes.data, cand.ctypes.data, held.ctypes.data, batches, m, n,
+                           rows.ctypes.data, cols.ctypes.data, add.ctypes.data, _address(sa if words else None),
+                           _address(sb if words else None), words, floats.ctypes.data], _O_FIELDS, 2)
+    omp.run(_outer_part.address, block, parts)
+    per_unit = n if batches == 1 else m * n
+    starts = [_cut(units, p, parts, 1) * per_unit for p in range(parts)]
+    return _gather(block, _HEAD + _O_FIELDS, starts, cand, held)
+
+
+# fused.round_in_place and round_into (float64 values): fields v, out (0: in place), size, m, cast32, floats
+# (limit); one slot a part: its first position off the grid, or -1.
+_R_FIELDS = 6
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _round_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _R_FIELDS + d[1])
+    parts, size, m, cast32 = blk[1], blk[4], blk[5], blk[6] != 0
+    limit = carray(_pointer(blk[7], np.float64), 1)[0]
+    p = _claim(d)
+    while p < parts:
+        lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
+        v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
+        if blk[3] == 0:
+            bad = fused._round_in_place(v, m, cast32, limit, POW2)
+        else:
+            out = carray(_pointer(blk[3] + 8 * lo, np.float64), hi - lo)
+            bad = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, out, m, cast32, limit, POW2)
+        blk[_HEAD + _R_FIELDS + p] = bad
+        p = _claim(d)
+
+
+def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, limit: float) -> int:
+    """`fused._round_in_place` (out None) or `fused._round_into` over float64 v in `parts` parts: the first
+    position whose rounding is off the grid, or -1."""
+    floats = _floats(limit)
+    size = v.size
+    block = _block(parts, [v.ctypes.data, _address(out), size, m, m == 23, floats.ctypes.data], _R_FIELDS, 1)
+    omp.run(_round_part.address, block, parts)
+    for p in range(parts):
+        bad = int(block[_HEAD + _R_FIELDS + p])
+        if bad >= 0:
+            return _cut(size, p, parts, NEAR_BLOCK) + bad
+    return -1
