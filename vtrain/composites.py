@@ -1,7 +1,8 @@
 """Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping), variances, the activations (SiLU, leaky ReLU, softplus, ELU, CELU, hard sigmoid
-and swish, log-sigmoid, Mish), scaled dot-product attention, the regression and binary losses (MSE, Huber, smooth
-L1, BCE with logits), xlogy (KL divergence) and nearest upsampling's backward pass.
+vector norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus,
+ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
+the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
+divergence), adaptive pooling over windows that tile the input, and nearest upsampling's backward passes.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -25,6 +26,7 @@ refused before), so no canonical version is bumped; changing one would (vtrain.c
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -580,26 +582,119 @@ def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
     return x if factor == 1 else call(aten.mul.Tensor, x, factor)
 
 
-def _whole_scales(output_size: Sequence[int], input_size: Sequence[int], scales: Sequence[float | None]) -> list[int]:
+def _whole_scales(op: Any, output_size: Sequence[int], input_size: Sequence[int],
+                  scales: Sequence[float | None]) -> list[int]:
     """A nearest upsampling's factors where each input pixel fills a whole block of the output (output sizes
     whole multiples, the scales given, if any, those multiples); otherwise refused: a pixel's share of the output
     would vary, and its gradient's sum with it."""
     factors = [o // i if i and o % i == 0 else 0 for o, i in zip(output_size, input_size)]
     if 0 in factors or any(s is not None and s != f for s, f in zip(scales, factors)):
-        raise UnsupportedOpError(str(aten.upsample_nearest2d_backward.default),
-                                 f"output {list(output_size)} from input {list(input_size)}, scales {list(scales)}: "
-                                 "the registry has whole-number factors only (vtrain.composites)")
+        raise UnsupportedOpError(str(op), f"output {list(output_size)} from input {list(input_size)}, scales "
+                                 f"{list(scales)}: the registry has whole-number factors only (vtrain.composites)")
     return factors
 
 
-def upsample_nearest2d_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int],
-                                input_size: Sequence[int], scales_h: float | None = None,
-                                scales_w: float | None = None) -> torch.Tensor:
-    """aten.upsample_nearest2d_backward at whole-number factors (sh, sw): each input pixel's gradient is the sum of
-    its sh x sw block of the output's."""
-    sh, sw = _whole_scales(output_size, input_size[2:], (scales_h, scales_w))
-    n, c, h, w = input_size
-    return call(aten.sum.dim_IntList, grad.reshape(n, c, h, sh, w, sw), [3, 5], False)
+def _upsample_nearest_backward(op: Any, call: Call, grad: torch.Tensor, output_size: Sequence[int],
+                               input_size: Sequence[int], *scales: float | None) -> torch.Tensor:
+    """aten.upsample_nearest{1,2,3}d_backward at whole-number factors: each input pixel's gradient is the sum of its
+    block of the output's (factor_1 x ... values)."""
+    factors = _whole_scales(op, output_size, input_size[2:], scales)
+    blocks = [d for size, f in zip(input_size[2:], factors) for d in (size, f)]  # (size, factor) per spatial dim
+    return call(aten.sum.dim_IntList, grad.reshape(*input_size[:2], *blocks),
+                [3 + 2 * k for k in range(len(factors))], False)
+
+
+def logsumexp(call: Call, x: torch.Tensor, dim: Sequence[int] | int, keepdim: bool = False) -> torch.Tensor:
+    """aten.logsumexp: log(sum(exp(x - m))) + m, m the largest x over the dims, as torch computes it. (An infinite
+    x, which torch's kernel takes, is off the grid for the subtraction, which then names it.)"""
+    dims = _reduced(x, dim)
+    top = call(aten.amax.default, x, dims, True)
+    total = call(aten.sum.dim_IntList, call(aten.exp.default, call(aten.sub.Tensor, x, top)), dims, keepdim)
+    return call(aten.add.Tensor, call(aten.log.default, total), top if keepdim else top.squeeze(dims))
+
+
+def baddbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
+            alpha: float = 1) -> torch.Tensor:
+    """aten.baddbmm: beta x + alpha (batch1 @ batch2), the product a bmm (x not read at beta 0, as torch)."""
+    product = _times(call, call(aten.bmm.default, batch1, batch2), alpha)
+    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+
+
+def norm(call: Call, x: torch.Tensor, p: float | None = 2, dim: Sequence[int] | int | None = None,
+         keepdim: bool = False) -> torch.Tensor:
+    """aten.norm.Scalar and norm.ScalarOpt_dim (the legacy torch.norm): `vector_norm` of order p (None: 2)."""
+    return vector_norm(call, x, 2 if p is None else p, dim, keepdim)
+
+
+def _clamped_log(call: Call, log: Any, x: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """max(log(x), -100), -100 where x is 0 (`zero`): the log is taken of 1 there, whose -inf would be off the
+    grid."""
+    y = call(log, call(aten.masked_fill.Scalar, x, zero, 1.0))
+    return call(aten.clamp_min.default, call(aten.masked_fill.Scalar, y, zero, -100.0), -100)
+
+
+def binary_cross_entropy(call: Call, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                         reduction: int = 1) -> torch.Tensor:
+    """aten.binary_cross_entropy on probabilities x: (target - 1) max(log1p(-x), -100) - target max(log x, -100),
+    times the weight, reduced (torch's formula: the logs clamped at -100, so that 0 and 1 give finite losses)."""
+    miss = _clamped_log(call, aten.log1p.default, call(aten.neg.default, x), call(aten.eq.Scalar, x, 1))
+    hit = _clamped_log(call, aten.log.default, x, call(aten.eq.Scalar, x, 0))
+    loss = call(aten.sub.Tensor, call(aten.mul.Tensor, call(aten.sub.Tensor, target, 1), miss),
+                call(aten.mul.Tensor, target, hit))
+    return _reduce(call, loss if weight is None else call(aten.mul.Tensor, loss, weight), reduction)
+
+
+def binary_cross_entropy_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                                  weight: torch.Tensor | None = None, reduction: int = 1) -> torch.Tensor:
+    """aten.binary_cross_entropy_backward: grad (x - target) / max((1 - x) x, 1e-12), times the weight (torch's
+    formula, 1e-12 rounded onto the grid by the clamp)."""
+    spread = call(aten.clamp_min.default, call(aten.mul.Tensor, call(aten.rsub.Scalar, x, 1), x), 1e-12)
+    g = call(aten.div.Tensor, call(aten.sub.Tensor, x, target), spread)
+    return _scaled_grad(call, g if weight is None else call(aten.mul.Tensor, g, weight), grad, reduction)
+
+
+def prelu(call: Call, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """aten._prelu_kernel: x where x > 0, weight x elsewhere (weight broadcast to x)."""
+    return call(aten.where.self, call(aten.gt.Scalar, x, 0), x, call(aten.mul.Tensor, weight, x))
+
+
+def prelu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> Grads:
+    """aten._prelu_kernel_backward: (grad where x > 0, weight grad elsewhere; 0 where x > 0, x grad elsewhere), both
+    in x's shape (autograd sums the second to the weight's)."""
+    positive = call(aten.gt.Scalar, x, 0)
+    return (call(aten.where.self, positive, grad, call(aten.mul.Tensor, weight, grad)),
+            call(aten.masked_fill.Scalar, call(aten.mul.Tensor, x, grad), positive, 0.0))
+
+
+def _pool_window(op: Any, size: Sequence[int], output_size: Sequence[int]) -> list[int]:
+    """An adaptive pooling's window where it tiles the input (each size a whole multiple of the output's), as a
+    plain pooling's kernel and stride; otherwise refused (windows of varying size, overlapping)."""
+    window = [s // o if o and s % o == 0 else 0 for s, o in zip(size, output_size)]
+    if 0 in window:
+        raise UnsupportedOpError(str(op), f"output {list(output_size)} from input {list(size)}: the registry has "
+                                 "windows that tile the input only (vtrain.composites)")
+    return window
+
+
+def adaptive_avg_pool2d(call: Call, x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
+    """aten._adaptive_avg_pool2d where its windows tile the input: avg_pool2d with them as kernel and stride."""
+    window = _pool_window(aten._adaptive_avg_pool2d.default, x.shape[-2:], output_size)
+    return call(aten.avg_pool2d.default, x, window, window, [0, 0], False, True, None)
+
+
+def adaptive_avg_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """aten._adaptive_avg_pool2d_backward: avg_pool2d's backward pass over the forward's windows."""
+    window = _pool_window(aten._adaptive_avg_pool2d_backward.default, x.shape[-2:], grad.shape[-2:])
+    return call(aten.avg_pool2d_backward.default, grad, x, window, window, [0, 0], False, True, None)
+
+
+def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor,
+                                 indices: torch.Tensor) -> torch.Tensor:
+    """aten.adaptive_max_pool2d_backward where the windows tile the input: max_pool2d's backward pass with them
+    (each input value takes at most one gradient). The forward pass is exact (class 1)."""
+    window = _pool_window(aten.adaptive_max_pool2d_backward.default, x.shape[-2:], grad.shape[-2:])
+    return call(aten.max_pool2d_with_indices_backward.default, grad, x, window, window, [0, 0], [1, 1], False,
+                indices)
 
 
 # aten op -> its sequence (the aten schema's arguments after `call`)
@@ -636,7 +731,12 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.celu.default: celu,
     aten.celu_.default: celu_,
     aten.elu_backward.default: elu_backward,
-    aten.upsample_nearest2d_backward.default: upsample_nearest2d_backward,
+    aten.upsample_nearest1d_backward.default: functools.partial(_upsample_nearest_backward,
+                                                                aten.upsample_nearest1d_backward.default),
+    aten.upsample_nearest2d_backward.default: functools.partial(_upsample_nearest_backward,
+                                                                aten.upsample_nearest2d_backward.default),
+    aten.upsample_nearest3d_backward.default: functools.partial(_upsample_nearest_backward,
+                                                                aten.upsample_nearest3d_backward.default),
     aten.hardsigmoid.default: hardsigmoid,
     aten.hardsigmoid_backward.default: hardsigmoid_backward,
     aten.hardswish.default: hardswish,
@@ -646,4 +746,15 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.mish.default: mish,
     aten.mish_backward.default: mish_backward,
     aten.xlogy.Tensor: xlogy,
+    aten.logsumexp.default: logsumexp,
+    aten.baddbmm.default: baddbmm,
+    aten.norm.Scalar: norm,
+    aten.norm.ScalarOpt_dim: norm,
+    aten.binary_cross_entropy.default: binary_cross_entropy,
+    aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward,
+    aten._prelu_kernel.default: prelu,
+    aten._prelu_kernel_backward.default: prelu_backward,
+    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
+    aten.adaptive_max_pool2d_backward.default: adaptive_max_pool2d_backward,
 }

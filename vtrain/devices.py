@@ -315,15 +315,25 @@ def _nll_loss_forward(dev: Device, x: torch.Tensor, target: torch.Tensor, weight
 
 
 def _check_conv(dev: Device, x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> None:
-    if transposed or groups != 1 or x.dim() != 4:
+    if transposed or groups != 1 or x.dim() not in (3, 4):
         raise DeviceOpError(
-            f"{dev.name}: convolution is emulated for 2-d, non-transposed, groups=1 only "
+            f"{dev.name}: convolution is emulated for 1-d and 2-d, non-transposed, groups=1 only "
             f"(got input {tuple(x.shape)}, transposed={transposed}, groups={groups}); use device cpu")
+
+
+def _as_2d(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
+           dilation: Any) -> tuple[torch.Tensor, torch.Tensor, list, list, list]:
+    """A 1-d convolution's operands and geometry as a 2-d one's of height 1 (the same sums)."""
+    return x.unsqueeze(2), weight.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
 
 
 def _convolution(dev: Device, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Any,
                  padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int) -> torch.Tensor:
     _check_conv(dev, x, weight, transposed, groups)
+    if x.dim() == 3:
+        x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
+        return _convolution(dev, x4, w4, bias, stride, padding, dilation, transposed, output_padding,
+                            groups).squeeze(2)
     n, _, h, w = x.shape
     o, _, kh, kw = weight.shape
     cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
@@ -338,6 +348,11 @@ def _convolution_backward(dev: Device, grad: torch.Tensor, x: torch.Tensor, weig
                           stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                           groups: int, output_mask: Any) -> tuple:
     _check_conv(dev, x, weight, transposed, groups)
+    if x.dim() == 3:
+        x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
+        gi, gw, gb = _convolution_backward(dev, grad.unsqueeze(2), x4, w4, bias_sizes, stride, padding, dilation,
+                                           transposed, output_padding, groups, output_mask)
+        return gi if gi is None else gi.squeeze(2), gw if gw is None else gw.squeeze(2), gb
     n, c, h, w = x.shape
     o, _, kh, kw = weight.shape
     g = grad.reshape(n, o, -1)  # (N, O, L)

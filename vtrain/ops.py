@@ -83,13 +83,20 @@ _EXACT = _names(
     aten.slice.Tensor, aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int,
     aten.as_strided.default, aten.detach.default, aten.detach_.default, aten.lift_fresh.default,
     aten.lift_fresh_copy.default, aten.clone.default, aten.contiguous.default, aten._local_scalar_dense.default,
-    aten.unfold.default, aten.flip.default, aten.roll.default,
+    aten.unfold.default, aten.flip.default, aten.roll.default, aten.transpose_.default, aten.unsafe_split.Tensor,
+    aten.unsafe_split_with_sizes.default, aten.repeat.default, aten.pixel_shuffle.default,
+    aten.pixel_unshuffle.default,
     # gathers and joins of existing values
     aten.index_select.default, aten.gather.default, aten.index.Tensor, aten.cat.default, aten.stack.default,
     aten.embedding.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.scatter.value,
     aten.scatter.src, aten.scatter_.value, aten.scatter_.src, aten.index_put_.default, aten.index_put.default,
     aten.constant_pad_nd.default, aten.sort.default, aten.topk.default, aten.masked_fill.Tensor,
     aten.masked_fill_.Tensor, aten.tril.default, aten.triu.default, aten.tril_.default, aten.triu_.default,
+    aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
+    aten.replication_pad2d.default, aten.upsample_nearest1d.default, aten.upsample_nearest3d.default,
+    # backward passes of views and selections: the gradient copied into zeros
+    aten.slice_backward.default, aten.select_backward.default, aten.slice_scatter.default,
+    aten.select_scatter.default,
     # creation and fills with grid constants (zero, one, a grid scalar)
     aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
@@ -103,8 +110,10 @@ _EXACT = _names(
     aten.hardtanh.default, aten.hardtanh_.default, aten.hardtanh_backward.default, aten.upsample_nearest2d.default,
     aten.abs.default, aten.sign.default, aten.sgn.default, aten.where.self, aten.maximum.default, aten.minimum.default,
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
-    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.floor.default, aten.ceil.default,
-    aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.argmax.default,
+    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default,
+    aten.clamp_min_.default, aten.clamp_max_.default, aten.floor.default, aten.ceil.default,
+    aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default,
+    aten.argmax.default,
     aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,
     aten.amin.default,
     # comparisons and boolean logic (no floating output)
@@ -113,6 +122,7 @@ _EXACT = _names(
     aten.logical_not.default, aten.logical_and.default, aten.logical_or.default, aten.isnan.default,
     aten.isinf.default, aten.isfinite.default, aten.any.default, aten.all.default, aten.nonzero.default,
     aten.bitwise_and.Tensor, aten.bitwise_or.Tensor, aten.bitwise_not.default, aten.maximum.out,
+    aten.logical_and_.default, aten.logical_or_.default, aten.bitwise_and_.Tensor, aten.bitwise_or_.Tensor,
     # bookkeeping
     torch.ops.profiler._record_function_enter_new.default, torch.ops.profiler._record_function_exit._RecordFunction,
 )
@@ -123,7 +133,8 @@ _EXACT = _names(
 # as infinities do (a mask of -inf or finfo.min before a softmax); a NaN fails there, naming the op.
 _CONSTANTS = frozenset(_names(
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
-    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.hardtanh.default,
+    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default,
+    aten.clamp_min_.default, aten.clamp_max_.default, aten.hardtanh.default,
     aten.hardtanh_.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor,
     aten.masked_fill_.Tensor, aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self,
     aten.scatter.value, aten.scatter_.value, aten.index_put.default, aten.index_put_.default,
@@ -273,11 +284,19 @@ _INDEX_ADDS = {op: OpSpec(str(op), OpClass.IEEE, inplace=op is aten.index_put_.d
                for op in (aten.index_put.default, aten.index_put_.default)}
 
 
+# Unregistered ops that a common model meets, and what to do instead (the error's detail)
+_INSTEAD = {
+    aten.mkldnn_rnn_layer.default: "oneDNN's fused LSTM kernel, which torch takes for float32 work on the CPU; "
+                                   "run the model under torch.backends.mkldnn.flags(enabled=False), and the LSTM "
+                                   "runs as its cells' matmuls and functions",
+}
+
+
 def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:
     """The registry entry for this call of `func`; UnsupportedOpError when there is none."""
     spec = _TABLE.get(func)
     if spec is None:
-        raise UnsupportedOpError(str(func))
+        raise UnsupportedOpError(str(func), _INSTEAD.get(func))
     if func is aten.pow.Tensor_Scalar and args[1] in (1, 2):  # x*x: one rounding
         return _POW_SQUARE
     if func in _INDEX_ADDS and (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):

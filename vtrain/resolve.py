@@ -263,7 +263,8 @@ def _conv_geometry(op: Any, kw: dict) -> tuple[torch.Tensor, torch.Tensor, tuple
     """(input as 4-d, weight as 4-d, stride, padding, dilation, groups); 1-d convs get height 1."""
     x, w = kw["input"], kw["weight"]
     if kw["transposed"]:
-        raise ResolveError(f"{op}: transposed convolutions have no exact resolver; use policy `log` for them")
+        raise ResolveError(f"{op}: transposed convolutions have no exact resolver; train them with "
+                           'resolution = "log"')
     stride, padding, dilation = list(kw["stride"]), list(kw["padding"]), list(kw["dilation"])
     if x.dim() == 3 and w.dim() == 3:
         x, w = x.unsqueeze(2), w.unsqueeze(2)
@@ -1677,7 +1678,7 @@ def resolver_for(op: Any) -> Resolver:
     if resolver is None:
         raise ResolveError(f"no exact resolver for {op}: the `exact` policy cannot make its output the correctly "
                            "rounded exact value. Decompose it into resolvable primitives (vtrain.ops) or use "
-                           "policy `log`")
+                           "resolution = \"log\"")
 
     def resolve(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
         return np.zeros(0) if len(pos) == 0 else resolver(args, kwargs, i, np.asarray(pos, dtype=np.int64), bits)

@@ -183,10 +183,13 @@ class RoundedExecution(TorchDispatchMode):
         # TF32 matmuls/convolutions (on by default for cuDNN) carry 10-bit products: far outside the
         # float32 error bounds. Inside rounded execution float32 means IEEE float32. And cuDNN is off: its FFT
         # and Winograd convolutions are not sums of the products, which every error bound here assumes
-        # (torch's own CUDA convolutions are: im2col and cuBLAS, or direct sums).
+        # (torch's own CUDA convolutions are: im2col and cuBLAS, or direct sums). Likewise NNPACK on the CPU, whose
+        # float32 convolutions torch takes where oneDNN is off: 1.9x gamma_K sum|terms| measured on a 3x3 one
+        # (tests/numerics/test_num_devices.py); oneDNN's and torch's im2col convolutions stay within it.
         backends = torch.backends
         self._cuda_flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled)
         backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = backends.cudnn.enabled = False
+        self._nnpack = backends.nnpack.set_flags(False)[0]
         self._norms = LineNorms()  # (it holds operands: they go with it at the end)
         sole_owners()  # (measured once a process: see vtrain.accumulation)
         super().__enter__()
@@ -197,6 +200,7 @@ class RoundedExecution(TorchDispatchMode):
         self._norms = None
         backends = torch.backends
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled = self._cuda_flags
+        backends.nnpack.set_flags(self._nnpack)
         self._seconds += time.perf_counter() - self._t0
         self._derived = None  # storage numbers are computed (once) on the first stats access after this
         if exc_type is None and self.mode == "replay" and self._counts["sites"] != len(self.replay_log.sites):

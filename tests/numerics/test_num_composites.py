@@ -60,8 +60,25 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.elu.default, aten.elu_.default, aten.celu.default, aten.celu_.default, aten.elu_backward.default,
                aten.upsample_nearest2d_backward.default, aten.hardsigmoid.default, aten.hardsigmoid_backward.default,
                aten.hardswish.default, aten.hardswish_backward.default, aten.log_sigmoid_forward.default,
-               aten.log_sigmoid_backward.default, aten.mish.default, aten.mish_backward.default, aten.xlogy.Tensor):
+               aten.log_sigmoid_backward.default, aten.mish.default, aten.mish_backward.default, aten.xlogy.Tensor,
+               aten.logsumexp.default, aten.baddbmm.default, aten.norm.Scalar, aten.norm.ScalarOpt_dim,
+               aten.binary_cross_entropy.default, aten.binary_cross_entropy_backward.default,
+               aten._prelu_kernel.default, aten._prelu_kernel_backward.default, aten._adaptive_avg_pool2d.default,
+               aten._adaptive_avg_pool2d_backward.default, aten.adaptive_max_pool2d_backward.default,
+               aten.upsample_nearest1d_backward.default, aten.upsample_nearest3d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
+    # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
+    # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
+    # the in-place clamps and logical ops
+    for op in (aten.slice_backward.default, aten.select_backward.default, aten.slice_scatter.default,
+               aten.select_scatter.default, aten.unsafe_split.Tensor, aten.unsafe_split_with_sizes.default,
+               aten.transpose_.default, aten.repeat.default, aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
+               aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
+               aten.replication_pad2d.default, aten.adaptive_max_pool2d.default, aten.upsample_nearest1d.default,
+               aten.upsample_nearest3d.default, aten.clamp_.default, aten.clamp_min_.default, aten.clamp_max_.default,
+               aten.logical_and_.default, aten.logical_or_.default, aten.bitwise_and_.Tensor,
+               aten.bitwise_or_.Tensor):
+        assert classify(op, (), {}).cls is OpClass.EXACT
 
 
 def _moments(x: torch.Tensor, dims: list[int], divisor: int, keepdim: bool = False) -> torch.Tensor:
@@ -104,6 +121,31 @@ def _elu(x: torch.Tensor, alpha: float, scale: float, input_scale: float = 1.0) 
 
 def _xlogy(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return x * torch.log(y.masked_fill(x == 0, 1.0))
+
+
+_NAN = torch.full((4, 6, 1), math.nan, dtype=torch.float64)  # (baddbmm's input at beta 0: never read)
+
+
+def _logsumexp(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = False) -> torch.Tensor:
+    top = x.amax(dims, keepdim=True)
+    return torch.log(torch.exp(x - top).sum(dims, keepdim=keepdim)) + (top if keepdim else top.squeeze(dims))
+
+
+def _clamped_log(x: torch.Tensor, zero: torch.Tensor, log: Any) -> torch.Tensor:
+    """log(x) clamped at -100, -100 where x is 0 (`zero`; its log is taken of 1 there, never -inf)."""
+    return log(x.masked_fill(zero, 1.0)).masked_fill(zero, -100.0).clamp_min(-100)
+
+
+def _bce_probabilities(p: torch.Tensor, weight: torch.Tensor | float) -> torch.Tensor:
+    # torch's formula, (target - 1) max(log(1 - p), -100) - target max(log p, -100)
+    miss = _clamped_log(-p, p == 1, torch.log1p)
+    loss = (_LABELS - 1) * miss - _LABELS * _clamped_log(p, p == 0, torch.log)
+    return loss * weight
+
+
+def _bce_backward(p: torch.Tensor) -> torch.Tensor:
+    # torch's formula, (p - target) / max((1 - p) p, 1e-12), times the output's gradient, over the count (a mean)
+    return (p - _LABELS) / ((1 - p) * p).clamp_min(1e-12) * _TARGET / 120
 
 
 def _huber(x: torch.Tensor, delta: float) -> torch.Tensor:
@@ -152,6 +194,37 @@ DEFINITIONS = {
     "xlogy": (lambda x: torch.xlogy(x.clamp_min(0), _TARGET.abs()), lambda x: _xlogy(x.clamp_min(0), _TARGET.abs())),
     "upsample": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), scale_factor=2),
                  lambda x: x.reshape(4, 1, 6, 1, 5, 1).expand(4, 1, 6, 2, 5, 2).reshape(4, 1, 12, 10)),
+    "logsumexp": (lambda x: torch.logsumexp(x, (1, 2)), lambda x: _logsumexp(x, (1, 2))),
+    "logsumexp-kept": (lambda x: torch.logsumexp(x * 40, -1, keepdim=True),
+                       lambda x: _logsumexp(x * 40, (-1,), keepdim=True)),
+    "torch.norm": (lambda x: aten.norm.ScalarOpt_dim(x, 2, [1]), lambda x: torch.sqrt((x * x).sum(1))),
+    "torch.norm-1": (lambda x: aten.norm.Scalar(x, 1), lambda x: x.abs().sum((0, 1, 2))),
+    "bce-probabilities": (lambda x: F.binary_cross_entropy(torch.sigmoid(x), _LABELS),
+                          lambda x: _bce_probabilities(torch.sigmoid(x), 1.0).mean(_ALL)),
+    "bce-probabilities-ends": (lambda x: F.binary_cross_entropy(torch.sigmoid(x * 60), _LABELS, _WEIGHT,
+                                                                reduction="sum"),
+                               lambda x: _bce_probabilities(torch.sigmoid(x * 60), _WEIGHT).sum(_ALL)),
+    "bce-backward-ends": (lambda x: aten.binary_cross_entropy_backward(_TARGET, torch.sigmoid(x * 60), _LABELS),
+                          lambda x: _bce_backward(torch.sigmoid(x * 60))),
+    "prelu": (lambda x: F.prelu(x, _WEIGHT[:1] - 0.75), lambda x: torch.where(x > 0, x, (_WEIGHT[:1] - 0.75) * x)),
+    "prelu-channels": (lambda x: F.prelu(x, _TARGET[0, :, 0]),
+                       lambda x: torch.where(x > 0, x, _TARGET[0, :, 0].reshape(6, 1) * x)),
+    "baddbmm": (lambda x: torch.baddbmm(_TARGET[:, :, :1], x, x.transpose(1, 2), beta=0.5, alpha=2),
+                lambda x: _TARGET[:, :, :1] * 0.5 + (x @ x.transpose(1, 2)) * 2),
+    "baddbmm-no-input": (lambda x: torch.baddbmm(_NAN, x, x.transpose(1, 2), beta=0),
+                         lambda x: x @ x.transpose(1, 2)),
+    "adaptive-avg-pool": (lambda x: F.adaptive_avg_pool2d(x.reshape(2, 2, 6, 5), (3, 5)),
+                          lambda x: F.avg_pool2d(x.reshape(2, 2, 6, 5), (2, 1))),
+    "adaptive-max-pool": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (2, 1)),
+                          lambda x: F.max_pool2d(x.reshape(2, 2, 6, 5), (3, 5))),
+    "upsample-1d": (lambda x: F.interpolate(x, scale_factor=3),
+                    lambda x: x.reshape(4, 6, 5, 1).expand(4, 6, 5, 3).reshape(4, 6, 15)),
+    "upsample-3d": (lambda x: F.interpolate(x.reshape(1, 4, 6, 5, 1), scale_factor=2),
+                    lambda x: x.reshape(1, 4, 6, 1, 5, 1, 1, 1).expand(1, 4, 6, 2, 5, 2, 1, 2)
+                    .reshape(1, 4, 12, 10, 2)),
+    "pixel-shuffle": (lambda x: F.pixel_shuffle(x[:, :4].reshape(1, 16, 5, 1), 2),
+                      lambda x: x[:, :4].reshape(1, 4, 2, 2, 5, 1).permute(0, 1, 4, 2, 5, 3).reshape(1, 4, 10, 2)),
+    "slices": (lambda x: x[:, 1:4] * x[:, 3:] + x[:, 2].unsqueeze(1), lambda x: x[:, 1:4] * x[:, 3:] + x[:, 2:3]),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
                    lambda x: _written_layer_norm(x.reshape(4, 2, -1), [-1], None, None, 1e-3).reshape(x.shape)),
 }
@@ -239,6 +312,14 @@ def test_nearest_upsampling_by_a_fraction_is_refused_by_name_in_the_backward_pas
         _rounded(lambda: F.interpolate(x, size=(6, 7)).sum().backward())
 
 
+@pytest.mark.parametrize("pool", [F.adaptive_avg_pool2d, F.adaptive_max_pool2d])
+def test_adaptive_pooling_over_windows_that_do_not_tile_the_input_is_refused_by_name(pool: Any) -> None:
+    # (windows of varying size, which overlap: each value's share of the gradients would vary)
+    x = _grid(1, 2, 5, 6, seed=1).requires_grad_()
+    with pytest.raises(UnsupportedOpError, match=r"adaptive_(avg|max)_pool2d.*output \[2, 3\] from input \[5, 6\]"):
+        _rounded(lambda: pool(x, (2, 3))[0].sum().backward())
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):
@@ -317,7 +398,9 @@ class _Applied(nn.Module):
         return self.fn(x)
 
 
-_FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items()}
+# (saturated probabilities aside: where the grid's sigmoid is 1, torch's float64 one is not, and the gradient there
+# is (p - target) / max((1 - p) p, 1e-12))
+_FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items() if not name.endswith("-ends")}
 # (torch's own compositions of the ops above: their gradients)
 _FUNCTIONS["kl_div"] = lambda x: F.kl_div(F.log_softmax(x, -1), torch.softmax(_TARGET, -1), reduction="batchmean")
 _FUNCTIONS["cosine_similarity"] = lambda x: F.cosine_similarity(x, _TARGET, dim=-1)
@@ -353,14 +436,16 @@ class _Attending(nn.Module):
 
 
 @pytest.mark.parametrize("case", ["layer", "layer-plain", "layer-2d", "layer-unbatched", "batch2d", "batch2d-eval",
-                                  "batch1d-plain", "batch-untracked", "group", "group-plain", *_FUNCTIONS,
-                                  *_ATTENTION])
+                                  "batch1d-plain", "batch-untracked", "group", "group-plain", "prelu-module",
+                                  *_FUNCTIONS, *_ATTENTION])
 def test_composite_gradients_agree_with_torchs_kernels(case: str) -> None:
     if case in _ATTENTION:
         *shapes, fn = _ATTENTION[case]
         module, x = _Attending(shapes, fn).double(), _grid(*shapes[0], seed=9)
     elif case in _FUNCTIONS:
         module, x = _Applied(_FUNCTIONS[case]), _grid(4, 6, 5, seed=9)
+    elif case == "prelu-module":  # (its weight's gradient: autograd sums the kernel's over the other dims)
+        module, x = nn.PReLU(6).double(), _grid(4, 6, 5, seed=9)
     elif case.startswith("group"):
         module, x = nn.GroupNorm(2, 4, affine=case == "group").double(), _grid(3, 4, 2, 5, seed=9)
     elif case.startswith("layer"):
@@ -513,3 +598,52 @@ def test_a_gpt_written_with_torchs_modules_replays_bit_identically_on_every_devi
     assert all(not log.sites for log in exact_logs)
     for device in EMULATED:
         assert all(torch.equal(a, b) for a, b in zip(want, _train_gpt(device, "record", resolution="exact")[0])), device
+
+
+class _Recurrent(nn.Module):
+    """A 1-d convolution along the digits' eight rows, an LSTM and a GRU over them, multi-head self-attention with
+    a residual, PReLU, and a head on the last position (the backward passes of selecting and slicing, and the
+    recurrent layers' splits)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(8, 8, 3, padding=1)
+        self.lstm, self.gru = nn.LSTM(8, 12, batch_first=True), nn.GRU(12, 12, batch_first=True)
+        self.attn = nn.MultiheadAttention(12, 2, batch_first=True)
+        self.act, self.head = nn.PReLU(12), nn.Linear(12, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.gru(self.lstm(self.conv(x.reshape(-1, 8, 8)).transpose(1, 2))[0])[0]
+        h = h + self.attn(h, h, h, need_weights=False)[0]
+        return self.head(self.act(h[:, -1]))
+
+
+def _train_recurrent(device: str, mode: str, logs: list | None = None,
+                     resolution: str = "log") -> tuple[list, list, int]:
+    """`_steps` of `_Recurrent` with SGD (momentum) on digits, oneDNN's fused float32 LSTM kernel off."""
+    with torch.backends.mkldnn.flags(enabled=False):
+        return _steps(_Recurrent, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, foreach=False),
+                      _digits_loss, device, mode, logs, resolution)
+
+
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # (torch's, as its mkldnn flags are set)
+def test_recurrent_layers_and_multi_head_attention_train_to_the_same_bits_on_every_device() -> None:
+    trainer, logs, _ = _train_recurrent("cpu", "record")
+    corrections = 0
+    for auditor in EMULATED:
+        replayed, _, fixed = _train_recurrent(auditor, "replay", logs)
+        assert all(torch.equal(a, b) for a, b in zip(trainer, replayed)), auditor
+        corrections += fixed
+    assert corrections > 0
+    want, exact_logs, _ = _train_recurrent("cpu", "record", resolution="exact")
+    assert all(not log.sites for log in exact_logs)
+    for device in EMULATED:
+        got = _train_recurrent(device, "record", resolution="exact")[0]
+        assert all(torch.equal(a, b) for a, b in zip(want, got)), device
+
+
+def test_onednns_fused_lstm_is_refused_with_the_way_around_it() -> None:
+    lstm, x = nn.LSTM(4, 4, batch_first=True), round_to_grid(torch.randn(2, 3, 4), 19)
+    with pytest.raises(UnsupportedOpError, match=r"mkldnn_rnn_layer.*mkldnn.flags\(enabled=False\)"):
+        with RoundedExecution(bits=19, device=get_device("cpu"), mode="record"):
+            lstm(x)

@@ -219,20 +219,25 @@ def test_a_certificate_is_handed_the_unrounded_values_it_is_asked_about(resoluti
     assert out.reshape(-1).tolist() == [1 + 2.0**-22, 1.75, 4 + 2.0**-20, 1.0]  # (ties to even)
 
 
-def test_tf32_and_cudnn_are_off_inside_rounded_execution_and_restored_after() -> None:
-    # TF32's 10-bit products and cuDNN's FFT and Winograd convolutions fall outside every error bound. The flags
-    # are process-wide (read the same on a machine without CUDA), so this checks them on any machine.
+def test_tf32_cudnn_and_nnpack_are_off_inside_rounded_execution_and_restored_after() -> None:
+    # TF32's 10-bit products, cuDNN's FFT and Winograd convolutions and NNPACK's (the CPU's where oneDNN is off)
+    # fall outside every error bound. The flags are process-wide (read the same on a machine without CUDA), so
+    # this checks them on any machine.
     backends = torch.backends
     saved = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled)
+    nnpack = backends.nnpack.set_flags(True)[0]
     try:
         backends.cuda.matmul.allow_tf32 = backends.cudnn.allow_tf32 = backends.cudnn.enabled = True
         with pytest.raises(RuntimeError, match="inside"):
             with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
                 assert not (backends.cuda.matmul.allow_tf32 or backends.cudnn.allow_tf32 or backends.cudnn.enabled)
+                assert not torch._C._get_nnpack_enabled()
                 raise RuntimeError("inside")  # (restored on the way out of an error too)
         assert backends.cuda.matmul.allow_tf32 and backends.cudnn.allow_tf32 and backends.cudnn.enabled
+        assert torch._C._get_nnpack_enabled()
     finally:
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled = saved
+        backends.nnpack.set_flags(nnpack)
 
 
 def _entries_case() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, RoundedExecution]:
