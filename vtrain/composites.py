@@ -2,7 +2,8 @@
 vector norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus,
 ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
-divergence), adaptive pooling over windows that tile the input, and nearest upsampling's backward passes.
+divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, and the
+scatter additions of gather's and index_select's backward passes.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -697,6 +698,49 @@ def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor
                 indices)
 
 
+def _occurrences(keys: torch.Tensor) -> torch.Tensor:
+    """Each key's rank among the equal keys before it in flat order (0 for a first occurrence): integer work,
+    exact on any device, done natively."""
+    flat = keys.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    ordered = flat[order]
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    starts = torch.nonzero(first).squeeze(1)
+    group = torch.cumsum(first.long(), 0) - 1  # (each sorted key's group)
+    ranks = torch.empty_like(flat)
+    ranks[order] = torch.arange(flat.numel()) - starts[group]
+    return ranks.reshape(keys.shape)
+
+
+def scatter_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """aten.scatter_add (the backward pass of `gather`): x plus each src value at its index along dim, one IEEE
+    addition per value, a position's values added in src's flat order (torch's CPU kernel's; a GPU's atomics
+    take them in any order). Pass r adds every position's r-th value, all at distinct positions (index_put with
+    accumulate, class 2), so a position that n values reach is rounded after each of its n additions."""
+    dim %= max(x.dim(), 1)
+    src = src[tuple(slice(0, n) for n in index.shape)]  # (torch reads src over index's shape)
+    coords = list(torch.meshgrid(*(torch.arange(n) for n in index.shape), indexing="ij"))
+    coords[dim] = index
+    target = torch.stack(coords).reshape(len(coords), -1)
+    ranks = _occurrences(sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target)))
+    out = x
+    for r in range(int(ranks.max()) + 1 if ranks.numel() else 0):
+        pick = ranks == r
+        out = call(aten.index_put.default, out, list(target[:, pick]), src.reshape(-1)[pick], True)
+    return out
+
+
+def index_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
+              alpha: float = 1) -> torch.Tensor:
+    """aten.index_add (the backward pass of `index_select`): `scatter_add` of alpha source (one IEEE
+    multiplication first, where alpha is not 1), index repeated over source's other dims."""
+    dim %= max(x.dim(), 1)
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    return scatter_add(call, x, dim, index.reshape(shape).expand_as(source), _times(call, source, alpha))
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
@@ -757,4 +801,6 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
     aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
     aten.adaptive_max_pool2d_backward.default: adaptive_max_pool2d_backward,
+    aten.scatter_add.default: scatter_add,
+    aten.index_add.default: index_add,
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -19,6 +20,7 @@ from vtrain.grid import round_to_grid
 from vtrain.models.norms import BatchNorm2d, LayerNorm
 from vtrain.ops import OpClass, classify
 from vtrain.rounding import RoundedExecution
+from vtrain.roundlog import StepLog
 
 aten = torch.ops.aten
 EMULATED = [d.name for d in list_devices() if d.emulated]
@@ -65,7 +67,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.binary_cross_entropy.default, aten.binary_cross_entropy_backward.default,
                aten._prelu_kernel.default, aten._prelu_kernel_backward.default, aten._adaptive_avg_pool2d.default,
                aten._adaptive_avg_pool2d_backward.default, aten.adaptive_max_pool2d_backward.default,
-               aten.upsample_nearest1d_backward.default, aten.upsample_nearest3d_backward.default):
+               aten.upsample_nearest1d_backward.default, aten.upsample_nearest3d_backward.default,
+               aten.scatter_add.default, aten.index_add.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -404,6 +407,30 @@ _FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items() if not name.ends
 # (torch's own compositions of the ops above: their gradients)
 _FUNCTIONS["kl_div"] = lambda x: F.kl_div(F.log_softmax(x, -1), torch.softmax(_TARGET, -1), reduction="batchmean")
 _FUNCTIONS["cosine_similarity"] = lambda x: F.cosine_similarity(x, _TARGET, dim=-1)
+_REPEATS = torch.tensor([[[0, 4, 0, 0, 2, 1, 0]]]).expand(4, 6, 7)  # (position 0 gathered four times a line)
+_FUNCTIONS["gather"] = lambda x: torch.gather(x, 2, _REPEATS) * _TARGET[:, :, :1]
+_FUNCTIONS["index_select"] = lambda x: x.index_select(1, torch.tensor([5, 0, 5, 2, 5])) * x[:, :5]
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+def test_scatter_add_adds_each_value_in_order_rounding_after_each_addition(resolution: str) -> None:
+    # (gather's and index_select's backward passes) one IEEE addition per value, a position's values in src's flat
+    # order, each sum rounded onto the grid: written out in Python floats (float64 additions, float32 roundings)
+    x, src = _grid(3, 4, seed=40), _grid(3, 9, seed=41) * 2.0**-12  # (small values: roundings that show)
+    index = torch.tensor([[0, 0, 0, 3, 0, 1, 0, 3, 0], [2, 2, 2, 2, 2, 2, 2, 2, 2], [1, 3, 0, 2, 1, 3, 0, 2, 1]])
+    # at (0, 0): 0 + 1 + 2^-24 + 2^-24 ... stays 1 (each tie to even), where the reverse order would give 1 + 2^-23
+    x[0, 0], src[0, :3] = 0.0, torch.tensor([1.0, 2.0**-24, 2.0**-24], dtype=torch.float64)
+    for idx in (index, index[:, :6]):  # (src read over index's shape only)
+        want = x.tolist()
+        for i, j in np.ndindex(*idx.shape):
+            k = int(idx[i, j])
+            want[i][k] = float(np.float32(want[i][k] + float(src[i, j])))
+        got, log = _rounded(lambda: torch.scatter_add(x, 1, idx, src), resolution)
+        assert torch.equal(got, torch.tensor(want, dtype=torch.float64)) and not StepLog.from_bytes(log).sites
+    added, _ = _rounded(lambda: torch.index_add(x.T, 0, index[2], src.T, alpha=0.5), resolution)
+    expected, _ = _rounded(lambda: torch.scatter_add(x.T, 0, index[2].reshape(9, 1).expand(9, 3), src.T * 0.5),
+                           resolution)
+    assert torch.equal(added, expected)
 
 
 _BIAS = _grid(5, 7, seed=6)
