@@ -160,10 +160,11 @@ def main() -> None:
     ap.add_argument("--auditor", default=AUDITOR, help=f"the auditor's device (default {AUDITOR})")
     ap.add_argument("--no-figure", action="store_true", help="skip the divergence figure")
     ap.add_argument("--exact", action="store_true", help='time resolution "exact" (no log) instead of the log')
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for every mode (default 1)")
     args = ap.parse_args()
     sweep = {k: [int(x) for x in v.split(",")] for k, v in (item.split("=", 1) for item in args.set)}
     sizes = [dict(zip(sweep, values)) for values in itertools.product(*sweep.values())]
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     if args.only_allreduce:
         fractions = allreduce_orders()
         print("FP64 gradient-sum elements that differ: " + ", ".join(f"{k}: {100 * f:.1f}%"

@@ -320,11 +320,14 @@ def _attention(call: Call, q: torch.Tensor, k: torch.Tensor, is_causal: bool, at
     return call(aten.div.Tensor, e, z), m, z, scale
 
 
-def masked_exp(call: Call, s: torch.Tensor, masked: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e = exp(s - m), 0 where `masked`; m, the largest unmasked s along dim, 0 along a line masked whole): the
-    masked values never enter an IEEE op (-inf there would give an infinite output, an error here), they are m,
-    then e's 0. Attention's and, under `exact`, a softmax over a mask's -inf (vtrain.canonical)."""
-    m = call(aten.amax.default, call(aten.masked_fill.Scalar, s, masked, -math.inf), [dim], True)
+def masked_exp(call: Call, s: torch.Tensor, masked: torch.Tensor,
+               dim: int | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e = exp(s - m), 0 where `masked`; m, the largest unmasked s along dim (or dims), 0 along a line masked
+    whole): the masked values never enter an IEEE op (-inf there would give an infinite output, an error here),
+    they are m, then e's 0. Attention's, log-sum-exp's and, under `exact`, a softmax over a mask's -inf
+    (vtrain.canonical)."""
+    m = call(aten.amax.default, call(aten.masked_fill.Scalar, s, masked, -math.inf),
+             dim if isinstance(dim, list) else [dim], True)
     m = call(aten.masked_fill.Scalar, m, m == -math.inf, 0.0)
     shifted = call(aten.sub.Tensor, call(aten.where.self, masked, m, s), m)
     return call(aten.masked_fill.Scalar, call(aten.exp.default, shifted), masked, 0.0), m
@@ -606,11 +609,12 @@ def _upsample_nearest_backward(op: Any, call: Call, grad: torch.Tensor, output_s
 
 
 def logsumexp(call: Call, x: torch.Tensor, dim: Sequence[int] | int, keepdim: bool = False) -> torch.Tensor:
-    """aten.logsumexp: log(sum(exp(x - m))) + m, m the largest x over the dims, as torch computes it. (An infinite
-    x, which torch's kernel takes, is off the grid for the subtraction, which then names it.)"""
+    """aten.logsumexp: log(sum(exp(x - m))) + m, m the largest x over the dims, as torch computes it, a -inf in x
+    (a mask) adding 0 (`masked_exp`). (A line of -inf only has the log-sum-exp -inf, off the grid: the log names
+    it.)"""
     dims = _reduced(x, dim)
-    top = call(aten.amax.default, x, dims, True)
-    total = call(aten.sum.dim_IntList, call(aten.exp.default, call(aten.sub.Tensor, x, top)), dims, keepdim)
+    e, top = masked_exp(call, x, call(aten.eq.Scalar, x, -math.inf), dims)
+    total = call(aten.sum.dim_IntList, e, dims, keepdim)
     return call(aten.add.Tensor, call(aten.log.default, total), top if keepdim else top.squeeze(dims))
 
 

@@ -73,17 +73,25 @@ def _address(a: np.ndarray | None) -> int:
     return 0 if a is None else a.ctypes.data
 
 
-def _gather(block: np.ndarray, at: int, starts: list[int], cand: np.ndarray, held: np.ndarray,
-            *more: np.ndarray) -> tuple[int, int]:
+def _require(dtype: type, *arrays: np.ndarray | None) -> None:
+    """The callbacks read every array as C-contiguous values of its one dtype, by address: anything else would be
+    misread (the compiled single passes would take it, each in a version of its own)."""
+    for a in arrays:
+        if a is not None and (a.dtype != dtype or not a.flags.c_contiguous):
+            raise TypeError(f"vtrain.omp_kernels takes C-contiguous {np.dtype(dtype)} arrays, got {a.dtype}, "
+                            f"strides {a.strides}")
+
+
+def _gather(block: np.ndarray, at: int, starts: list[int], cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
     """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad) at block[at:],
-    the parts' candidates moved from cand[start:start + count] (positions counted from start, as `more`
-    alongside) to the front, in order."""
+    the parts' candidates moved from cand[start:start + count] (positions counted from start) and held's alongside
+    to the front, in order."""
     total, bad = 0, -1
     for p, start in enumerate(starts):
         found, first_bad = int(block[at + 2 * p]), int(block[at + 2 * p + 1])
         if found:
             if start != total:
-                for a in (cand, held, *more):
+                for a in (cand, held):
                     a[total:total + found] = a[start:start + found].copy()  # (the stretches may overlap)
             cand[total:total + found] += start
         total += found
@@ -119,6 +127,8 @@ def _binary_part(d):  # noqa: ANN001, ANN202
 def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
            out: np.ndarray | None, m: int, cast32: bool, limit: float, size: int) -> int:
     """`fused_binary._binary` over all `size` output values, in `parts` parts: the count of values off the grid."""
+    _require(np.float64, a, b, out)
+    _require(np.int64, sa, sb, dims)
     floats = _floats(limit)
     block = _block(parts, [code, a.ctypes.data, a.size, *sa, b.ctypes.data, b.size, *sb, *dims, _address(out), m,
                            cast32, floats.ctypes.data, size], _B_FIELDS, 1)
@@ -159,6 +169,8 @@ def round_near32(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarra
                  relative: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> tuple[int, int]:
     """`fused._round_near32` (band e) or, e None, `fused._round_near32_relative` (its terms `relative`) over v
     in `parts` parts: (count, first bad position or -1), cand[:count] and held[:count] as the whole pass's."""
+    _require(np.float64, v, e, out, held)
+    _require(np.int64, cand)
     floats = _floats(factor, limit, plus, *relative)
     size = v.size
     block = _block(parts, [v.ctypes.data, out.ctypes.data, cand.ctypes.data, held.ctypes.data, size,
@@ -211,6 +223,9 @@ def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.nda
     """`fused._round_near32_outer` in up to `parts` parts of whole rows (one batch) or whole batches: as
     `round_near32`. The arrays must be C-contiguous (rows (B, M), cols and add (B, N), sa (B, M, W) and sb
     (B, N, W) or both empty)."""
+    _require(np.float64, v, rows, cols, add, out, held)
+    _require(np.int64, cand)
+    _require(np.uint64, sa, sb)
     batches, m, n = rows.shape[0], rows.shape[1], cols.shape[1]
     units = m if batches == 1 else batches
     parts = min(parts, units)
@@ -251,6 +266,7 @@ def _round_part(d):  # noqa: ANN001, ANN202
 def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, limit: float) -> int:
     """`fused._round_in_place` (out None) or `fused._round_into` over float64 v in `parts` parts: the first
     position whose rounding is off the grid, or -1."""
+    _require(np.float64, v, out)
     floats = _floats(limit)
     size = v.size
     block = _block(parts, [v.ctypes.data, _address(out), size, m, m == 23, floats.ctypes.data], _R_FIELDS, 1)

@@ -110,7 +110,7 @@ _EXACT = _names(
     aten.hardtanh.default, aten.hardtanh_.default, aten.hardtanh_backward.default, aten.upsample_nearest2d.default,
     aten.abs.default, aten.sign.default, aten.sgn.default, aten.where.self, aten.maximum.default, aten.minimum.default,
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
-    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default,
+    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default, aten.clamp_.Tensor,
     aten.clamp_min_.default, aten.clamp_max_.default, aten.floor.default, aten.ceil.default,
     aten.trunc.default, aten.round.default, aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default,
     aten.argmax.default,
@@ -133,7 +133,7 @@ _EXACT = _names(
 # as infinities do (a mask of -inf or finfo.min before a softmax); a NaN fails there, naming the op.
 _CONSTANTS = frozenset(_names(
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
-    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default,
+    aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default, aten.clamp_.Tensor,
     aten.clamp_min_.default, aten.clamp_max_.default, aten.hardtanh.default,
     aten.hardtanh_.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor,
     aten.masked_fill_.Tensor, aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self,

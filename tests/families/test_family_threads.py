@@ -48,5 +48,7 @@ def test_two_threads_train_as_one(family_data, family: str, resolution: str, ker
     spec = family_spec(family, family_data, steps=10, resolution=resolution)
     logs2, loss2, state2, ran2 = _train(spec, 2, monkeypatch)
     logs1, loss1, state1, ran1 = _train(spec, 1, monkeypatch)
-    assert ran2 == kernels and not ran1  # every kernel split on two threads, none on one
+    # every kind of pass split on two threads (a process compiling numba's kernels may split one more: autograd
+    # then copies a gradient it would otherwise take over, rounded by `round`), none on one
+    assert kernels <= ran2 and not ran1
     assert logs2 == logs1 and loss2 == loss1 and state2 == state1

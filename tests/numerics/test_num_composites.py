@@ -134,6 +134,19 @@ def _logsumexp(x: torch.Tensor, dims: tuple[int, ...], keepdim: bool = False) ->
     return torch.log(torch.exp(x - top).sum(dims, keepdim=keepdim)) + (top if keepdim else top.squeeze(dims))
 
 
+_MASK = torch.zeros(4, 6, 5, dtype=torch.bool)
+_MASK[:, :, 1:3] = True
+_MASK[0, 0, 0] = True
+
+
+def _masked_logsumexp(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # a mask's -inf never entering an IEEE op: its exponential 0, its value the line's largest other one (or 0)
+    top = x.masked_fill(mask, -math.inf).amax(-1, keepdim=True)
+    top = top.masked_fill(top == -math.inf, 0.0)
+    e = torch.exp(torch.where(mask, top, x) - top).masked_fill(mask, 0.0)
+    return torch.log(e.sum(-1)) + top.squeeze(-1)
+
+
 def _clamped_log(x: torch.Tensor, zero: torch.Tensor, log: Any) -> torch.Tensor:
     """log(x) clamped at -100, -100 where x is 0 (`zero`; its log is taken of 1 there, never -inf)."""
     return log(x.masked_fill(zero, 1.0)).masked_fill(zero, -100.0).clamp_min(-100)
@@ -200,6 +213,8 @@ DEFINITIONS = {
     "logsumexp": (lambda x: torch.logsumexp(x, (1, 2)), lambda x: _logsumexp(x, (1, 2))),
     "logsumexp-kept": (lambda x: torch.logsumexp(x * 40, -1, keepdim=True),
                        lambda x: _logsumexp(x * 40, (-1,), keepdim=True)),
+    "logsumexp-masked": (lambda x: torch.logsumexp(x.masked_fill(_MASK, -math.inf), -1),
+                         lambda x: _masked_logsumexp(x, _MASK)),
     "torch.norm": (lambda x: aten.norm.ScalarOpt_dim(x, 2, [1]), lambda x: torch.sqrt((x * x).sum(1))),
     "torch.norm-1": (lambda x: aten.norm.Scalar(x, 1), lambda x: x.abs().sum((0, 1, 2))),
     "bce-probabilities": (lambda x: F.binary_cross_entropy(torch.sigmoid(x), _LABELS),
@@ -401,9 +416,11 @@ class _Applied(nn.Module):
         return self.fn(x)
 
 
-# (saturated probabilities aside: where the grid's sigmoid is 1, torch's float64 one is not, and the gradient there
-# is (p - target) / max((1 - p) p, 1e-12))
-_FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items() if not name.endswith("-ends")}
+# Not compared: saturated probabilities (where the grid's sigmoid is 1, torch's float64 one is not, and the gradient
+# there is (p - target) / max((1 - p) p, 1e-12)), and a masked log-sum-exp, whose backward pass (torch's
+# grad exp(x - result)) puts the mask's -inf into a subtraction
+_NO_GRADIENT = {"bce-probabilities-ends", "bce-backward-ends", "logsumexp-masked"}
+_FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items() if name not in _NO_GRADIENT}
 # (torch's own compositions of the ops above: their gradients)
 _FUNCTIONS["kl_div"] = lambda x: F.kl_div(F.log_softmax(x, -1), torch.softmax(_TARGET, -1), reduction="batchmean")
 _FUNCTIONS["cosine_similarity"] = lambda x: F.cosine_similarity(x, _TARGET, dim=-1)

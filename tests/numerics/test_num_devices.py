@@ -165,6 +165,7 @@ def test_a_sum_s_error_bound_takes_the_device_s_sums_of_abs_and_bounds_the_exact
         assert Fraction(e.reshape(-1)[c].item()) >= Fraction(gamma(n, unit_roundoff(torch.float64))) * absolute
 
 
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")  # (torch's, as its mkldnn flags are set)
 @pytest.mark.parametrize("onednn", [True, False])
 def test_cpu_float32_convolutions_stay_within_any_orders_bound_with_nnpack_off(onednn: bool) -> None:
     # The band's premise for the CPU device: |computed - exact| <= K 2^-24 sum|terms| (K terms a sum). oneDNN's

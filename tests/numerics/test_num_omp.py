@@ -141,16 +141,26 @@ def test_rounding_in_parts() -> None:
 
 
 def test_parts_follow_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pass splits in torch's thread count where torch runs on libgomp (Linux wheels), parts of MIN_VALUES at
-    least; one thread, a small pass, or the switch off: whole."""
-    assert omp._parallel() is not None  # the platform CI runs on: torch's OpenMP is GNU's
+    """A pass splits in torch's thread count where torch runs on libgomp (torch's Linux wheels, which CI installs),
+    parts of MIN_VALUES at least; one thread, a small pass, or the switch off: whole. Elsewhere it never splits."""
+    gnu = omp._parallel() is not None
     size = 10 * omp.MIN_VALUES
     torch.set_num_threads(4)
     try:
-        assert omp.parts(size) == 4 and omp.parts(3 * omp.MIN_VALUES) == 3 and omp.parts(omp.MIN_VALUES) == 1
+        assert omp.parts(size) == (4 if gnu else 1) and omp.parts(3 * omp.MIN_VALUES) == (3 if gnu else 1)
+        assert omp.parts(omp.MIN_VALUES) == 1
         monkeypatch.setattr(omp, "ENABLED", False)
         assert omp.parts(size) == 1
     finally:
         torch.set_num_threads(1)
     monkeypatch.setattr(omp, "ENABLED", True)
     assert omp.parts(size) == 1
+
+
+def test_the_split_kernels_refuse_arrays_they_would_misread() -> None:
+    v = np.zeros(8)
+    cand, held = np.zeros(8, np.int64), np.zeros(8)
+    with pytest.raises(TypeError, match="C-contiguous float64"):
+        omp_kernels.round_near32(2, v, np.zeros(8, np.float32), v, cand, held, 1.0, LIMIT, -0.0)
+    with pytest.raises(TypeError, match="C-contiguous float64"):
+        omp_kernels.round_float64(2, np.zeros(16)[::2], None, 23, LIMIT)
