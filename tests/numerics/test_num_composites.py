@@ -630,18 +630,24 @@ def _train_gpt(device: str, mode: str, logs: list | None = None, resolution: str
                   logs, resolution)
 
 
-def test_a_gpt_written_with_torchs_modules_replays_bit_identically_on_every_device() -> None:
-    trainer, logs, _ = _train_gpt("cpu", "record")
+def _replicates(train: Any) -> None:
+    """`train(device, mode, logs, resolution)`'s model replays the CPU trainer's log bit for bit on every emulated
+    device, with corrections, and trains to the same bits everywhere under `exact`, with no log."""
+    trainer, logs, _ = train("cpu", "record")
     corrections = 0
     for auditor in EMULATED:
-        replayed, _, fixed = _train_gpt(auditor, "replay", logs)
+        replayed, _, fixed = train(auditor, "replay", logs)
         assert all(torch.equal(a, b) for a, b in zip(trainer, replayed)), auditor
         corrections += fixed
-    assert corrections > 0
-    want, exact_logs, _ = _train_gpt("cpu", "record", resolution="exact")
+    assert corrections > 0  # (the log did work)
+    want, exact_logs, _ = train("cpu", "record", resolution="exact")
     assert all(not log.sites for log in exact_logs)
     for device in EMULATED:
-        assert all(torch.equal(a, b) for a, b in zip(want, _train_gpt(device, "record", resolution="exact")[0])), device
+        assert all(torch.equal(a, b) for a, b in zip(want, train(device, "record", resolution="exact")[0])), device
+
+
+def test_a_gpt_written_with_torchs_modules_replays_bit_identically_on_every_device() -> None:
+    _replicates(_train_gpt)
 
 
 class _Recurrent(nn.Module):
@@ -672,18 +678,7 @@ def _train_recurrent(device: str, mode: str, logs: list | None = None,
 
 @pytest.mark.filterwarnings("ignore:TF32 acceleration")  # (torch's, as its mkldnn flags are set)
 def test_recurrent_layers_and_multi_head_attention_train_to_the_same_bits_on_every_device() -> None:
-    trainer, logs, _ = _train_recurrent("cpu", "record")
-    corrections = 0
-    for auditor in EMULATED:
-        replayed, _, fixed = _train_recurrent(auditor, "replay", logs)
-        assert all(torch.equal(a, b) for a, b in zip(trainer, replayed)), auditor
-        corrections += fixed
-    assert corrections > 0
-    want, exact_logs, _ = _train_recurrent("cpu", "record", resolution="exact")
-    assert all(not log.sites for log in exact_logs)
-    for device in EMULATED:
-        got = _train_recurrent(device, "record", resolution="exact")[0]
-        assert all(torch.equal(a, b) for a, b in zip(want, got)), device
+    _replicates(_train_recurrent)
 
 
 def test_onednns_fused_lstm_is_refused_with_the_way_around_it() -> None:
