@@ -586,12 +586,18 @@ def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
     return x if factor == 1 else call(aten.mul.Tensor, x, factor)
 
 
+def _multiples(larger: Sequence[int], smaller: Sequence[int]) -> list[int]:
+    """larger // smaller dim by dim, 0 where a size is not a whole multiple of the other: an upsampling's factors,
+    an adaptive pooling's windows."""
+    return [big // small if small and big % small == 0 else 0 for big, small in zip(larger, smaller)]
+
+
 def _whole_scales(op: Any, output_size: Sequence[int], input_size: Sequence[int],
                   scales: Sequence[float | None]) -> list[int]:
     """A nearest upsampling's factors where each input pixel fills a whole block of the output (output sizes
     whole multiples, the scales given, if any, those multiples); otherwise refused: a pixel's share of the output
     would vary, and its gradient's sum with it."""
-    factors = [o // i if i and o % i == 0 else 0 for o, i in zip(output_size, input_size)]
+    factors = _multiples(output_size, input_size)
     if 0 in factors or any(s is not None and s != f for s, f in zip(scales, factors)):
         raise UnsupportedOpError(str(op), f"output {list(output_size)} from input {list(input_size)}, scales "
                                  f"{list(scales)}: the registry has whole-number factors only (vtrain.composites)")
@@ -674,7 +680,7 @@ def prelu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, weight: torc
 def _pool_window(op: Any, size: Sequence[int], output_size: Sequence[int]) -> list[int]:
     """An adaptive pooling's window where it tiles the input (each size a whole multiple of the output's), as a
     plain pooling's kernel and stride; otherwise refused (windows of varying size, overlapping)."""
-    window = [s // o if o and s % o == 0 else 0 for s, o in zip(size, output_size)]
+    window = _multiples(size, output_size)
     if 0 in window:
         raise UnsupportedOpError(str(op), f"output {list(output_size)} from input {list(size)}: the registry has "
                                  "windows that tile the input only (vtrain.composites)")

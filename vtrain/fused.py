@@ -92,9 +92,7 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
     value), or -1."""
     parts = omp.parts(v.size) if v.dtype == np.float64 else 1
     if parts > 1:
-        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
-
-        return omp_kernels.round_float64(parts, v, out, m, limit)
+        return omp.kernels().round_float64(parts, v, out, m, limit)
     vi, mant, emask, bias = _layout(v)
     return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
@@ -104,9 +102,7 @@ def round_in_place(v: np.ndarray, m: int, limit: float) -> int:
     rounding is off the grid stays as it was, so that the error can name it."""
     parts = omp.parts(v.size) if v.dtype == np.float64 else 1
     if parts > 1:
-        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
-
-        return omp_kernels.round_float64(parts, v, None, m, limit)
+        return omp.kernels().round_float64(parts, v, None, m, limit)
     return _round_in_place(v, m, m == 23 and v.dtype == np.float64, limit, POW2)
 
 
@@ -126,9 +122,7 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
     if m == 23 and v.dtype == np.float64:
         parts = omp.parts(v.size)
         if parts > 1:
-            from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
-
-            return omp_kernels.round_near32(parts, v, e, out, cand, held, factor, limit, plus)
+            return omp.kernels().round_near32(parts, v, e, out, cand, held, factor, limit, plus)
         return _round_near32(v, e, factor, limit, out, cand, held, plus)
     vi, mant, emask, bias = _layout(v)
     oi = _layout(out)[0]
@@ -142,9 +136,7 @@ def round_near_relative(v: np.ndarray, k: float, a: float, c: float, f: float, f
     large as the output in four passes)."""
     parts = omp.parts(v.size)
     if parts > 1:
-        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
-
-        return omp_kernels.round_near32(parts, v, None, out, cand, held, factor, limit, plus, (k, a, c, f))
+        return omp.kernels().round_near32(parts, v, None, out, cand, held, factor, limit, plus, (k, a, c, f))
     return _round_near32_relative(v, k, a, c, f, factor, limit, out, cand, held, plus)
 
 
@@ -168,9 +160,7 @@ def round_near_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.
     sa, sb = support if support is not None else (_NO_SUPPORT, _NO_SUPPORT)
     parts = omp.parts(v.size)
     if parts > 1 and all(x.flags.c_contiguous for x in (rows, cols, add, sa, sb)):
-        from vtrain import omp_kernels  # noqa: PLC0415 (see vtrain.omp_kernels)
-
-        return omp_kernels.round_near32_outer(parts, v, rows, cols, add, factor, limit, out, cand, held, plus, sa, sb)
+        return omp.kernels().round_near32_outer(parts, v, rows, cols, add, factor, limit, out, cand, held, plus, sa, sb)
     return _round_near32_outer(v, rows, cols, add, factor, limit, out, cand, held, plus, sa, sb)
 
 

@@ -87,9 +87,7 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: b
     o = None if in_place else out.numpy().reshape(-1)
     parts = omp.parts(plan.size)
     if parts > 1:
-        from vtrain import omp_kernels  # noqa: PLC0415 (numba's C callbacks: compiled where threads run them)
-
-        nbad = omp_kernels.binary(parts, code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, plan.size)
+        nbad = omp.kernels().binary(parts, code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, plan.size)
     else:
         nbad = _binary(code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, POW2, 0, plan.size)
     if nbad:

@@ -58,6 +58,14 @@ def parts(size: int) -> int:
     return n if n > 1 and _parallel() is not None else 1
 
 
+def kernels() -> Any:
+    """vtrain.omp_kernels, imported on the first pass that splits: numba compiles or loads its C callbacks then,
+    not in every process that imports vtrain."""
+    from vtrain import omp_kernels  # noqa: PLC0415
+
+    return omp_kernels
+
+
 _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 

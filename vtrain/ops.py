@@ -133,10 +133,10 @@ _EXACT = _names(
 _CONSTANTS = frozenset(_names(
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
     aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default, aten.clamp_.Tensor,
-    aten.clamp_min_.default, aten.clamp_max_.default, aten.hardtanh.default,
-    aten.hardtanh_.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor,
-    aten.masked_fill_.Tensor, aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self,
-    aten.scatter.value, aten.scatter_.value, aten.index_put.default, aten.index_put_.default,
+    aten.clamp_min_.default, aten.clamp_max_.default, aten.hardtanh.default, aten.hardtanh_.default,
+    aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Tensor,
+    aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self, aten.scatter.value,
+    aten.scatter_.value, aten.index_put.default, aten.index_put_.default,
 ))
 
 _IEEE = _names(
