@@ -49,7 +49,7 @@ def main() -> None:
                     help="a family size setting, e.g. d_model=256 (repeatable)")
     ap.add_argument("--steps", type=int, default=8, help="steps per mode; the first two are warm-up")
     ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads for every mode (vtrain's own kernels run on one; see docs/benchmarks.md)")
+                    help="torch threads for every mode (vtrain's long passes split across them: vtrain.omp)")
     args = ap.parse_args()
     changes = {k: int(v) for k, v in (s.split("=", 1) for s in args.set)}
     steps = max(args.steps, 3)  # (two of warm-up, one measured at least)

@@ -12,10 +12,15 @@ workers themselves: `run` hands a kernel to libgomp as the C compiler does for `
 libgomp that torch loaded, whose team is the one torch's ops use (a 1M-value product and rounding: 0.49 ms
 on two threads, 0.90 on one; torch's own product 0.45).
 
-Each kernel split here computes every output value from its own inputs, so the parts' outputs are the one
-pass's, bit for bit, for any number of parts (vtrain.omp_kernels gathers their candidates in order). No sum
-is split: a run's results never depend on its thread count (tests/numerics/test_num_omp.py). Where torch
+Each kernel split here computes every output value from its own inputs (an Adam update, a rounding), or each
+kept element's sum on one thread in its fixed order (the CPU device's line sums), so the parts' outputs are the
+one pass's, bit for bit, for any number of parts (vtrain.omp_kernels gathers their candidates in order). No
+sum is split: a run's results never depend on its thread count (tests/numerics/test_num_omp.py). Where torch
 runs on another threading library, or one thread, every pass stays whole.
+
+Passes that stream their operands from memory stay on one thread, measured not to gain: E at a matmul's
+candidates and the column sums took as long or longer in two parts in GPT-2-tiny's steps, and the pre-filter's
+norms on a 1024 x 1024 operand fresh from memory did alone (docs/benchmarks.md, session 38).
 """
 
 from __future__ import annotations

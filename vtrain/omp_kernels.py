@@ -1,9 +1,9 @@
 """The kernels vtrain.omp splits across torch's OpenMP threads, as C callbacks (numba cfuncs).
 
-libgomp calls a callback with one pointer, so each call's arguments travel in an int64 block: addresses and
-sizes of arrays, integers, and the address of a float64 block for floats. Every thread of the team claims
-parts of the pass from the block's counter (an atomic addition) until none is left, and runs the kernel of
-vtrain.fused or vtrain.fused_binary on each, unchanged, writing its results into the block's slots for that
+libgomp calls a callback with one pointer, so each call's arguments travel in an int64 block: addresses and sizes of
+arrays, integers, and the address of a float64 block for floats. Every thread of the team claims parts of the pass
+from the block's counter (an atomic addition) until none is left, and runs the kernel of vtrain.fused,
+vtrain.fused_binary or vtrain.fused_optim on each, unchanged, writing its results into the block's slots for that
 part. A part's candidates go into its own stretch of the candidate buffers (a part of n values has at most n);
 `_gather` then packs them to the front, part by part, so they come out in the whole pass's order.
 
@@ -17,7 +17,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from vtrain import fused, fused_binary, omp
+from vtrain import fused, fused_binary, fused_optim, omp
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
@@ -276,3 +276,88 @@ def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, lim
         if bad >= 0:
             return _cut(size, p, parts, NEAR_BLOCK) + bad
     return -1
+
+
+# fused.sums_with_abs's lines (float64): fields x (address), its shape (3 values), total, out (addresses), floats
+# (divisor). Parts are whole kept elements; no slots.
+_S_FIELDS = 7
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _lanes_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _S_FIELDS)
+    parts, kept = blk[1], blk[4]
+    x = carray(_pointer(blk[2], np.float64), (blk[3], kept, blk[5]))
+    total, out = carray(_pointer(blk[6], np.float64), kept), carray(_pointer(blk[7], np.float64), kept)
+    divisor = carray(_pointer(blk[8], np.float64), 1)[0]
+    p = _claim(d)
+    while p < parts:
+        fused._lane_sums_with_abs(x, total, out, divisor, _jit_cut(kept, p, parts, 1), _jit_cut(kept, p + 1, parts, 1))
+        p = _claim(d)
+
+
+def lane_sums_with_abs(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
+    """`fused._lane_sums_with_abs` over C-contiguous float64 lines (outer, kept, inner) into total and out, in
+    `parts` parts of whole kept elements (each element's sums in the one pass's order)."""
+    _require(np.float64, lines, total, out)
+    floats = _floats(divisor)
+    block = _block(parts, [lines.ctypes.data, *lines.shape, total.ctypes.data, out.ctypes.data, floats.ctypes.data],
+                   _S_FIELDS, 0)
+    omp.run(_lanes_part.address, block, parts)
+
+
+# fused_optim._adam over a group's float64 parameters as one pass: fields tensors (address of an int64 table, a
+# row a parameter: p, g, m1, m2 addresses, size, first position in the pass), their count, coefficients (address
+# of a float64 table, a row a parameter: decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale), m, values in all,
+# floats (limit); two slots a part: the first parameter whose update failed a check (or the count: none), its
+# flags.
+_A_FIELDS = 6
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _adam_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _A_FIELDS + 2 * d[1])
+    parts, count, m, size = blk[1], blk[3], blk[5], blk[6]
+    table = carray(_pointer(blk[2], np.int64), (count, 6))
+    coef = carray(_pointer(blk[4], np.float64), (count, 8))
+    limit = carray(_pointer(blk[7], np.float64), 1)[0]
+    p = _claim(d)
+    while p < parts:
+        lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
+        first, flags = count, 0
+        for t in range(count):
+            n, start = table[t, 4], table[t, 5]
+            a, b = max(lo, start) - start, min(hi, start + n) - start
+            if a >= b:
+                continue
+            x, g = carray(_pointer(table[t, 0], np.float64), n), carray(_pointer(table[t, 1], np.float64), n)
+            m1, m2 = carray(_pointer(table[t, 2], np.float64), n), carray(_pointer(table[t, 3], np.float64), n)
+            c = coef[t]
+            bad = fused_optim._adam(x, g, m1, m2, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], m, m == 23,
+                                    limit, POW2, a, b)
+            if bad and first == count:
+                first, flags = t, bad
+        at = _HEAD + _A_FIELDS + 2 * p
+        blk[at], blk[at + 1] = first, flags
+        p = _claim(d)
+
+
+def adam(parts: int, arrays: list[list[np.ndarray]], coefficients: list[tuple], m: int,
+         limit: float) -> tuple[int, int]:
+    """`fused_optim._adam` (float64 work) on every parameter's (p, g, m1, m2) in `arrays`, with its
+    coefficients, as one pass over all their values in `parts` parts: (the first parameter whose update failed a
+    check, or -1; its flags)."""
+    table, start = np.empty((len(arrays), 6), np.int64), 0
+    for row, group in zip(table, arrays):
+        _require(np.float64, *group)
+        row[:] = [*(a.ctypes.data for a in group), group[0].size, start]
+        start += group[0].size
+    coef = np.array(coefficients, np.float64)
+    floats = _floats(limit)
+    block = _block(parts, [table.ctypes.data, len(arrays), coef.ctypes.data, m, start, floats.ctypes.data],
+                   _A_FIELDS, 2)
+    omp.run(_adam_part.address, block, parts)
+    slots = block[_HEAD + _A_FIELDS:].reshape(parts, 2)
+    first = int(slots[:, 0].min())
+    return (-1, 0) if first == len(arrays) else (first, int(np.bitwise_or.reduce(slots[slots[:, 0] == first, 1])))
+

@@ -1,8 +1,8 @@
 """Training on two torch threads, where vtrain's own kernels split their passes across torch's OpenMP team
 (vtrain.omp), gives the one-thread run's logs, losses and states bit for bit. Parts are made small here
-(MIN_VALUES 512), and the one-pass binary ops and the matmul pre-filter taken at every size, so that the
-families' default sizes split every kind of pass; the kernels' parts against their whole passes are tested in
-tests/numerics/test_num_omp.py."""
+(MIN_VALUES 512), and the one-pass binary ops, the matmul pre-filter and the CPU device's line sums taken at every
+size, so that the families' default sizes split every kind of pass; the kernels' parts against their whole passes
+are tested in tests/numerics/test_num_omp.py."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from familykit import family_spec
-from vtrain import fused_binary, inline, omp, omp_kernels
+from vtrain import fused, fused_binary, inline, omp, omp_kernels
 from vtrain.state import state_hash
 from vtrain.train import TrainingSession
 
 KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "outer": omp_kernels._outer_part,
-           "round": omp_kernels._round_part}
+           "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "adam": omp_kernels._adam_part}
 
 
 def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -30,6 +30,7 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr(omp, "MIN_VALUES", 512)
     monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0)
     monkeypatch.setattr(inline, "INLINE_PRODUCTS", 0)
+    monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 0)
     torch.set_num_threads(threads)
     try:
         s = TrainingSession(spec, "cpu")
@@ -40,9 +41,9 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
 
 
 @pytest.mark.parametrize("family,resolution,kernels", [
-    ("gpt2-tiny", "log", {"binary", "near", "outer", "round"}),
-    ("resnet-tiny", "log", {"binary", "outer"}),
-    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round"})])
+    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "adam"}),
+    ("resnet-tiny", "log", {"binary", "outer", "lanes", "adam"}),
+    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "adam"})])
 def test_two_threads_train_as_one(family_data, family: str, resolution: str, kernels: set,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     spec = family_spec(family, family_data, steps=10, resolution=resolution)

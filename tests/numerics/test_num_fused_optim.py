@@ -175,3 +175,31 @@ def test_float32_coefficients_that_vanish_in_float32_take_torchs_path(name: str,
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a.detach().contiguous().view(torch.int32), b.detach().contiguous().view(torch.int32)) \
             if a.dtype == torch.float32 else torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "adam-l2"])
+def test_a_group_split_across_threads_updates_as_one_pass(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float64 Adam over a group as one pass in parts on torch's threads (vtrain.omp, parts made small here):
+    parameters and state bit-identical to the whole passes'; a parameter whose update leaves the grid is named."""
+    from vtrain import omp
+
+    monkeypatch.setattr(omp, "MIN_VALUES", 64)
+    torch.set_num_threads(2)
+    try:
+        split = _train(name, 32, True, 4, monkeypatch)
+        monkeypatch.setattr(omp, "ENABLED", False)
+        whole = _train(name, 32, True, 4, monkeypatch)
+        monkeypatch.setattr(omp, "ENABLED", True)
+        for a, b in zip(split, whole, strict=True):
+            assert torch.equal(_bits_of(a), _bits_of(b)) if a.dtype == torch.float64 else torch.equal(a, b)
+        cls, kwargs = CONFIGS[name]
+        params = [torch.nn.Parameter(torch.ones(n, dtype=torch.float64)) for n in (300, 200, 100)]
+        for p in params:
+            p.grad = torch.full_like(p, 0.5)
+        params[1].grad[150] = 1e30  # (1 - beta2) g^2 ~ 1e57: beyond the FP32 grid
+        with pytest.raises(NonFiniteError, match="adam update of parameter 1.*its state left the grid"), \
+                RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
+            cls(params, foreach=False, fused=False, **kwargs).step()
+        assert omp.parts(600) == 2  # (the group did split)
+    finally:
+        torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vtrain import fused, fused_binary, omp, omp_kernels
+from vtrain import fused, fused_binary, fused_optim, omp, omp_kernels
 from vtrain.fused import POW2
 from vtrain.grid import grid_max
 
@@ -138,6 +138,52 @@ def test_rounding_in_parts() -> None:
             bad = omp_kernels.round_float64(parts, part_v, None if in_place else out, 23, LIMIT)
             assert bad == whole >= 0
             assert np.array_equal(part_v if in_place else out, whole_v if in_place else whole_out, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape", [(1, 97, 256), (3, 40, 300), (2, 5, 7), (4, 11, 64)])
+def test_line_sums_in_parts(shape: tuple) -> None:
+    """The CPU device's line sums (lanes of SUM_LANES and their halving trees) of each kept element on one thread:
+    the whole pass's sums and sums of |x|, NaN and infinities included."""
+    rng = np.random.default_rng(shape[1])
+    x = _values(rng, int(np.prod(shape))).reshape(shape)
+    x[:, 1] = rng.standard_normal((shape[0], shape[2]))  # (an element free of NaN and infinities: sums to compare)
+    want = np.empty(shape[1]), np.empty(shape[1])
+    fused._lane_sums_with_abs(x, *want, 3.0, 0, shape[1])
+    assert np.isfinite(want[0][1])
+    for parts in PARTS:
+        got = np.full(shape[1], -7.0), np.full(shape[1], -7.0)
+        omp_kernels.lane_sums_with_abs(parts, x, *got, 3.0)
+        assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want))
+
+
+def _adam_group(rng: np.random.Generator, sizes: tuple) -> list[list[np.ndarray]]:
+    """(p, g, m1, m2) per parameter: p, g and m1 float32 values, m2 their squares (a second moment)."""
+    group = []
+    for n in sizes:
+        p, g, m1 = (rng.standard_normal(n).astype(np.float32).astype(np.float64) for _ in range(3))
+        group.append([p, g, m1, (m1 * m1).astype(np.float32).astype(np.float64)])
+    return group
+
+
+@pytest.mark.parametrize("m", [23, 15])
+def test_adam_in_parts(m: int) -> None:
+    """A group's Adam updates as one pass cut across its parameters: each parameter's values and state as its own
+    update's, for any number of parts; the first parameter whose update left the grid, with its flags."""
+    rng = np.random.default_rng(m)
+    sizes = (300, 7, 4096, 1, 999)
+    coefficients = [(1 - 3e-4 * i, 0.01 * (i % 2), 0.1, 0.999, 0.001, 0.5 + i, 1e-8, -3e-3) for i in range(len(sizes))]
+    group = _adam_group(rng, sizes)
+    group[2][1][4000] = np.inf  # parameter 2's gradient: its state and value leave the grid
+    group[4][0][5] = 2.0 * LIMIT  # parameter 4 starts off the grid
+    want = [[a.copy() for a in arrays] for arrays in group]
+    flags = [fused_optim._adam(*arrays, *c, m, m == 23, LIMIT, POW2) for arrays, c in zip(want, coefficients)]
+    assert flags[2] and flags[4] & 1 and not any(flags[i] for i in (0, 1, 3))
+    for parts in PARTS:
+        got = [[a.copy() for a in arrays] for arrays in group]
+        assert omp_kernels.adam(parts, got, coefficients, m, LIMIT) == (2, flags[2])
+        assert all(np.array_equal(g, w, equal_nan=True) for gs, ws in zip(got, want) for g, w in zip(gs, ws))
+    got = [[a.copy() for a in arrays] for arrays in group[3:]]
+    assert omp_kernels.adam(2, got, coefficients[3:], m, LIMIT) == (1, flags[4])
 
 
 def test_parts_follow_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
