@@ -2,8 +2,9 @@
 vector norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus,
 ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
-divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, and the
-scatter additions of gather's and index_select's backward passes.
+divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
+scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated), and
+cumulative sums and products.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -751,6 +752,53 @@ def index_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, source
     return scatter_add(call, x, dim, index.reshape(shape).expand_as(source), _times(call, source, alpha))
 
 
+def _pad_sources(size: int, before: int, after: int, reflect: bool) -> torch.Tensor:
+    """The input index each of a padded dim's size + before + after outputs reads: mirrored about the edge
+    (reflection) or the edge repeated (replication)."""
+    j = torch.arange(-before, size + after)
+    if reflect:
+        return torch.where(j < 0, -j, torch.where(j >= size, 2 * (size - 1) - j, j))
+    return j.clamp(0, size - 1)
+
+
+def _pad_backward(reflect: bool, call: Call, grad: torch.Tensor, x: torch.Tensor,
+                  padding: Sequence[int]) -> torch.Tensor:
+    """aten.reflection_pad{1,2,3}d_backward and aten.replication_pad{1,2,3}d_backward: each input value's gradient
+    is the sum of the gradients of the outputs that read it, 0 plus each in the output's row-major order, one IEEE
+    addition apiece (`index_add` over the flattened spatial dims: an interior value takes its one gradient
+    exactly, an edge's the few its mirror images or copies add). Torch's kernels add the same values in an order
+    of their own, unrounded."""
+    dims = len(padding) // 2
+    spatial = x.shape[-dims:]
+    # padding lists the last dim first: (before, after) of dim -1, then of dim -2, ...
+    sources = [_pad_sources(n, padding[2 * (dims - 1 - d)], padding[2 * (dims - 1 - d) + 1], reflect)
+               for d, n in enumerate(spatial)]
+    flat = torch.zeros((), dtype=torch.long)
+    for d, src in enumerate(sources):  # (the flat input index of every output position, row-major)
+        flat = flat.unsqueeze(-1) * spatial[d] + src
+    lead = list(x.shape[:-dims])
+    zeros = torch.zeros([*lead, math.prod(spatial)], dtype=grad.dtype)
+    out = index_add(call, zeros, len(lead), flat.reshape(-1), grad.reshape(*lead, -1))
+    return out.reshape(x.shape)
+
+
+def _cumulative(op: Any, combine: Any, call: Call, x: torch.Tensor, dim: int, *,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten.cumsum and aten.cumprod: integers and booleans as torch computes them (exact, a position id from a
+    mask); floating values by one IEEE operation per value along dim, in order, each partial result rounded:
+    y_0 = x_0, y_i = y_(i-1) op x_i. (Torch's CPU kernel runs the same recurrence unrounded; a GPU's parallel scan
+    combines in another order.) Autograd's backward passes run through here too: cumsum's is a flipped cumsum."""
+    if dtype is not None and dtype != x.dtype:
+        x = call(aten._to_copy.default, x, dtype=dtype)
+    if not x.is_floating_point() or x.dim() == 0:
+        return op(x, dim)
+    dim %= x.dim()
+    partial = [x.select(dim, 0)]
+    for i in range(1, x.shape[dim]):
+        partial.append(call(combine, partial[-1], x.select(dim, i)))
+    return torch.stack(partial, dim)
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
@@ -813,4 +861,10 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.adaptive_max_pool2d_backward.default: adaptive_max_pool2d_backward,
     aten.scatter_add.default: scatter_add,
     aten.index_add.default: index_add,
+    **{op: functools.partial(_pad_backward, reflect) for op, reflect in (
+        (aten.reflection_pad1d_backward.default, True), (aten.reflection_pad2d_backward.default, True),
+        (aten.reflection_pad3d_backward.default, True), (aten.replication_pad1d_backward.default, False),
+        (aten.replication_pad2d_backward.default, False), (aten.replication_pad3d_backward.default, False))},
+    aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),
+    aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
 }

@@ -93,7 +93,8 @@ _EXACT = _names(
     aten.constant_pad_nd.default, aten.sort.default, aten.topk.default, aten.masked_fill.Tensor,
     aten.masked_fill_.Tensor, aten.tril.default, aten.triu.default, aten.tril_.default, aten.triu_.default,
     aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
-    aten.replication_pad2d.default, aten.upsample_nearest1d.default, aten.upsample_nearest3d.default,
+    aten.replication_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad3d.default,
+    aten.upsample_nearest1d.default, aten.upsample_nearest3d.default,
     # backward passes of views and selections: the gradient copied into zeros
     aten.slice_backward.default, aten.select_backward.default, aten.slice_scatter.default,
     aten.select_scatter.default,

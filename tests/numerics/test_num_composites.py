@@ -68,7 +68,10 @@ def test_the_composites_are_in_the_registry() -> None:
                aten._prelu_kernel.default, aten._prelu_kernel_backward.default, aten._adaptive_avg_pool2d.default,
                aten._adaptive_avg_pool2d_backward.default, aten.adaptive_max_pool2d_backward.default,
                aten.upsample_nearest1d_backward.default, aten.upsample_nearest3d_backward.default,
-               aten.scatter_add.default, aten.index_add.default):
+               aten.scatter_add.default, aten.index_add.default, aten.reflection_pad1d_backward.default,
+               aten.reflection_pad2d_backward.default, aten.reflection_pad3d_backward.default,
+               aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+               aten.replication_pad3d_backward.default, aten.cumsum.default, aten.cumprod.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -77,7 +80,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.select_scatter.default, aten.unsafe_split.Tensor, aten.unsafe_split_with_sizes.default,
                aten.transpose_.default, aten.repeat.default, aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
                aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
-               aten.replication_pad2d.default, aten.adaptive_max_pool2d.default, aten.upsample_nearest1d.default,
+               aten.replication_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad3d.default,
+               aten.adaptive_max_pool2d.default, aten.upsample_nearest1d.default,
                aten.upsample_nearest3d.default, aten.clamp_.default, aten.clamp_min_.default, aten.clamp_max_.default,
                aten.logical_and_.default, aten.logical_or_.default, aten.bitwise_and_.Tensor,
                aten.bitwise_or_.Tensor):
@@ -450,6 +454,60 @@ def test_scatter_add_adds_each_value_in_order_rounding_after_each_addition(resol
     assert torch.equal(added, expected)
 
 
+def _padded_source(j: int, size: int, before: int, reflect: bool) -> int:
+    """The input index output j of a padded dim reads, written out."""
+    k = j - before
+    if reflect:
+        return -k if k < 0 else 2 * (size - 1) - k if k >= size else k
+    return min(max(k, 0), size - 1)
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("mode,shape,pad", [("reflect", (2, 3, 7), (2, 3)), ("replicate", (2, 3, 7), (3, 1)),
+                                            ("reflect", (2, 2, 5, 6), (1, 2, 3, 1)),
+                                            ("replicate", (1, 2, 4, 5), (2, 2, 1, 3)),
+                                            ("reflect", (1, 2, 3, 4, 5), (1, 1, 2, 1, 0, 2)),
+                                            ("replicate", (1, 1, 3, 2, 4), (1, 2, 2, 1, 3, 2))])
+def test_padding_gradients_add_each_outputs_gradient_in_order_rounding_after_each(mode: str, shape: tuple,
+                                                                                  pad: tuple, resolution: str) -> None:
+    # reflection and replication padding's backward passes: an input value's gradient is 0 plus the gradients of
+    # the outputs that read it, in the output's row-major order, each sum rounded onto the grid; written out in
+    # Python floats (float64 additions, float32 roundings)
+    x = _grid(*shape, seed=50).requires_grad_()
+    g = _grid(*F.pad(x.detach(), pad, mode=mode).shape, seed=51) * 2.0 ** torch.randint(
+        -30, 1, F.pad(x.detach(), pad, mode=mode).shape, generator=torch.Generator().manual_seed(52))
+    dims = len(pad) // 2
+    spatial = shape[-dims:]
+    before = [pad[2 * (dims - 1 - d)] for d in range(dims)]
+    want = np.zeros(shape)
+    for lead in np.ndindex(*shape[:-dims]):
+        for out in np.ndindex(*g.shape[-dims:]):
+            src = lead + tuple(_padded_source(j, n, b, mode == "reflect") for j, n, b in zip(out, spatial, before))
+            want[src] = float(np.float32(want[src] + float(g[lead + out])))
+    (got,), log = _rounded(lambda: torch.autograd.grad(F.pad(x, pad, mode=mode), x, g), resolution)
+    assert torch.equal(got, torch.from_numpy(want)) and not StepLog.from_bytes(log).sites
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+def test_cumulative_sums_and_products_round_each_partial_result_in_order(resolution: str) -> None:
+    # y_0 = x_0, y_i = y_(i-1) op x_i, each rounded onto the grid: written out in Python floats; integers as torch
+    x = _grid(3, 40, seed=53) * 2.0 ** torch.randint(-20, 1, (3, 40), generator=torch.Generator().manual_seed(54))
+    for op, fn, dim in ((torch.cumsum, float.__add__, 1), (torch.cumprod, float.__mul__, 1),
+                        (torch.cumsum, float.__add__, 0), (torch.cumprod, float.__mul__, -2)):
+        want = x.clone()
+        lines = want if dim == 1 else want.T
+        for line in lines:
+            for i in range(1, line.numel()):
+                line[i] = float(np.float32(fn(float(line[i - 1]), float(line[i]))))
+        got, log = _rounded(lambda: op(x, dim), resolution)
+        assert torch.equal(got, want) and not StepLog.from_bytes(log).sites
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]])
+    ids, _ = _rounded(lambda: (mask.cumsum(-1), (mask > 0).cumsum(1), mask.cumprod(0)), resolution)
+    assert all(torch.equal(a, b) for a, b in zip(ids, (mask.cumsum(-1), (mask > 0).cumsum(1), mask.cumprod(0))))
+    (widened, ), _ = _rounded(lambda: (mask.cumsum(1, dtype=torch.float64),), resolution)
+    assert torch.equal(widened, mask.cumsum(1).double())
+
+
 _BIAS = _grid(5, 7, seed=6)
 _MINUS_INF = _grid(5, 5, seed=10).masked_fill(~_EMPTY_ROW, -math.inf)  # (finite values, -inf, a row of -inf)
 _ATTENTION = {  # (q, k and v's shapes, the call): 3-d operands, or v's width another, take torch's math path
@@ -679,6 +737,37 @@ def _train_recurrent(device: str, mode: str, logs: list | None = None,
 @pytest.mark.filterwarnings("ignore:TF32 acceleration")  # (torch's, as its mkldnn flags are set)
 def test_recurrent_layers_and_multi_head_attention_train_to_the_same_bits_on_every_device() -> None:
     _replicates(_train_recurrent)
+
+
+class _Padded(nn.Module):
+    """Convolutions over the digits' 8 x 8 images with reflected and replicated edges (2-d and, along the rows,
+    1-d) after a first one with zeros, so that every padding's backward pass runs, and a cumulative sum and product
+    along the columns (cumsum's backward pass is a flipped cumsum, cumprod's torch's formula)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv = nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=2, padding_mode="replicate")
+        self.rows = nn.Conv1d(8, 8, 3, padding=1, padding_mode="reflect")
+        self.head = nn.Linear(4 * 10 * 10 + 64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.first(x.reshape(-1, 1, 8, 8)))
+        r = torch.tanh(self.rows(h.mean(1)))
+        r = r.cumsum(-1) * 0.25 + r.cumprod(-1)
+        h = self.conv2(torch.tanh(self.conv(h)))
+        return self.head(torch.cat([h.flatten(1), r.flatten(1)], 1))
+
+
+def _train_padded(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
+    """`_steps` of `_Padded` with Adam on digits."""
+    return _steps(_Padded, lambda ps: torch.optim.Adam(ps, lr=3e-3, foreach=False), _digits_loss, device, mode, logs,
+                  resolution)
+
+
+def test_padded_convolutions_and_cumulative_ops_train_to_the_same_bits_on_every_device() -> None:
+    _replicates(_train_padded)
 
 
 def test_onednns_fused_lstm_is_refused_with_the_way_around_it() -> None:
