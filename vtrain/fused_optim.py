@@ -10,7 +10,7 @@ addcmul, addcdiv, add with alpha) unrounded and every dispatched op's output rou
 (vtrain.fused). So the parameters and the optimizer state after a step are bit-identical to the dispatch
 path's (tests/numerics/test_num_fused_optim.py steps both side by side), and so are the checkpoints.
 On several torch threads, float64 Adam runs a group's parameters as one pass cut in parts across them
-(vtrain.omp): on two threads GPT-2-tiny d_model 256's update took 4.8 against 8.4 ms a step.
+(vtrain.omp): on two threads GPT-2-tiny d_model 256's update took 4.8 against 8.1 ms a step.
 
 The optimizers are torch's classes with `step` taking this path only where it applies: inside a
 RoundedExecution, float64 work (or float32 work below bits = 32) on contiguous CPU tensors, the plain
@@ -48,12 +48,11 @@ def _flags(ok_p: bool, ok_s1: bool, ok_s2: bool) -> int:
 @njit(cache=True, nogil=True, error_model="numpy")
 def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
           beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool, limit: float,
-          pow2: np.ndarray, lo: int = 0, hi: int = -1) -> int:
-    # (elements lo:hi; hi -1: to the end) the float32 cast as a constant, so the compiler drops the general rounding
-    # from the loop (~1.4x)
-    # (the loop runs over slices from 0: over range(lo, hi), its indices not known to be >= 0, each read kept
-    # numba's negative-index wrap and the loop stayed scalar, 13 against 5 ms on 1M values)
-    hi = p.size if hi < 0 else hi
+          pow2: np.ndarray, lo: int, hi: int) -> int:
+    # Elements lo:hi, the loop over slices from 0: over range(lo, hi), its indices not known to be >= 0, each read
+    # kept numba's negative-index wrap and the loop stayed scalar (13 against 5 ms on 1M values). (lo and hi as
+    # defaults left out, the compiled loop ran 1.6x as long.) The float32 cast as a constant, so the compiler
+    # drops the general rounding from the loop (~1.4x).
     p, g, m1, m2 = p[lo:hi], g[lo:hi], m1[lo:hi], m2[lo:hi]
     if cast32:
         return _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, 23, True, limit, pow2)
@@ -92,7 +91,8 @@ def _adam_loop(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, dec
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sgd(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
-         neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+         neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray, lo: int, hi: int) -> int:
+    p, g, buf = p[lo:hi], g[lo:hi], buf[lo:hi]
     if cast32:  # as in _adam
         return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, 23, True, limit, pow2)
     return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, m, False, limit, pow2)
@@ -176,7 +176,7 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, updates: l
         flags = [bad if i == at else 0 for i in range(len(updates))]
     else:
         pow2 = POW2 if work is np.float64 else POW2_32
-        flags = [kernel(*a, *c, m, m == 23, rx._limit, pow2) for a, c in zip(arrays, scalars)]
+        flags = [kernel(*a, *c, m, m == 23, rx._limit, pow2, 0, a[0].size) for a, c in zip(arrays, scalars)]
     for (index, tensors, _, rounded), bad in zip(updates, flags):
         for t in tensors[:1] + tensors[2:]:  # written through numpy: bumped as torch's in-place updates would be
             increment_version(t)  # (vtrain.prefilter.LineNorms trusts version counters)

@@ -176,7 +176,8 @@ def test_adam_in_parts(m: int) -> None:
     group[2][1][4000] = np.inf  # parameter 2's gradient: its state and value leave the grid
     group[4][0][5] = 2.0 * LIMIT  # parameter 4 starts off the grid
     want = [[a.copy() for a in arrays] for arrays in group]
-    flags = [fused_optim._adam(*arrays, *c, m, m == 23, LIMIT, POW2) for arrays, c in zip(want, coefficients)]
+    flags = [fused_optim._adam(*arrays, *c, m, m == 23, LIMIT, POW2, 0, arrays[0].size)
+             for arrays, c in zip(want, coefficients)]
     assert flags[2] and flags[4] & 1 and not any(flags[i] for i in (0, 1, 3))
     for parts in PARTS:
         got = [[a.copy() for a in arrays] for arrays in group]
