@@ -9,7 +9,7 @@ kernels take a Python scalar) in the same order, the primitives of a decomposed 
 addcmul, addcdiv, add with alpha) unrounded and every dispatched op's output rounded to the grid
 (vtrain.fused). So the parameters and the optimizer state after a step are bit-identical to the dispatch
 path's (tests/numerics/test_num_fused_optim.py steps both side by side), and so are the checkpoints.
-On several torch threads, float64 Adam runs a group's parameters as one pass cut in parts across them
+On several torch threads, float64 work runs a group's parameters as one pass cut in parts across them
 (vtrain.omp): on two threads GPT-2-tiny d_model 256's update took 4.8 against 8.1 ms a step.
 
 The optimizers are torch's classes with `step` taking this path only where it applies: inside a
@@ -156,7 +156,7 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, updates: l
     check as the kernel writes, a comparison folded into a flag, costs nothing measurable; a numpy pass
     over each written tensor afterwards cost ~4 us per tensor of 4096 elements.) tensors[1] is the
     gradient, read only; SGD without momentum passes the parameter as its buffer and writes no buffer.
-    Float64 Adam over a group of 256K values or more runs as one pass over all its parameters, in parts on
+    Float64 work over a group of 256K values or more runs as one pass over all its parameters, in parts on
     torch's threads (vtrain.omp; each value's update is its own, so the bits are the one pass's).
     """
     if not updates:
@@ -170,9 +170,11 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, updates: l
     # 31 against 12 ns an element for Adam on 4M parameters.)
     work = arrays[0][0].dtype.type
     scalars = [tuple(s if type(s) is bool else work(s) for s in u[2]) for u in updates]
-    parts = omp.parts(sum(a[0].size for a in arrays)) if kernel is _adam and work is np.float64 else 1
+    parts = omp.parts(sum(a[0].size for a in arrays)) if work is np.float64 else 1
     if parts > 1:
-        at, bad = omp.kernels().adam(parts, arrays, scalars, m, rx._limit)
+        kernels = omp.kernels()
+        at, bad = kernels.update(kernels.ADAM if kernel is _adam else kernels.SGD, parts, arrays, scalars, m,
+                                 rx._limit)
         flags = [bad if i == at else 0 for i in range(len(updates))]
     else:
         pow2 = POW2 if work is np.float64 else POW2_32

@@ -306,21 +306,23 @@ def lane_sums_with_abs(parts: int, lines: np.ndarray, total: np.ndarray, out: np
     omp.run(_lanes_part.address, block, parts)
 
 
-# fused_optim._adam over a group's float64 parameters as one pass: fields tensors (address of an int64 table, a
-# row a parameter: p, g, m1, m2 addresses, size, first position in the pass), their count, coefficients (address
-# of a float64 table, a row a parameter: decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale), m, values in all,
-# floats (limit); two slots a part: the first parameter whose update failed a check (or the count: none), its
-# flags.
-_A_FIELDS = 6
+# fused_optim._adam or _sgd over a group's float64 parameters as one pass: fields kind (0 Adam, 1 SGD), tensors
+# (address of an int64 table, a row a parameter: the arrays' addresses (Adam: p, g, m1, m2; SGD: p, g, buf, 0),
+# size, first position in the pass), their count, coefficients (address of a float64 table, a row a parameter:
+# Adam's decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale; SGD's fresh, wd, momentum, alpha, neg_lr, 0, 0, 0), m,
+# values in all, floats (limit); two slots a part: the first parameter whose update failed a check (or the
+# count: none), its flags.
+_U_FIELDS = 7
+ADAM, SGD = 0, 1
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
-def _adam_part(d):  # noqa: ANN001, ANN202
-    blk = carray(d, _HEAD + _A_FIELDS + 2 * d[1])
-    parts, count, m, size = blk[1], blk[3], blk[5], blk[6]
-    table = carray(_pointer(blk[2], np.int64), (count, 6))
-    coef = carray(_pointer(blk[4], np.float64), (count, 8))
-    limit = carray(_pointer(blk[7], np.float64), 1)[0]
+def _update_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _U_FIELDS + 2 * d[1])
+    parts, kind, count, m, size = blk[1], blk[2], blk[4], blk[6], blk[7]
+    table = carray(_pointer(blk[3], np.int64), (count, 6))
+    coef = carray(_pointer(blk[5], np.float64), (count, 8))
+    limit = carray(_pointer(blk[8], np.float64), 1)[0]
     p = _claim(d)
     while p < parts:
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
@@ -331,33 +333,38 @@ def _adam_part(d):  # noqa: ANN001, ANN202
             if a >= b:
                 continue
             x, g = carray(_pointer(table[t, 0], np.float64), n), carray(_pointer(table[t, 1], np.float64), n)
-            m1, m2 = carray(_pointer(table[t, 2], np.float64), n), carray(_pointer(table[t, 3], np.float64), n)
-            c = coef[t]
-            bad = fused_optim._adam(x, g, m1, m2, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], m, m == 23,
-                                    limit, POW2, a, b)
+            s1, c = carray(_pointer(table[t, 2], np.float64), n), coef[t]
+            if kind == ADAM:
+                s2 = carray(_pointer(table[t, 3], np.float64), n)
+                bad = fused_optim._adam(x, g, s1, s2, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], m, m == 23,
+                                        limit, POW2, a, b)
+            else:
+                bad = fused_optim._sgd(x, g, s1, c[0] != 0, c[1], c[2], c[3], c[4], m, m == 23, limit, POW2, a, b)
             if bad and first == count:
                 first, flags = t, bad
-        at = _HEAD + _A_FIELDS + 2 * p
+        at = _HEAD + _U_FIELDS + 2 * p
         blk[at], blk[at + 1] = first, flags
         p = _claim(d)
 
 
-def adam(parts: int, arrays: list[list[np.ndarray]], coefficients: list[tuple], m: int,
-         limit: float) -> tuple[int, int]:
-    """`fused_optim._adam` (float64 work) on every parameter's (p, g, m1, m2) in `arrays`, with its
-    coefficients, as one pass over all their values in `parts` parts: (the first parameter whose update failed a
-    check, or -1; its flags)."""
-    table, start = np.empty((len(arrays), 6), np.int64), 0
+def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: list[tuple], m: int,
+           limit: float) -> tuple[int, int]:
+    """`fused_optim._adam` (kind ADAM) or `_sgd` (SGD), float64 work, on every parameter's arrays in `arrays`
+    ((p, g, m1, m2) or (p, g, buf)), with its coefficients (the kernel's, in its order), as one pass over all
+    their values in `parts` parts: (the first parameter whose update failed a check, or -1; its flags)."""
+    table, start = np.zeros((len(arrays), 6), np.int64), 0
     for row, group in zip(table, arrays):
         _require(np.float64, *group)
-        row[:] = [*(a.ctypes.data for a in group), group[0].size, start]
+        row[:len(group)] = [a.ctypes.data for a in group]
+        row[4:] = group[0].size, start
         start += group[0].size
-    coef = np.array(coefficients, np.float64)
+    coef = np.zeros((len(arrays), 8), np.float64)
+    for row, c in zip(coef, coefficients):
+        row[:len(c)] = c
     floats = _floats(limit)
-    block = _block(parts, [table.ctypes.data, len(arrays), coef.ctypes.data, m, start, floats.ctypes.data],
-                   _A_FIELDS, 2)
-    omp.run(_adam_part.address, block, parts)
-    slots = block[_HEAD + _A_FIELDS:].reshape(parts, 2)
+    block = _block(parts, [kind, table.ctypes.data, len(arrays), coef.ctypes.data, m, start, floats.ctypes.data],
+                   _U_FIELDS, 2)
+    omp.run(_update_part.address, block, parts)
+    slots = block[_HEAD + _U_FIELDS:].reshape(parts, 2)
     first = int(slots[:, 0].min())
     return (-1, 0) if first == len(arrays) else (first, int(np.bitwise_or.reduce(slots[slots[:, 0] == first, 1])))
-

@@ -15,7 +15,7 @@ from vtrain.state import state_hash
 from vtrain.train import TrainingSession
 
 KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "outer": omp_kernels._outer_part,
-           "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "adam": omp_kernels._adam_part}
+           "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "update": omp_kernels._update_part}
 
 
 def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -41,9 +41,9 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
 
 
 @pytest.mark.parametrize("family,resolution,kernels", [
-    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "adam"}),
-    ("resnet-tiny", "log", {"binary", "outer", "lanes", "adam"}),
-    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "adam"})])
+    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update"}),
+    ("resnet-tiny", "log", {"binary", "outer", "lanes", "update"}),
+    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "update"})])
 def test_two_threads_train_as_one(family_data, family: str, resolution: str, kernels: set,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     spec = family_spec(family, family_data, steps=10, resolution=resolution)

@@ -156,35 +156,41 @@ def test_line_sums_in_parts(shape: tuple) -> None:
         assert all(np.array_equal(g, w, equal_nan=True) for g, w in zip(got, want))
 
 
-def _adam_group(rng: np.random.Generator, sizes: tuple) -> list[list[np.ndarray]]:
-    """(p, g, m1, m2) per parameter: p, g and m1 float32 values, m2 their squares (a second moment)."""
+def _optimizer_group(rng: np.random.Generator, sizes: tuple, arrays: int) -> list[list[np.ndarray]]:
+    """(p, g, m1, m2) or (p, g, buf) per parameter: float32 values, m2 their squares (a second moment)."""
     group = []
     for n in sizes:
-        p, g, m1 = (rng.standard_normal(n).astype(np.float32).astype(np.float64) for _ in range(3))
-        group.append([p, g, m1, (m1 * m1).astype(np.float32).astype(np.float64)])
+        values = [rng.standard_normal(n).astype(np.float32).astype(np.float64) for _ in range(3)]
+        group.append([*values, (values[2] ** 2).astype(np.float32).astype(np.float64)][:arrays])
     return group
 
 
 @pytest.mark.parametrize("m", [23, 15])
-def test_adam_in_parts(m: int) -> None:
-    """A group's Adam updates as one pass cut across its parameters: each parameter's values and state as its own
-    update's, for any number of parts; the first parameter whose update left the grid, with its flags."""
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_optimizer_updates_in_parts(kind: str, m: int) -> None:
+    """A group's Adam or SGD updates as one pass cut across its parameters: each parameter's values and state as
+    its own update's, for any number of parts; the first parameter whose update left the grid, with its flags."""
     rng = np.random.default_rng(m)
     sizes = (300, 7, 4096, 1, 999)
-    coefficients = [(1 - 3e-4 * i, 0.01 * (i % 2), 0.1, 0.999, 0.001, 0.5 + i, 1e-8, -3e-3) for i in range(len(sizes))]
-    group = _adam_group(rng, sizes)
-    group[2][1][4000] = np.inf  # parameter 2's gradient: its state and value leave the grid
+    if kind == "adam":
+        code, kernel, arrays = omp_kernels.ADAM, fused_optim._adam, 4
+        coefficients = [(1 - 3e-4 * i, 0.01 * (i % 2), 0.1, 0.999, 0.001, 0.5 + i, 1e-8, -3e-3)
+                        for i in range(len(sizes))]
+    else:
+        code, kernel, arrays = omp_kernels.SGD, fused_optim._sgd, 3
+        coefficients = [(i == 1, 0.01 * (i % 2), 0.9 * (i != 3), 1 - 0.25 * (i % 3), -0.05) for i in range(len(sizes))]
+    group = _optimizer_group(rng, sizes, arrays)
+    group[2][1][4000] = np.inf  # parameter 2's gradient: its state or value leaves the grid
     group[4][0][5] = 2.0 * LIMIT  # parameter 4 starts off the grid
     want = [[a.copy() for a in arrays] for arrays in group]
-    flags = [fused_optim._adam(*arrays, *c, m, m == 23, LIMIT, POW2, 0, arrays[0].size)
-             for arrays, c in zip(want, coefficients)]
+    flags = [kernel(*arrays, *c, m, m == 23, LIMIT, POW2, 0, arrays[0].size) for arrays, c in zip(want, coefficients)]
     assert flags[2] and flags[4] & 1 and not any(flags[i] for i in (0, 1, 3))
     for parts in PARTS:
         got = [[a.copy() for a in arrays] for arrays in group]
-        assert omp_kernels.adam(parts, got, coefficients, m, LIMIT) == (2, flags[2])
+        assert omp_kernels.update(code, parts, got, coefficients, m, LIMIT) == (2, flags[2])
         assert all(np.array_equal(g, w, equal_nan=True) for gs, ws in zip(got, want) for g, w in zip(gs, ws))
     got = [[a.copy() for a in arrays] for arrays in group[3:]]
-    assert omp_kernels.adam(2, got, coefficients[3:], m, LIMIT) == (1, flags[4])
+    assert omp_kernels.update(code, 2, got, coefficients[3:], m, LIMIT) == (1, flags[4])
 
 
 def test_parts_follow_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
