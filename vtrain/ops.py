@@ -218,9 +218,13 @@ def _distinct(x: torch.Tensor, indices: list) -> bool:
     given = [(d, t) for d, t in enumerate(indices) if t is not None]
     if any(t.dtype == torch.bool for _, t in given):
         return len(given) == 1
-    keys = torch.stack(torch.broadcast_tensors(*(t.remainder(x.shape[d]) for d, t in given)), -1)
-    keys = keys.reshape(-1, len(given))
-    return torch.unique(keys, dim=0).shape[0] == keys.shape[0]
+    # Each position as one integer, its indices' mixed-radix number over the named dims, sorted: unique rows of a
+    # 2-d key tensor (torch.unique(dim=0)) took ~5 ms a call on a padding's 300 gradients, the sort ~0.1.
+    keys = torch.zeros((), dtype=torch.long)
+    for d, t in given:
+        keys = keys * x.shape[d] + t.remainder(x.shape[d])
+    keys = keys.reshape(-1).sort().values
+    return bool((keys[1:] != keys[:-1]).all())
 
 
 def _index_add(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = True) -> torch.Tensor:

@@ -398,6 +398,15 @@ def test_an_index_put_that_sums_is_rounded_and_refused_where_a_position_repeats(
     want = torch.zeros(2, 6, dtype=torch.float64)
     want[:, [1, 3, 5]] = w
     assert torch.equal(m.grad, want) and counts.tolist() == [0, 2, 1, 0]
+    # positions named by two indices: distinct pairs whose rows and columns repeat apart (-5 the column 1), and a
+    # pair named twice (-1 the column 5)
+    rows, cols = torch.tensor([0, 1, 1]), torch.tensor([1, 0, -5])
+    with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
+        got = torch.zeros(2, 6, dtype=torch.float64).index_put((rows, cols), w, accumulate=True)
+    assert torch.equal(got, torch.zeros(2, 6, dtype=torch.float64).index_put((rows, cols), w))
+    with pytest.raises(UnsupportedOpError, match="index_put.*named twice"):
+        with RoundedExecution(bits=bits, device=get_device("cpu"), mode="record"):
+            torch.zeros(2, 6, dtype=torch.float64).index_put((rows, torch.tensor([1, 5, -1])), w, accumulate=True)
 
 
 def test_overflow_is_a_non_finite_error_naming_step_and_op() -> None:
