@@ -3,8 +3,8 @@ vector norms (gradient clipping, the legacy torch.norm), variances, the activati
 ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
-scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated), and
-cumulative sums and products.
+scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
+bilinear upsampling, and cumulative sums and products.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -752,6 +752,62 @@ def index_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, source
     return scatter_add(call, x, dim, index.reshape(shape).expand_as(source), _times(call, source, alpha))
 
 
+def _linear_taps(size: int, out_size: int, align_corners: bool,
+                 scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(first tap, second tap, their weights) of each output along one dim of a linear interpolation, as torch's
+    CPU kernel places them (area_pixel_compute_source_index): integer taps, float64 weights from the sizes and
+    scale alone, the same on every device."""
+    if align_corners:
+        ratio = (size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out_size
+    dst = torch.arange(out_size, dtype=torch.float64)
+    real = ratio * dst if align_corners else (ratio * (dst + 0.5) - 0.5).clamp_min(0.0)
+    first = real.floor().long().clamp_max(size - 1)
+    second = torch.where(first < size - 1, first + 1, first)
+    w1 = (real - first).clamp(0.0, 1.0)
+    return first, second, 1 - w1, w1
+
+
+def upsample_bilinear2d(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
+                        scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
+    """aten.upsample_bilinear2d: h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11) at each output, torch's formula,
+    one IEEE operation at a time (torch's kernel keeps the partial sums unrounded), with its taps and weights
+    (`_linear_taps`, the weights held in the work dtype)."""
+    (h0, h1, a0, a1), (w0, w1, b0, b1) = (
+        _linear_taps(n, o, align_corners, s) for n, o, s in zip(x.shape[-2:], output_size, (scales_h, scales_w)))
+    a0, a1 = (a.to(x.dtype).reshape(-1, 1) for a in (a0, a1))
+    b0, b1 = (b.to(x.dtype) for b in (b0, b1))
+    rows = []
+    for h in (h0, h1):
+        r = x.index_select(-2, h)  # (gathers: exact)
+        rows.append(call(aten.add.Tensor, call(aten.mul.Tensor, r.index_select(-1, w0), b0),
+                         call(aten.mul.Tensor, r.index_select(-1, w1), b1)))
+    return call(aten.add.Tensor, call(aten.mul.Tensor, rows[0], a0), call(aten.mul.Tensor, rows[1], a1))
+
+
+def upsample_bilinear2d_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int],
+                                 input_size: Sequence[int], align_corners: bool, scales_h: float | None = None,
+                                 scales_w: float | None = None) -> torch.Tensor:
+    """aten.upsample_bilinear2d_backward: each output's gradient times each of its four taps' weights (h w, a
+    float64 product of the two, held in the work dtype: one IEEE multiplication each), added into the input's
+    gradient from 0 output by output, the taps in torch's order (00, 01, 10, 11), one IEEE addition apiece
+    (`index_add`)."""
+    (h0, h1, a0, a1), (w0, w1, b0, b1) = (
+        _linear_taps(n, o, align_corners, s) for n, o, s in zip(input_size[-2:], output_size, (scales_h, scales_w)))
+    height, width = input_size[-2:]
+    parts, taps = [], []
+    for h, a in ((h0, a0), (h1, a1)):
+        for w, b in ((w0, b0), (w1, b1)):
+            parts.append(call(aten.mul.Tensor, grad, torch.outer(a, b).to(grad.dtype)))
+            taps.append((h.reshape(-1, 1) * width + w).reshape(-1))
+    lead = list(input_size[:-2])
+    src = torch.stack(parts, -1).reshape(*lead, -1)  # (output-major, the four taps of an output together)
+    index = torch.stack(taps, -1).reshape(-1)
+    zeros = torch.zeros([*lead, height * width], dtype=grad.dtype)
+    return index_add(call, zeros, len(lead), index, src).reshape(input_size)
+
+
 def _pad_sources(size: int, before: int, after: int, reflect: bool) -> torch.Tensor:
     """The input index each of a padded dim's size + before + after outputs reads: mirrored about the edge
     (reflection) or the edge repeated (replication)."""
@@ -865,6 +921,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
         (aten.reflection_pad1d_backward.default, True), (aten.reflection_pad2d_backward.default, True),
         (aten.reflection_pad3d_backward.default, True), (aten.replication_pad1d_backward.default, False),
         (aten.replication_pad2d_backward.default, False), (aten.replication_pad3d_backward.default, False))},
+    aten.upsample_bilinear2d.default: upsample_bilinear2d,
+    aten.upsample_bilinear2d_backward.default: upsample_bilinear2d_backward,
     aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),
     aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
 }

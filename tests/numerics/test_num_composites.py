@@ -71,7 +71,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.scatter_add.default, aten.index_add.default, aten.reflection_pad1d_backward.default,
                aten.reflection_pad2d_backward.default, aten.reflection_pad3d_backward.default,
                aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
-               aten.replication_pad3d_backward.default, aten.cumsum.default, aten.cumprod.default):
+               aten.replication_pad3d_backward.default, aten.cumsum.default, aten.cumprod.default,
+               aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -508,6 +509,55 @@ def test_cumulative_sums_and_products_round_each_partial_result_in_order(resolut
     assert torch.equal(widened, mask.cumsum(1).double())
 
 
+def _taps(size: int, out_size: int, align_corners: bool, scale: float | None) -> list[tuple[int, int, float, float]]:
+    """torch's linear interpolation taps and weights along one dim, written out in Python floats."""
+    taps = []
+    for j in range(out_size):
+        if align_corners:
+            real = (size - 1) / (out_size - 1) * j if out_size > 1 else 0.0
+        else:
+            real = max((1.0 / scale if scale else size / out_size) * (j + 0.5) - 0.5, 0.0)
+        first = min(math.floor(real), size - 1)
+        w1 = min(max(real - first, 0.0), 1.0)
+        taps.append((first, first + 1 if first < size - 1 else first, 1.0 - w1, w1))
+    return taps
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("size,align_corners,scale", [((8, 12), False, 2.0), ((5, 7), True, None),
+                                                      ((7, 3), False, None), ((6, 9), False, 1.5)])
+def test_bilinear_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
+        size: tuple, align_corners: bool, scale: float | None, resolution: str) -> None:
+    # forward h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11), backward each output's gradient times h w added into
+    # its four taps in order, from 0: each operation rounded onto the grid, written out in Python floats
+    x = _grid(2, 3, 4, 6, seed=55).requires_grad_()
+    g = _grid(2, 3, *size, seed=56) * 2.0 ** torch.randint(-20, 1, (2, 3, *size),
+                                                             generator=torch.Generator().manual_seed(57))
+    hs, ws = _taps(4, size[0], align_corners, scale), _taps(6, size[1], align_corners, scale)
+
+    def r(v: float) -> float:
+        return float(np.float32(v))
+
+    want_y, want_g = np.zeros((2, 3, *size)), np.zeros((2, 3, 4, 6))
+    for n, c, i, j in np.ndindex(2, 3, *size):
+        (h0, h1, a0, a1), (w0, w1, b0, b1), xs = hs[i], ws[j], x.detach()[n, c]
+        top = r(r(b0 * float(xs[h0, w0])) + r(b1 * float(xs[h0, w1])))
+        bottom = r(r(b0 * float(xs[h1, w0])) + r(b1 * float(xs[h1, w1])))
+        want_y[n, c, i, j] = r(r(a0 * top) + r(a1 * bottom))
+        for h, a in ((h0, a0), (h1, a1)):
+            for w, b in ((w0, b0), (w1, b1)):
+                want_g[n, c, h, w] = r(want_g[n, c, h, w] + r(float(g[n, c, i, j]) * (a * b)))
+    kw = {"size": size} if scale is None else {"scale_factor": scale}
+
+    def both() -> tuple:
+        y = F.interpolate(x, mode="bilinear", align_corners=align_corners, **kw)
+        return y, torch.autograd.grad(y, x, g)[0]
+
+    (y, grad), log = _rounded(both, resolution)
+    assert torch.equal(y, torch.from_numpy(want_y)) and torch.equal(grad, torch.from_numpy(want_g))
+    assert not StepLog.from_bytes(log).sites
+
+
 _BIAS = _grid(5, 7, seed=6)
 _MINUS_INF = _grid(5, 5, seed=10).masked_fill(~_EMPTY_ROW, -math.inf)  # (finite values, -inf, a row of -inf)
 _ATTENTION = {  # (q, k and v's shapes, the call): 3-d operands, or v's width another, take torch's math path
@@ -741,8 +791,9 @@ def test_recurrent_layers_and_multi_head_attention_train_to_the_same_bits_on_eve
 
 class _Padded(nn.Module):
     """Convolutions over the digits' 8 x 8 images with reflected and replicated edges (2-d and, along the rows,
-    1-d) after a first one with zeros, so that every padding's backward pass runs, and a cumulative sum and product
-    along the columns (cumsum's backward pass is a flipped cumsum, cumprod's torch's formula)."""
+    1-d) after a first one with zeros, so that every padding's backward pass runs, bilinear resampling to 6 x 6,
+    and a cumulative sum and product along the columns (cumsum's backward pass is a flipped cumsum, cumprod's
+    torch's formula)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -750,13 +801,13 @@ class _Padded(nn.Module):
         self.conv = nn.Conv2d(4, 4, 3, padding=1, padding_mode="reflect")
         self.conv2 = nn.Conv2d(4, 4, 3, padding=2, padding_mode="replicate")
         self.rows = nn.Conv1d(8, 8, 3, padding=1, padding_mode="reflect")
-        self.head = nn.Linear(4 * 10 * 10 + 64, 10)
+        self.head = nn.Linear(4 * 6 * 6 + 64, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.first(x.reshape(-1, 1, 8, 8)))
         r = torch.tanh(self.rows(h.mean(1)))
         r = r.cumsum(-1) * 0.25 + r.cumprod(-1)
-        h = self.conv2(torch.tanh(self.conv(h)))
+        h = F.interpolate(self.conv2(torch.tanh(self.conv(h))), size=(6, 6), mode="bilinear")
         return self.head(torch.cat([h.flatten(1), r.flatten(1)], 1))
 
 
@@ -766,7 +817,7 @@ def _train_padded(device: str, mode: str, logs: list | None = None, resolution: 
                   resolution)
 
 
-def test_padded_convolutions_and_cumulative_ops_train_to_the_same_bits_on_every_device() -> None:
+def test_padded_convolutions_resampling_and_cumulative_ops_train_to_the_same_bits_on_every_device() -> None:
     _replicates(_train_padded)
 
 
