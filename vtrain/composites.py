@@ -4,7 +4,8 @@ ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
-bilinear upsampling, and cumulative sums and products.
+linear and bilinear upsampling, fold (col2im), GLU, the soft margin loss, cross-entropy over pixels, and
+cumulative sums and products.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -808,6 +809,126 @@ def upsample_bilinear2d_backward(call: Call, grad: torch.Tensor, output_size: Se
     return index_add(call, zeros, len(lead), index, src).reshape(input_size)
 
 
+def upsample_linear1d(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
+                      scales: float | None = None) -> torch.Tensor:
+    """aten.upsample_linear1d (`F.interpolate(mode="linear")`): w0 x0 + w1 x1 at each output, torch's taps and
+    weights (`_linear_taps`), each operation rounded."""
+    first, second, w0, w1 = _linear_taps(x.shape[-1], output_size[0], align_corners, scales)
+    return call(aten.add.Tensor, call(aten.mul.Tensor, x.index_select(-1, first), w0.to(x.dtype)),
+                call(aten.mul.Tensor, x.index_select(-1, second), w1.to(x.dtype)))
+
+
+def upsample_linear1d_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                               align_corners: bool, scales: float | None = None) -> torch.Tensor:
+    """aten.upsample_linear1d_backward: each output's gradient times its two taps' weights, added into the input's
+    gradient from 0 output by output, the taps in order (`index_add`)."""
+    first, second, w0, w1 = _linear_taps(input_size[-1], output_size[0], align_corners, scales)
+    parts = [call(aten.mul.Tensor, grad, w.to(grad.dtype)) for w in (w0, w1)]
+    lead = list(input_size[:-1])
+    return index_add(call, torch.zeros(input_size, dtype=grad.dtype), len(lead), torch.stack([first, second], -1)
+                     .reshape(-1), torch.stack(parts, -1).reshape(*lead, -1))
+
+
+def col2im(call: Call, cols: torch.Tensor, output_size: Sequence[int], kernel_size: Sequence[int],
+           dilation: Sequence[int], padding: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
+    """aten.col2im (`F.fold`, and `F.unfold`'s backward pass): each column value added into the image position
+    its window tap covers, from 0, in the columns' flat order (torch's CPU loop's), one IEEE addition apiece
+    (`index_add`); the taps that fall on the padding are dropped. (im2col, the gather, is exact: class 1.)"""
+    # torch's own checks of the arguments first, on a meta tensor (shapes only: its errors, no values)
+    aten.col2im.default(torch.empty_like(cols, device="meta"), output_size, kernel_size, dilation, padding, stride)
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel_size, dilation, padding, stride
+    height, width = output_size
+    rows = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wide = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    batched = cols.dim() == 3
+    cols = cols if batched else cols.unsqueeze(0)
+    channels = cols.shape[1] // (kh * kw)
+    c, i, j, y, x = torch.meshgrid(torch.arange(channels), torch.arange(kh), torch.arange(kw), torch.arange(rows),
+                                   torch.arange(wide), indexing="ij")
+    y, x = y * sh - ph + i * dh, x * sw - pw + j * dw
+    inside = ((y >= 0) & (y < height) & (x >= 0) & (x < width)).reshape(-1)
+    index = ((c * height + y) * width + x).reshape(-1)[inside]
+    src = cols.reshape(cols.shape[0], -1)[:, inside]
+    out = index_add(call, torch.zeros(cols.shape[0], channels * height * width, dtype=cols.dtype), 1, index, src)
+    out = out.reshape(cols.shape[0], channels, height, width)
+    return out if batched else out.squeeze(0)
+
+
+def glu(call: Call, x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """aten.glu: a sigmoid(b), a and b x's halves along dim."""
+    a, b = x.chunk(2, dim)
+    return call(aten.mul.Tensor, a, call(aten.sigmoid.default, b))
+
+
+def glu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
+    """aten.glu_backward: (g s, ((g a) s) (1 - s)) along dim, s = sigmoid(b)."""
+    a, b = x.chunk(2, dim)
+    s = call(aten.sigmoid.default, b)
+    grad_b = call(aten.mul.Tensor, call(aten.mul.Tensor, call(aten.mul.Tensor, grad, a), s),
+                  call(aten.rsub.Scalar, s, 1))
+    return torch.cat([call(aten.mul.Tensor, grad, s), grad_b], dim)
+
+
+def _prod(call: Call, x: torch.Tensor, dim: int, keepdim: bool, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype is not None and dtype != x.dtype:
+        x = call(aten._to_copy.default, x, dtype=dtype)
+    if not x.is_floating_point() or x.dim() == 0:
+        return aten.prod.dim_int(x, dim, keepdim) if x.dim() else x.clone()
+    dim %= x.dim()
+    out = x.select(dim, 0).clone() if x.shape[dim] else torch.ones_like(x.select(dim, 0))
+    for i in range(1, x.shape[dim]):
+        out = call(aten.mul.Tensor, out, x.select(dim, i))
+    return out.unsqueeze(dim) if keepdim else out
+
+
+def prod(call: Call, x: torch.Tensor, dim: int | None = None, keepdim: bool = False, *,
+         dtype: torch.dtype | None = None) -> torch.Tensor:
+    """aten.prod (over every value, or one dim): integers as torch multiplies them; floating values
+    x_0 x_1 ... in order, each partial product rounded (`_cumulative`'s recurrence, its last value)."""
+    if dim is None:
+        return _prod(call, x.reshape(-1), 0, False, dtype)
+    return _prod(call, x, dim, keepdim, dtype)
+
+
+def soft_margin_loss(call: Call, x: torch.Tensor, target: torch.Tensor, reduction: int = 1) -> torch.Tensor:
+    """aten.soft_margin_loss: log1p(exp(-(x t))), reduced (torch's formula)."""
+    z = call(aten.exp.default, call(aten.neg.default, call(aten.mul.Tensor, x, target)))
+    return _reduce(call, call(aten.log1p.default, z), reduction)
+
+
+def soft_margin_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                              reduction: int) -> torch.Tensor:
+    """aten.soft_margin_loss_backward: (-t z / (1 + z)) grad, z = exp(-(x t)), over the count under a mean
+    (torch's formula)."""
+    z = call(aten.exp.default, call(aten.neg.default, call(aten.mul.Tensor, x, target)))
+    g = call(aten.div.Tensor, call(aten.mul.Tensor, call(aten.neg.default, target), z), call(aten.add.Tensor, z, 1))
+    return _scaled_grad(call, g, grad, reduction)
+
+
+def _pixels_as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(N, C, d1, ...) as (N d1 ..., C): each pixel's class scores a row."""
+    return x.movedim(1, -1).reshape(-1, x.shape[1])
+
+
+def nll_loss2d(call: Call, x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+               ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten.nll_loss2d_forward (cross-entropy over an image's pixels, `F.cross_entropy` on (N, C, H, W)): the
+    registry's nll_loss over every pixel as a row, in row-major pixel order; an unreduced loss in the target's
+    shape."""
+    loss, total = call(aten.nll_loss_forward.default, _pixels_as_rows(x), target.reshape(-1), weight, reduction,
+                       ignore_index)
+    return (loss.reshape(target.shape) if reduction == 0 else loss), total
+
+
+def nll_loss2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                        weight: torch.Tensor | None, reduction: int, ignore_index: int,
+                        total: torch.Tensor) -> torch.Tensor:
+    """aten.nll_loss2d_backward: the registry's nll_loss_backward over the pixels as rows, moved back."""
+    rows = call(aten.nll_loss_backward.default, grad.reshape(-1) if reduction == 0 else grad, _pixels_as_rows(x),
+                target.reshape(-1), weight, reduction, ignore_index, total)
+    return rows.reshape(x.shape[0], *x.shape[2:], x.shape[1]).movedim(-1, 1).contiguous()
+
+
 def _pad_sources(size: int, before: int, after: int, reflect: bool) -> torch.Tensor:
     """The input index each of a padded dim's size + before + after outputs reads: mirrored about the edge
     (reflection) or the edge repeated (replication)."""
@@ -921,6 +1042,17 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
         (aten.reflection_pad1d_backward.default, True), (aten.reflection_pad2d_backward.default, True),
         (aten.reflection_pad3d_backward.default, True), (aten.replication_pad1d_backward.default, False),
         (aten.replication_pad2d_backward.default, False), (aten.replication_pad3d_backward.default, False))},
+    aten.upsample_linear1d.default: upsample_linear1d,
+    aten.upsample_linear1d_backward.default: upsample_linear1d_backward,
+    aten.col2im.default: col2im,
+    aten.glu.default: glu,
+    aten.glu_backward.default: glu_backward,
+    aten.prod.default: prod,
+    aten.prod.dim_int: prod,
+    aten.soft_margin_loss.default: soft_margin_loss,
+    aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
+    aten.nll_loss2d_forward.default: nll_loss2d,
+    aten.nll_loss2d_backward.default: nll_loss2d_backward,
     aten.upsample_bilinear2d.default: upsample_bilinear2d,
     aten.upsample_bilinear2d_backward.default: upsample_bilinear2d_backward,
     aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.utils import _pytree as pytree
 
 from vtrain.composites import COMPOSITES
 from vtrain.grains import EXACT_ALL, ExactAll
@@ -67,6 +68,7 @@ class OpSpec:
     bound_relative: Relative | None = None  # class 3 functions of one output: `bound`'s terms (vtrain.bounds.RELATIVE)
     exact_all: ExactAll | None = None  # class 3 sums: whether every output is exact on any device (vtrain.grains)
     constants: bool = False  # class 1 ops whose number arguments become output values (`_CONSTANTS`)
+    integer: bool = False  # class 1 by its operands: outside the registry, on integer and boolean tensors only
     decomposed: Callable[..., Any] | None = None  # class 2 fused ops: the primitive sequence; class 4: its
     # sequence of registry ops, given a function that dispatches one (`RoundedExecution.call`) first
 
@@ -94,7 +96,9 @@ _EXACT = _names(
     aten.masked_fill_.Tensor, aten.tril.default, aten.triu.default, aten.tril_.default, aten.triu_.default,
     aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
     aten.replication_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad3d.default,
-    aten.upsample_nearest1d.default, aten.upsample_nearest3d.default,
+    aten.upsample_nearest1d.default, aten.upsample_nearest3d.default, aten.im2col.default,
+    aten.channel_shuffle.default, aten.hardshrink.default, aten.hardshrink_backward.default,
+    aten.softshrink_backward.default,
     # backward passes of views and selections: the gradient copied into zeros
     aten.slice_backward.default, aten.select_backward.default, aten.slice_scatter.default,
     aten.select_scatter.default,
@@ -149,6 +153,8 @@ _IEEE = _names(
     aten.native_dropout.default, aten.native_dropout_backward.default,
     # start + i step: off the grid wherever the grid's spacing exceeds the step's, or the step is not a grid value
     aten.arange.default, aten.arange.start, aten.arange.start_step,
+    # x - lambda above lambda, x + lambda below -lambda, 0 between: one operation a value
+    aten.softshrink.default,
 )
 
 # Fused ops as fixed sequences of IEEE primitives (each torch op below is one correctly rounded
@@ -296,10 +302,23 @@ _INSTEAD = {
 }
 
 
+def _integers_only(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether the call reads tensors, integer and boolean ones only, and draws no random numbers: integer
+    arithmetic (a position id's remainder, a mask's count) is exact on every device. (Its result is checked: an
+    op that returns floating values from integers stays refused.)"""
+    if torch.Tag.nondeterministic_seeded in func.tags:
+        return False
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    return bool(tensors) and not any(t.is_floating_point() or t.is_complex() for t in tensors)
+
+
 def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:
-    """The registry entry for this call of `func`; UnsupportedOpError when there is none."""
+    """The registry entry for this call of `func` (an op outside the registry on integer and boolean tensors
+    only: class 1, `OpSpec.integer`); UnsupportedOpError when there is none."""
     spec = _TABLE.get(func)
     if spec is None:
+        if _integers_only(func, args, kwargs):
+            return OpSpec(str(func), OpClass.EXACT, integer=True)
         raise UnsupportedOpError(str(func), _INSTEAD.get(func))
     if func is aten.pow.Tensor_Scalar and args[1] in (1, 2):  # x*x: one rounding
         return _POW_SQUARE

@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from vtrain import refine, spare, valuecode
@@ -63,7 +64,7 @@ from vtrain.accumulation import sole_gradient, sole_owners
 from vtrain.prefilter import LineNorms, Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
 from vtrain.devices import Device
-from vtrain.errors import VtrainError
+from vtrain.errors import UnsupportedOpError, VtrainError
 from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, grid_max, round_to_grid,
                          round_unchecked, spacing_below, spacings_np)
 from vtrain.ops import OpClass, OpSpec, classify
@@ -237,6 +238,10 @@ class RoundedExecution(TorchDispatchMode):
         spec = classify(func, args, kwargs)
         if spec.cls is OpClass.EXACT:
             out = func(*args, **kwargs)
+            if spec.integer and any(isinstance(t, torch.Tensor) and t.is_floating_point()
+                                    for t in pytree.tree_leaves(out)):
+                raise UnsupportedOpError(spec.name, "it returned floating values from integer operands, which no "
+                                         "class of vtrain.ops covers; convert the operands to the work dtype first")
             if spec.constants and self._off_grid(args, kwargs):  # (in-place ops return args[0], rounded here)
                 self._counts["ops"] += 1  # (counted as the rounded op it has become: errors name it by number)
                 return _map_floats(out, lambda t: self._round_into(t, spec))

@@ -4,6 +4,7 @@ with torch's own kernels, and the same bits on every device, through the log or 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -72,7 +73,11 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.reflection_pad2d_backward.default, aten.reflection_pad3d_backward.default,
                aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
                aten.replication_pad3d_backward.default, aten.cumsum.default, aten.cumprod.default,
-               aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default):
+               aten.upsample_bilinear2d.default, aten.upsample_bilinear2d_backward.default,
+               aten.upsample_linear1d.default, aten.upsample_linear1d_backward.default, aten.col2im.default,
+               aten.glu.default, aten.glu_backward.default, aten.prod.default, aten.prod.dim_int,
+               aten.soft_margin_loss.default, aten.soft_margin_loss_backward.default,
+               aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -82,6 +87,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.transpose_.default, aten.repeat.default, aten.pixel_shuffle.default, aten.pixel_unshuffle.default,
                aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
                aten.replication_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad3d.default,
+               aten.im2col.default, aten.channel_shuffle.default, aten.hardshrink.default,
+               aten.hardshrink_backward.default, aten.softshrink_backward.default,
                aten.adaptive_max_pool2d.default, aten.upsample_nearest1d.default,
                aten.upsample_nearest3d.default, aten.clamp_.default, aten.clamp_min_.default, aten.clamp_max_.default,
                aten.logical_and_.default, aten.logical_or_.default, aten.bitwise_and_.Tensor,
@@ -179,6 +186,30 @@ def _smooth_l1(x: torch.Tensor, beta: float) -> torch.Tensor:
     return torch.where(z < beta, (z * 0.5) * z / beta, z - 0.5 * beta).sum(_ALL)
 
 
+def _linear(x: torch.Tensor, out_size: int, align_corners: bool, scale: float | None) -> torch.Tensor:
+    """Linear interpolation along the last dim in registry ops, with torch's taps and weights (`_taps`)."""
+    first, second, w0, w1 = (torch.tensor(v) for v in zip(*_taps(x.shape[-1], out_size, align_corners, scale)))
+    return x.index_select(-1, first) * w0.double() + x.index_select(-1, second) * w1.double()
+
+
+def _fold(cols: torch.Tensor, size: tuple, kernel: int, **kw: Any) -> torch.Tensor:
+    """F.fold in registry ops: where each column value goes, read off F.unfold of the image's position numbers
+    (from 1: the padding's zeros mark the taps to drop), then index_add in the columns' order."""
+    numbers = torch.arange(1, 1 + math.prod(size), dtype=torch.float64).reshape(1, 1, *size)
+    channels = cols.shape[1] // kernel**2
+    read = F.unfold(numbers, kernel, **kw).reshape(kernel**2, -1).repeat(channels, 1)  # (C k k, L), as cols
+    offsets = (torch.arange(channels) * math.prod(size)).repeat_interleave(kernel**2).reshape(-1, 1)
+    keep = read.reshape(-1) > 0
+    taps = (read.long() - 1 + offsets).reshape(-1)[keep]
+    out = torch.zeros(cols.shape[0], channels * math.prod(size), dtype=cols.dtype)
+    return out.index_add(1, taps, cols.reshape(cols.shape[0], -1)[:, keep]).reshape(cols.shape[0], channels, *size)
+
+
+_PIXELS = torch.randint(0, 6, (4, 5), generator=torch.Generator().manual_seed(35))
+_IGNORED = _PIXELS.masked_fill(_PIXELS == 2, -100)
+_CLASS_WEIGHT = _grid(6, seed=36).abs()
+
+
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
@@ -248,6 +279,31 @@ DEFINITIONS = {
     "pixel-shuffle": (lambda x: F.pixel_shuffle(x[:, :4].reshape(1, 16, 5, 1), 2),
                       lambda x: x[:, :4].reshape(1, 4, 2, 2, 5, 1).permute(0, 1, 4, 2, 5, 3).reshape(1, 4, 10, 2)),
     "slices": (lambda x: x[:, 1:4] * x[:, 3:] + x[:, 2].unsqueeze(1), lambda x: x[:, 1:4] * x[:, 3:] + x[:, 2:3]),
+    "glu": (lambda x: F.glu(x, 1), lambda x: x[:, :3] * torch.sigmoid(x[:, 3:])),
+    "prod": (lambda x: x.prod(1), lambda x: functools.reduce(torch.mul, x.unbind(1))),
+    "prod-all": (lambda x: x[0, :2].prod(), lambda x: functools.reduce(torch.mul, x[0, :2].reshape(-1).unbind(0))),
+    "soft_margin": (lambda x: F.soft_margin_loss(x, _LABELS * 2 - 1),
+                    lambda x: torch.log1p(torch.exp(-(x * (_LABELS * 2 - 1)))).mean(_ALL)),
+    "linear-upsample": (lambda x: F.interpolate(x, scale_factor=2, mode="linear"),
+                        lambda x: _linear(x, 10, False, 2.0)),
+    "linear-resample": (lambda x: F.interpolate(x, size=3, mode="linear", align_corners=True),
+                        lambda x: _linear(x, 3, True, None)),
+    "pixel-cross-entropy": (lambda x: F.cross_entropy(x, _PIXELS),
+                            lambda x: F.nll_loss(F.log_softmax(x, 1).movedim(1, -1).reshape(-1, 6),
+                                                 _PIXELS.reshape(-1))),
+    "pixel-cross-entropy-weighted": (
+        lambda x: F.cross_entropy(x.unsqueeze(-1), _IGNORED.unsqueeze(-1), _CLASS_WEIGHT, reduction="sum"),
+        lambda x: F.nll_loss(F.log_softmax(x.unsqueeze(-1), 1).movedim(1, -1).reshape(-1, 6), _IGNORED.reshape(-1),
+                             _CLASS_WEIGHT, reduction="sum")),
+    "pixel-cross-entropy-none": (lambda x: F.cross_entropy(x, _PIXELS, reduction="none"),
+                                 lambda x: F.nll_loss(F.log_softmax(x, 1).movedim(1, -1).reshape(-1, 6),
+                                                      _PIXELS.reshape(-1), reduction="none").reshape(4, 5)),
+    "softshrink": (lambda x: F.softshrink(x, 0.75),
+                   lambda x: torch.where(x > 0.75, x - 0.75, torch.where(x < -0.75, x + 0.75, torch.zeros_like(x)))),
+    "hardshrink": (lambda x: F.hardshrink(x, 0.75), lambda x: torch.where(x.abs() > 0.75, x, torch.zeros_like(x))),
+    "fold": (lambda x: F.fold(x.reshape(1, 24, 5), (2, 6), 2), lambda x: _fold(x.reshape(1, 24, 5), (2, 6), 2)),
+    "fold-padded": (lambda x: F.fold(x[:, :4, :4], (2, 3), 2, padding=1, stride=2),
+                    lambda x: _fold(x[:, :4, :4], (2, 3), 2, padding=1, stride=2)),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
                    lambda x: _written_layer_norm(x.reshape(4, 2, -1), [-1], None, None, 1e-3).reshape(x.shape)),
 }

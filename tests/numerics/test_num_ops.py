@@ -89,3 +89,21 @@ def test_square_root_is_correctly_rounded(dtype: torch.dtype) -> None:
     with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):
         ours, inplace = torch.sqrt(x), x.clone().sqrt_()
     assert torch.equal(ours, inplace) and torch.equal(ours, round_to_grid(root, 32))
+
+
+def test_ops_outside_the_registry_run_on_integers_and_stay_refused_elsewhere() -> None:
+    # integer arithmetic is exact on every device: a position id's remainder, a count's floor division, a mask's
+    # exclusive or run as they are; on floating operands, drawing random numbers, or returning floating values
+    # from integers, the same ops stay refused, named
+    ids, mask = torch.tensor([[3, 7, 12], [5, 0, 9]]), torch.tensor([True, False, True])
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+        got = (ids % 5, torch.floor_divide(ids, 4), mask ^ torch.tensor([True, True, False]))
+        with pytest.raises(UnsupportedOpError, match="aten.remainder"):
+            torch.remainder(ids.double(), 5.0)
+        with pytest.raises(UnsupportedOpError, match="aten.randint_like"):
+            torch.randint_like(ids, 10)
+        with pytest.raises(UnsupportedOpError, match="aten.exp2.*floating values from integer operands"):
+            torch.exp2(ids)
+    assert [t.tolist() for t in got] == [[[3, 2, 2], [0, 0, 4]], [[0, 1, 3], [1, 0, 2]], [False, True, True]]
+    for op in (aten.remainder.Scalar, aten.floor_divide.default, aten.bitwise_xor.Tensor):  # (the rule, not entries)
+        assert str(op) not in registry()
