@@ -4,8 +4,8 @@ ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
-linear and bilinear upsampling, fold (col2im), GLU, the soft margin loss, cross-entropy over pixels, and
-cumulative sums and products.
+linear and bilinear upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over
+pixels, and cumulative sums and products.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -929,6 +929,61 @@ def nll_loss2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target:
     return rows.reshape(x.shape[0], *x.shape[2:], x.shape[1]).movedim(-1, 1).contiguous()
 
 
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _plain_bags(op: Any, scale_grad_by_freq: bool, sparse: bool) -> None:
+    if scale_grad_by_freq or sparse:
+        raise UnsupportedOpError(str(op), "scale_grad_by_freq and sparse gradients are not in the registry "
+                                 "(vtrain.composites): train with both off")
+
+
+def embedding_bag(op: Any, call: Call, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                  scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                  per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
+                  padding_idx: int = -1) -> tuple:
+    """aten._embedding_bag (`nn.EmbeddingBag`; `_embedding_bag_forward_only` without gradients): the bags' rows of weight (a gather), times their per-sample
+    weights (one IEEE multiplication each), added into each bag's sum from 0 in the indices' order, one IEEE
+    addition apiece (`index_add`; padding_idx's rows left out), a mean's sum divided by the bag's size; a max is a
+    selection, torch's own (exact). The bookkeeping outputs (each index's bag, the bags' sizes, the max's
+    indices) are torch's, integers."""
+    _plain_bags(op, scale_grad_by_freq, sparse)
+    native = op(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
+                padding_idx)
+    if mode == _BAG_MAX:
+        return native
+    out, bag_of, bag_size, max_indices = native
+    keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
+    rows = weight.index_select(0, indices[keep])
+    if per_sample_weights is not None:
+        rows = call(aten.mul.Tensor, rows, per_sample_weights[keep].unsqueeze(1))
+    sums = index_add(call, torch.zeros_like(out), 0, bag_of[keep], rows)
+    if mode == _BAG_MEAN:
+        sums = call(aten.div.Tensor, sums, bag_size.clamp_min(1).unsqueeze(1).to(sums.dtype))
+    return sums, bag_of, bag_size, max_indices
+
+
+def embedding_bag_backward(call: Call, grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                           bag_of: torch.Tensor, bag_size: torch.Tensor, max_indices: torch.Tensor,
+                           num_weights: int, scale_grad_by_freq: bool, mode: int, sparse: bool,
+                           per_sample_weights: torch.Tensor | None, padding_idx: int = -1) -> torch.Tensor:
+    """aten._embedding_bag_backward: each index's bag's gradient (over the bag's size for a mean, times its
+    per-sample weight), added into its weight row from 0 in the indices' order (`index_add`; padding_idx's left
+    out); a max's gradient goes to the row each value came from (`scatter_add`, bag after bag)."""
+    _plain_bags(aten._embedding_bag_backward.default, scale_grad_by_freq, sparse)
+    zeros = torch.zeros(num_weights, grad.shape[1], dtype=grad.dtype)
+    if mode == _BAG_MAX:
+        filled = bag_size > 0  # (an empty bag's max indices are -1: no row)
+        return scatter_add(call, zeros, 0, max_indices[filled], grad[filled])
+    if mode == _BAG_MEAN:
+        grad = call(aten.div.Tensor, grad, bag_size.clamp_min(1).unsqueeze(1).to(grad.dtype))
+    keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
+    rows = grad.index_select(0, bag_of[keep])
+    if per_sample_weights is not None:
+        rows = call(aten.mul.Tensor, rows, per_sample_weights[keep].unsqueeze(1))
+    return index_add(call, zeros, 0, indices[keep], rows)
+
+
 def _pad_sources(size: int, before: int, after: int, reflect: bool) -> torch.Tensor:
     """The input index each of a padded dim's size + before + after outputs reads: mirrored about the edge
     (reflection) or the edge repeated (replication)."""
@@ -1042,6 +1097,9 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
         (aten.reflection_pad1d_backward.default, True), (aten.reflection_pad2d_backward.default, True),
         (aten.reflection_pad3d_backward.default, True), (aten.replication_pad1d_backward.default, False),
         (aten.replication_pad2d_backward.default, False), (aten.replication_pad3d_backward.default, False))},
+    **{op: functools.partial(embedding_bag, op) for op in (aten._embedding_bag.default,
+                                                           aten._embedding_bag_forward_only.default)},
+    aten._embedding_bag_backward.default: embedding_bag_backward,
     aten.upsample_linear1d.default: upsample_linear1d,
     aten.upsample_linear1d_backward.default: upsample_linear1d_backward,
     aten.col2im.default: col2im,

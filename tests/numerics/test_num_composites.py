@@ -77,7 +77,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.upsample_linear1d.default, aten.upsample_linear1d_backward.default, aten.col2im.default,
                aten.glu.default, aten.glu_backward.default, aten.prod.default, aten.prod.dim_int,
                aten.soft_margin_loss.default, aten.soft_margin_loss_backward.default,
-               aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default):
+               aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default, aten._embedding_bag.default,
+               aten._embedding_bag_backward.default, aten._embedding_bag_forward_only.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -210,6 +211,21 @@ _IGNORED = _PIXELS.masked_fill(_PIXELS == 2, -100)
 _CLASS_WEIGHT = _grid(6, seed=36).abs()
 
 
+_BAG_IDS, _BAG_OFFSETS = torch.tensor([1, 20, 4, 5, 4, 3, 7, 7, 0, 23]), torch.tensor([0, 3, 3, 6])
+_BAG_OF, _BAG_WEIGHTS = torch.tensor([0, 0, 0, 2, 2, 2, 3, 3, 3, 3]), _grid(10, seed=37)
+
+
+def _bags(x: torch.Tensor, mode: str, padding_idx: int | None = None) -> torch.Tensor:
+    """nn.EmbeddingBag over x's 24 rows of 5 in registry ops: each kept index's row (times its weight, summing)
+    added into its bag's zeros in order (the second bag empty), over the bag's size for a mean."""
+    keep = _BAG_IDS != (-1 if padding_idx is None else padding_idx)
+    rows = x.reshape(24, 5).index_select(0, _BAG_IDS[keep])
+    if mode == "sum":
+        rows = rows * _BAG_WEIGHTS[keep].unsqueeze(1)
+    sums = torch.zeros(4, 5, dtype=torch.float64).index_add(0, _BAG_OF[keep], rows)
+    return sums if mode == "sum" else sums / torch.bincount(_BAG_OF[keep], minlength=4).clamp_min(1).unsqueeze(1)
+
+
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
@@ -279,6 +295,13 @@ DEFINITIONS = {
     "pixel-shuffle": (lambda x: F.pixel_shuffle(x[:, :4].reshape(1, 16, 5, 1), 2),
                       lambda x: x[:, :4].reshape(1, 4, 2, 2, 5, 1).permute(0, 1, 4, 2, 5, 3).reshape(1, 4, 10, 2)),
     "slices": (lambda x: x[:, 1:4] * x[:, 3:] + x[:, 2].unsqueeze(1), lambda x: x[:, 1:4] * x[:, 3:] + x[:, 2:3]),
+    "embedding-bag-sum": (lambda x: F.embedding_bag(_BAG_IDS, x.reshape(24, 5), _BAG_OFFSETS, mode="sum",
+                                                    per_sample_weights=_BAG_WEIGHTS), lambda x: _bags(x, "sum")),
+    "embedding-bag-mean": (lambda x: F.embedding_bag(_BAG_IDS, x.reshape(24, 5), _BAG_OFFSETS, mode="mean",
+                                                     padding_idx=4), lambda x: _bags(x, "mean", padding_idx=4)),
+    "embedding-bag-max": (lambda x: F.embedding_bag(_BAG_IDS[:6], x.reshape(24, 5), _BAG_OFFSETS[:2], mode="max"),
+                          lambda x: torch.stack([x.reshape(24, 5)[_BAG_IDS[:3]].amax(0),
+                                                 x.reshape(24, 5)[_BAG_IDS[3:6]].amax(0)])),
     "glu": (lambda x: F.glu(x, 1), lambda x: x[:, :3] * torch.sigmoid(x[:, 3:])),
     "prod": (lambda x: x.prod(1), lambda x: functools.reduce(torch.mul, x.unbind(1))),
     "prod-all": (lambda x: x[0, :2].prod(), lambda x: functools.reduce(torch.mul, x[0, :2].reshape(-1).unbind(0))),
