@@ -942,11 +942,11 @@ def embedding_bag(op: Any, call: Call, weight: torch.Tensor, indices: torch.Tens
                   scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
                   per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
                   padding_idx: int = -1) -> tuple:
-    """aten._embedding_bag (`nn.EmbeddingBag`; `_embedding_bag_forward_only` without gradients): the bags' rows of weight (a gather), times their per-sample
-    weights (one IEEE multiplication each), added into each bag's sum from 0 in the indices' order, one IEEE
-    addition apiece (`index_add`; padding_idx's rows left out), a mean's sum divided by the bag's size; a max is a
-    selection, torch's own (exact). The bookkeeping outputs (each index's bag, the bags' sizes, the max's
-    indices) are torch's, integers."""
+    """aten._embedding_bag (`nn.EmbeddingBag`; `_embedding_bag_forward_only` without gradients): the bags' rows of
+    weight (a gather), times their per-sample weights (one IEEE multiplication each), added into each bag's sum from
+    0 in the indices' order, one IEEE addition apiece (`index_add`; padding_idx's rows left out), a mean's sum
+    divided by the bag's size; a max is a selection, torch's own (exact). The bookkeeping outputs (each index's bag,
+    the bags' sizes, the max's indices) are torch's, integers."""
     _plain_bags(op, scale_grad_by_freq, sparse)
     native = op(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset,
                 padding_idx)
