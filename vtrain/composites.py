@@ -4,7 +4,7 @@ ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
-linear and bilinear upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over
+linear, bilinear and trilinear upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over
 pixels, and cumulative sums and products.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
@@ -30,6 +30,7 @@ refused before), so no canonical version is bumped; changing one would (vtrain.c
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, Callable, Sequence
 
@@ -770,63 +771,53 @@ def _linear_taps(size: int, out_size: int, align_corners: bool,
     return first, second, 1 - w1, w1
 
 
-def upsample_bilinear2d(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
-                        scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
-    """aten.upsample_bilinear2d: h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11) at each output, torch's formula,
-    one IEEE operation at a time (torch's kernel keeps the partial sums unrounded), with its taps and weights
-    (`_linear_taps`, the weights held in the work dtype)."""
-    (h0, h1, a0, a1), (w0, w1, b0, b1) = (
-        _linear_taps(n, o, align_corners, s) for n, o, s in zip(x.shape[-2:], output_size, (scales_h, scales_w)))
-    a0, a1 = (a.to(x.dtype).reshape(-1, 1) for a in (a0, a1))
-    b0, b1 = (b.to(x.dtype) for b in (b0, b1))
-    rows = []
-    for h in (h0, h1):
-        r = x.index_select(-2, h)  # (gathers: exact)
-        rows.append(call(aten.add.Tensor, call(aten.mul.Tensor, r.index_select(-1, w0), b0),
-                         call(aten.mul.Tensor, r.index_select(-1, w1), b1)))
-    return call(aten.add.Tensor, call(aten.mul.Tensor, rows[0], a0), call(aten.mul.Tensor, rows[1], a1))
+def _interpolate(call: Call, x: torch.Tensor, taps: list, dim: int) -> torch.Tensor:
+    """Linear interpolation along x's dims from `dim` on (one (first, second, w0, w1) of `_linear_taps` each), the
+    first of them outermost: a0 f(x at first) + a1 f(x at second), f the same over the remaining dims, as torch's
+    kernels nest it (bilinear: h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11)), each operation rounded."""
+    if not taps:
+        return x
+    (first, second, w0, w1), rest = taps[0], taps[1:]
+    shape = [-1] + [1] * len(rest)  # (a weight per position along dim, broadcast over the dims after it)
+    near, far = (_interpolate(call, x.index_select(dim, i), rest, dim + 1) for i in (first, second))  # (gathers)
+    return call(aten.add.Tensor, call(aten.mul.Tensor, near, w0.to(x.dtype).reshape(shape)),
+                call(aten.mul.Tensor, far, w1.to(x.dtype).reshape(shape)))
 
 
-def upsample_bilinear2d_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int],
-                                 input_size: Sequence[int], align_corners: bool, scales_h: float | None = None,
-                                 scales_w: float | None = None) -> torch.Tensor:
-    """aten.upsample_bilinear2d_backward: each output's gradient times each of its four taps' weights (h w, a
-    float64 product of the two, held in the work dtype: one IEEE multiplication each), added into the input's
-    gradient from 0 output by output, the taps in torch's order (00, 01, 10, 11), one IEEE addition apiece
-    (`index_add`)."""
-    (h0, h1, a0, a1), (w0, w1, b0, b1) = (
-        _linear_taps(n, o, align_corners, s) for n, o, s in zip(input_size[-2:], output_size, (scales_h, scales_w)))
-    height, width = input_size[-2:]
-    parts, taps = [], []
-    for h, a in ((h0, a0), (h1, a1)):
-        for w, b in ((w0, b0), (w1, b1)):
-            parts.append(call(aten.mul.Tensor, grad, torch.outer(a, b).to(grad.dtype)))
-            taps.append((h.reshape(-1, 1) * width + w).reshape(-1))
-    lead = list(input_size[:-2])
-    src = torch.stack(parts, -1).reshape(*lead, -1)  # (output-major, the four taps of an output together)
-    index = torch.stack(taps, -1).reshape(-1)
-    zeros = torch.zeros([*lead, height * width], dtype=grad.dtype)
-    return index_add(call, zeros, len(lead), index, src).reshape(input_size)
+def upsample_linear(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
+                    *scales: float | None) -> torch.Tensor:
+    """aten.upsample_linear1d, upsample_bilinear2d, upsample_trilinear3d (`F.interpolate(mode="linear" /
+    "bilinear" / "trilinear")`, any sizes or scales, corners aligned or not): torch's formula one IEEE operation
+    at a time (torch's kernels keep the partial sums unrounded), with torch's taps and weights (`_linear_taps`,
+    the weights held in the work dtype)."""
+    dims = len(output_size)
+    scales = scales + (None,) * (dims - len(scales))
+    taps = [_linear_taps(n, o, align_corners, s) for n, o, s in zip(x.shape[-dims:], output_size, scales)]
+    return _interpolate(call, x, taps, x.dim() - dims)
 
 
-def upsample_linear1d(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
-                      scales: float | None = None) -> torch.Tensor:
-    """aten.upsample_linear1d (`F.interpolate(mode="linear")`): w0 x0 + w1 x1 at each output, torch's taps and
-    weights (`_linear_taps`), each operation rounded."""
-    first, second, w0, w1 = _linear_taps(x.shape[-1], output_size[0], align_corners, scales)
-    return call(aten.add.Tensor, call(aten.mul.Tensor, x.index_select(-1, first), w0.to(x.dtype)),
-                call(aten.mul.Tensor, x.index_select(-1, second), w1.to(x.dtype)))
-
-
-def upsample_linear1d_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
-                               align_corners: bool, scales: float | None = None) -> torch.Tensor:
-    """aten.upsample_linear1d_backward: each output's gradient times its two taps' weights, added into the input's
-    gradient from 0 output by output, the taps in order (`index_add`)."""
-    first, second, w0, w1 = _linear_taps(input_size[-1], output_size[0], align_corners, scales)
-    parts = [call(aten.mul.Tensor, grad, w.to(grad.dtype)) for w in (w0, w1)]
-    lead = list(input_size[:-1])
-    return index_add(call, torch.zeros(input_size, dtype=grad.dtype), len(lead), torch.stack([first, second], -1)
-                     .reshape(-1), torch.stack(parts, -1).reshape(*lead, -1))
+def upsample_linear_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                             align_corners: bool, *scales: float | None) -> torch.Tensor:
+    """The backward passes of `upsample_linear`: each output's gradient times each of its taps' weights (the
+    product of the per-dim weights, outer dim first, in float64, held in the work dtype: one IEEE multiplication
+    each), added into the input's gradient from 0 output by output, the taps in torch's order (the outer dim's
+    first tap first: 00, 01, 10, 11 in 2-d), one IEEE addition apiece (`index_add`)."""
+    dims = len(output_size)
+    scales = scales + (None,) * (dims - len(scales))
+    spatial = input_size[-dims:]
+    taps = [_linear_taps(n, o, align_corners, s) for n, o, s in zip(spatial, output_size, scales)]
+    parts, index = [], []
+    for pick in itertools.product((0, 1), repeat=dims):
+        weight, flat = torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.long)
+        for d, (tap, k) in enumerate(zip(taps, pick)):  # (outer products over the dims, outer dim first)
+            weight = weight.unsqueeze(-1) * tap[2 + k]
+            flat = flat.unsqueeze(-1) * spatial[d] + tap[k]
+        parts.append(call(aten.mul.Tensor, grad, weight.to(grad.dtype)))
+        index.append(flat.reshape(-1))
+    lead = list(input_size[:-dims])
+    src = torch.stack(parts, -1).reshape(*lead, -1)  # (output-major, an output's taps together)
+    zeros = torch.zeros([*lead, math.prod(spatial)], dtype=grad.dtype)
+    return index_add(call, zeros, len(lead), torch.stack(index, -1).reshape(-1), src).reshape(input_size)
 
 
 def col2im(call: Call, cols: torch.Tensor, output_size: Sequence[int], kernel_size: Sequence[int],
@@ -1100,8 +1091,11 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     **{op: functools.partial(embedding_bag, op) for op in (aten._embedding_bag.default,
                                                            aten._embedding_bag_forward_only.default)},
     aten._embedding_bag_backward.default: embedding_bag_backward,
-    aten.upsample_linear1d.default: upsample_linear1d,
-    aten.upsample_linear1d_backward.default: upsample_linear1d_backward,
+    **{op: upsample_linear for op in (aten.upsample_linear1d.default, aten.upsample_bilinear2d.default,
+                                      aten.upsample_trilinear3d.default)},
+    **{op: upsample_linear_backward for op in (aten.upsample_linear1d_backward.default,
+                                               aten.upsample_bilinear2d_backward.default,
+                                               aten.upsample_trilinear3d_backward.default)},
     aten.col2im.default: col2im,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,
@@ -1111,8 +1105,6 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
     aten.nll_loss2d_forward.default: nll_loss2d,
     aten.nll_loss2d_backward.default: nll_loss2d_backward,
-    aten.upsample_bilinear2d.default: upsample_bilinear2d,
-    aten.upsample_bilinear2d_backward.default: upsample_bilinear2d_backward,
     aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),
     aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
 }

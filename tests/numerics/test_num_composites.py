@@ -78,7 +78,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.glu.default, aten.glu_backward.default, aten.prod.default, aten.prod.dim_int,
                aten.soft_margin_loss.default, aten.soft_margin_loss_backward.default,
                aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default, aten._embedding_bag.default,
-               aten._embedding_bag_backward.default, aten._embedding_bag_forward_only.default):
+               aten._embedding_bag_backward.default, aten._embedding_bag_forward_only.default,
+               aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -189,8 +190,17 @@ def _smooth_l1(x: torch.Tensor, beta: float) -> torch.Tensor:
 
 def _linear(x: torch.Tensor, out_size: int, align_corners: bool, scale: float | None) -> torch.Tensor:
     """Linear interpolation along the last dim in registry ops, with torch's taps and weights (`_taps`)."""
-    first, second, w0, w1 = (torch.tensor(v) for v in zip(*_taps(x.shape[-1], out_size, align_corners, scale)))
-    return x.index_select(-1, first) * w0.double() + x.index_select(-1, second) * w1.double()
+    first, second, w0, w1 = zip(*_taps(x.shape[-1], out_size, align_corners, scale))
+    w0, w1 = (torch.tensor(w, dtype=torch.float64) for w in (w0, w1))
+    return x.index_select(-1, torch.tensor(first)) * w0 + x.index_select(-1, torch.tensor(second)) * w1
+
+
+def _separable(x: torch.Tensor, sizes: tuple, align_corners: bool) -> torch.Tensor:
+    """Linear interpolation over x's trailing dims as `_linear` along the last dim, then the one before, ...: the
+    same operations as torch's nested formula (the outer dim's weights applied last)."""
+    for d, size in zip(range(-1, -len(sizes) - 1, -1), reversed(sizes)):
+        x = _linear(x.movedim(d, -1), size, align_corners, None).movedim(-1, d)
+    return x
 
 
 def _fold(cols: torch.Tensor, size: tuple, kernel: int, **kw: Any) -> torch.Tensor:
@@ -311,6 +321,13 @@ DEFINITIONS = {
                         lambda x: _linear(x, 10, False, 2.0)),
     "linear-resample": (lambda x: F.interpolate(x, size=3, mode="linear", align_corners=True),
                         lambda x: _linear(x, 3, True, None)),
+    "trilinear": (lambda x: F.interpolate(x.reshape(1, 1, 4, 6, 5), size=(5, 8, 3), mode="trilinear"),
+                  lambda x: _separable(x.reshape(1, 1, 4, 6, 5), (5, 8, 3), False)),
+    "trilinear-corners": (lambda x: F.interpolate(x.reshape(1, 2, 2, 6, 5), size=(3, 4, 7), mode="trilinear",
+                                                  align_corners=True),
+                          lambda x: _separable(x.reshape(1, 2, 2, 6, 5), (3, 4, 7), True)),
+    "bilinear": (lambda x: F.interpolate(x.reshape(2, 2, 6, 5), size=(9, 4), mode="bilinear"),
+                 lambda x: _separable(x.reshape(2, 2, 6, 5), (9, 4), False)),
     "pixel-cross-entropy": (lambda x: F.cross_entropy(x, _PIXELS),
                             lambda x: F.nll_loss(F.log_softmax(x, 1).movedim(1, -1).reshape(-1, 6),
                                                  _PIXELS.reshape(-1))),
