@@ -866,7 +866,8 @@ def _prod(call: Call, x: torch.Tensor, dim: int, keepdim: bool, dtype: torch.dty
     if not x.is_floating_point() or x.dim() == 0:
         return aten.prod.dim_int(x, dim, keepdim) if x.dim() else x.clone()
     dim %= x.dim()
-    out = x.select(dim, 0).clone() if x.shape[dim] else torch.ones_like(x.select(dim, 0))
+    # (the product of no values is 1, exact)
+    out = x.select(dim, 0).clone() if x.shape[dim] else x.new_ones(x.shape[:dim] + x.shape[dim + 1:])
     for i in range(1, x.shape[dim]):
         out = call(aten.mul.Tensor, out, x.select(dim, i))
     return out.unsqueeze(dim) if keepdim else out
@@ -1013,7 +1014,7 @@ def _cumulative(op: Any, combine: Any, call: Call, x: torch.Tensor, dim: int, *,
     combines in another order.) Autograd's backward passes run through here too: cumsum's is a flipped cumsum."""
     if dtype is not None and dtype != x.dtype:
         x = call(aten._to_copy.default, x, dtype=dtype)
-    if not x.is_floating_point() or x.dim() == 0:
+    if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0:  # (no value to round, or one)
         return op(x, dim)
     dim %= x.dim()
     partial = [x.select(dim, 0)]

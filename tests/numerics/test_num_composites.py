@@ -603,6 +603,11 @@ def test_cumulative_sums_and_products_round_each_partial_result_in_order(resolut
     assert all(torch.equal(a, b) for a, b in zip(ids, (mask.cumsum(-1), (mask > 0).cumsum(1), mask.cumprod(0))))
     (widened, ), _ = _rounded(lambda: (mask.cumsum(1, dtype=torch.float64),), resolution)
     assert torch.equal(widened, mask.cumsum(1).double())
+    empty = torch.zeros(3, 0, dtype=torch.float64)  # (nothing to add or multiply: torch's empty results, and 1s)
+    got, _ = _rounded(lambda: (empty.cumsum(1), empty.cumprod(0), empty.prod(1), empty.prod(0), empty.prod()),
+                      resolution)
+    want = (empty.cumsum(1), empty.cumprod(0), empty.prod(1), empty.prod(0), empty.prod())
+    assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, want))
 
 
 def _taps(size: int, out_size: int, align_corners: bool, scale: float | None) -> list[tuple[int, int, float, float]]:
