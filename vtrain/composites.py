@@ -754,6 +754,24 @@ def index_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, source
     return scatter_add(call, x, dim, index.reshape(shape).expand_as(source), _times(call, source, alpha))
 
 
+def _flat_index(indices: Sequence[torch.Tensor], sizes: Sequence[int]) -> torch.Tensor:
+    """The row-major flat index into dims of `sizes` of every combination of `indices` (one index vector a dim),
+    in row-major order of the combinations."""
+    flat = torch.zeros((), dtype=torch.long)
+    for index, size in zip(indices, sizes):
+        flat = flat.unsqueeze(-1) * size + index
+    return flat.reshape(-1)
+
+
+def _add_into(call: Call, shape: Sequence[int], dims: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """Zeros of `shape`, its last `dims` dims flattened, plus each of src's values (the leading dims, then a value
+    for each of `index`'s positions) at its index, in src's order (`index_add`), reshaped back: the scatter
+    additions of the backward passes of padding and interpolation, and of fold."""
+    lead = list(shape[:-dims])
+    zeros = torch.zeros([*lead, math.prod(shape[-dims:])], dtype=src.dtype)
+    return index_add(call, zeros, len(lead), index, src.reshape(*lead, -1)).reshape(shape)
+
+
 def _linear_taps(size: int, out_size: int, align_corners: bool,
                  scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(first tap, second tap, their weights) of each output along one dim of a linear interpolation, as torch's
@@ -769,6 +787,13 @@ def _linear_taps(size: int, out_size: int, align_corners: bool,
     second = torch.where(first < size - 1, first + 1, first)
     w1 = (real - first).clamp(0.0, 1.0)
     return first, second, 1 - w1, w1
+
+
+def _all_taps(sizes: Sequence[int], output_size: Sequence[int], align_corners: bool,
+              scales: tuple[float | None, ...]) -> list:
+    """`_linear_taps` of each interpolated dim (`scales` may stop short: None for the rest)."""
+    scales = scales + (None,) * (len(output_size) - len(scales))
+    return [_linear_taps(n, o, align_corners, s) for n, o, s in zip(sizes, output_size, scales)]
 
 
 def _interpolate(call: Call, x: torch.Tensor, taps: list, dim: int) -> torch.Tensor:
@@ -791,9 +816,7 @@ def upsample_linear(call: Call, x: torch.Tensor, output_size: Sequence[int], ali
     at a time (torch's kernels keep the partial sums unrounded), with torch's taps and weights (`_linear_taps`,
     the weights held in the work dtype)."""
     dims = len(output_size)
-    scales = scales + (None,) * (dims - len(scales))
-    taps = [_linear_taps(n, o, align_corners, s) for n, o, s in zip(x.shape[-dims:], output_size, scales)]
-    return _interpolate(call, x, taps, x.dim() - dims)
+    return _interpolate(call, x, _all_taps(x.shape[-dims:], output_size, align_corners, scales), x.dim() - dims)
 
 
 def upsample_linear_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
@@ -803,21 +826,17 @@ def upsample_linear_backward(call: Call, grad: torch.Tensor, output_size: Sequen
     each), added into the input's gradient from 0 output by output, the taps in torch's order (the outer dim's
     first tap first: 00, 01, 10, 11 in 2-d), one IEEE addition apiece (`index_add`)."""
     dims = len(output_size)
-    scales = scales + (None,) * (dims - len(scales))
     spatial = input_size[-dims:]
-    taps = [_linear_taps(n, o, align_corners, s) for n, o, s in zip(spatial, output_size, scales)]
+    taps = _all_taps(spatial, output_size, align_corners, scales)
     parts, index = [], []
     for pick in itertools.product((0, 1), repeat=dims):
-        weight, flat = torch.ones((), dtype=torch.float64), torch.zeros((), dtype=torch.long)
-        for d, (tap, k) in enumerate(zip(taps, pick)):  # (outer products over the dims, outer dim first)
+        weight = torch.ones((), dtype=torch.float64)
+        for tap, k in zip(taps, pick):  # (outer products over the dims, outer dim first)
             weight = weight.unsqueeze(-1) * tap[2 + k]
-            flat = flat.unsqueeze(-1) * spatial[d] + tap[k]
         parts.append(call(aten.mul.Tensor, grad, weight.to(grad.dtype)))
-        index.append(flat.reshape(-1))
-    lead = list(input_size[:-dims])
-    src = torch.stack(parts, -1).reshape(*lead, -1)  # (output-major, an output's taps together)
-    zeros = torch.zeros([*lead, math.prod(spatial)], dtype=grad.dtype)
-    return index_add(call, zeros, len(lead), torch.stack(index, -1).reshape(-1), src).reshape(input_size)
+        index.append(_flat_index([tap[k] for tap, k in zip(taps, pick)], spatial))
+    # (output-major, an output's taps together)
+    return _add_into(call, input_size, dims, torch.stack(index, -1).reshape(-1), torch.stack(parts, -1))
 
 
 def col2im(call: Call, cols: torch.Tensor, output_size: Sequence[int], kernel_size: Sequence[int],
@@ -840,8 +859,7 @@ def col2im(call: Call, cols: torch.Tensor, output_size: Sequence[int], kernel_si
     inside = ((y >= 0) & (y < height) & (x >= 0) & (x < width)).reshape(-1)
     index = ((c * height + y) * width + x).reshape(-1)[inside]
     src = cols.reshape(cols.shape[0], -1)[:, inside]
-    out = index_add(call, torch.zeros(cols.shape[0], channels * height * width, dtype=cols.dtype), 1, index, src)
-    out = out.reshape(cols.shape[0], channels, height, width)
+    out = _add_into(call, (cols.shape[0], channels, height, width), 3, index, src)
     return out if batched else out.squeeze(0)
 
 
@@ -860,23 +878,35 @@ def glu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, dim: int) -> t
     return torch.cat([call(aten.mul.Tensor, grad, s), grad_b], dim)
 
 
+def _in_dtype(call: Call, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """x converted to a reduction's `dtype` argument first (a rounded copy), where one is given."""
+    return x if dtype is None or dtype == x.dtype else call(aten._to_copy.default, x, dtype=dtype)
+
+
+def _partials(call: Call, combine: Any, x: torch.Tensor, dim: int) -> list[torch.Tensor]:
+    """y_0 = x_0, y_i = y_(i-1) combine x_i along dim (of one value at least), each partial result rounded: the
+    recurrence of cumsum, cumprod and prod."""
+    partial = [x.select(dim, 0)]
+    for i in range(1, x.shape[dim]):
+        partial.append(call(combine, partial[-1], x.select(dim, i)))
+    return partial
+
+
 def _prod(call: Call, x: torch.Tensor, dim: int, keepdim: bool, dtype: torch.dtype | None) -> torch.Tensor:
-    if dtype is not None and dtype != x.dtype:
-        x = call(aten._to_copy.default, x, dtype=dtype)
+    x = _in_dtype(call, x, dtype)
     if not x.is_floating_point() or x.dim() == 0:
         return aten.prod.dim_int(x, dim, keepdim) if x.dim() else x.clone()
     dim %= x.dim()
-    # (the product of no values is 1, exact)
-    out = x.select(dim, 0).clone() if x.shape[dim] else x.new_ones(x.shape[:dim] + x.shape[dim + 1:])
-    for i in range(1, x.shape[dim]):
-        out = call(aten.mul.Tensor, out, x.select(dim, i))
+    # (the product of no values is 1, exact; of one, a copy of it)
+    out = _partials(call, aten.mul.Tensor, x, dim)[-1].clone() if x.shape[dim] else \
+        x.new_ones(x.shape[:dim] + x.shape[dim + 1:])
     return out.unsqueeze(dim) if keepdim else out
 
 
 def prod(call: Call, x: torch.Tensor, dim: int | None = None, keepdim: bool = False, *,
          dtype: torch.dtype | None = None) -> torch.Tensor:
     """aten.prod (over every value, or one dim): integers as torch multiplies them; floating values
-    x_0 x_1 ... in order, each partial product rounded (`_cumulative`'s recurrence, its last value)."""
+    x_0 x_1 ... in order, each partial product rounded (`_partials`, the last)."""
     if dim is None:
         return _prod(call, x.reshape(-1), 0, False, dtype)
     return _prod(call, x, dim, keepdim, dtype)
@@ -930,6 +960,22 @@ def _plain_bags(op: Any, scale_grad_by_freq: bool, sparse: bool) -> None:
                                  "(vtrain.composites): train with both off")
 
 
+def _bag_rows(call: Call, table: torch.Tensor, rows: torch.Tensor, indices: torch.Tensor, padding_idx: int,
+              per_sample_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(which of the bags' indices count (not padding_idx), table's `rows` at those, times their per-sample
+    weights: one IEEE multiplication each)."""
+    keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
+    picked = table.index_select(0, rows[keep])
+    if per_sample_weights is not None:
+        picked = call(aten.mul.Tensor, picked, per_sample_weights[keep].unsqueeze(1))
+    return keep, picked
+
+
+def _over_bag_sizes(call: Call, t: torch.Tensor, bag_size: torch.Tensor) -> torch.Tensor:
+    """t's rows divided by their bags' sizes (an empty bag's by 1): a mean bag's."""
+    return call(aten.div.Tensor, t, bag_size.clamp_min(1).unsqueeze(1).to(t.dtype))
+
+
 def embedding_bag(op: Any, call: Call, weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                   scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
                   per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
@@ -945,14 +991,9 @@ def embedding_bag(op: Any, call: Call, weight: torch.Tensor, indices: torch.Tens
     if mode == _BAG_MAX:
         return native
     out, bag_of, bag_size, max_indices = native
-    keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
-    rows = weight.index_select(0, indices[keep])
-    if per_sample_weights is not None:
-        rows = call(aten.mul.Tensor, rows, per_sample_weights[keep].unsqueeze(1))
+    keep, rows = _bag_rows(call, weight, indices, indices, padding_idx, per_sample_weights)
     sums = index_add(call, torch.zeros_like(out), 0, bag_of[keep], rows)
-    if mode == _BAG_MEAN:
-        sums = call(aten.div.Tensor, sums, bag_size.clamp_min(1).unsqueeze(1).to(sums.dtype))
-    return sums, bag_of, bag_size, max_indices
+    return (_over_bag_sizes(call, sums, bag_size) if mode == _BAG_MEAN else sums), bag_of, bag_size, max_indices
 
 
 def embedding_bag_backward(call: Call, grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
@@ -968,11 +1009,8 @@ def embedding_bag_backward(call: Call, grad: torch.Tensor, indices: torch.Tensor
         filled = bag_size > 0  # (an empty bag's max indices are -1: no row)
         return scatter_add(call, zeros, 0, max_indices[filled], grad[filled])
     if mode == _BAG_MEAN:
-        grad = call(aten.div.Tensor, grad, bag_size.clamp_min(1).unsqueeze(1).to(grad.dtype))
-    keep = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
-    rows = grad.index_select(0, bag_of[keep])
-    if per_sample_weights is not None:
-        rows = call(aten.mul.Tensor, rows, per_sample_weights[keep].unsqueeze(1))
+        grad = _over_bag_sizes(call, grad, bag_size)
+    keep, rows = _bag_rows(call, grad, bag_of, indices, padding_idx, per_sample_weights)
     return index_add(call, zeros, 0, indices[keep], rows)
 
 
@@ -997,13 +1035,7 @@ def _pad_backward(reflect: bool, call: Call, grad: torch.Tensor, x: torch.Tensor
     # padding lists the last dim first: (before, after) of dim -1, then of dim -2, ...
     sources = [_pad_sources(n, padding[2 * (dims - 1 - d)], padding[2 * (dims - 1 - d) + 1], reflect)
                for d, n in enumerate(spatial)]
-    flat = torch.zeros((), dtype=torch.long)
-    for d, src in enumerate(sources):  # (the flat input index of every output position, row-major)
-        flat = flat.unsqueeze(-1) * spatial[d] + src
-    lead = list(x.shape[:-dims])
-    zeros = torch.zeros([*lead, math.prod(spatial)], dtype=grad.dtype)
-    out = index_add(call, zeros, len(lead), flat.reshape(-1), grad.reshape(*lead, -1))
-    return out.reshape(x.shape)
+    return _add_into(call, x.shape, dims, _flat_index(sources, spatial), grad)
 
 
 def _cumulative(op: Any, combine: Any, call: Call, x: torch.Tensor, dim: int, *,
@@ -1012,15 +1044,11 @@ def _cumulative(op: Any, combine: Any, call: Call, x: torch.Tensor, dim: int, *,
     mask); floating values by one IEEE operation per value along dim, in order, each partial result rounded:
     y_0 = x_0, y_i = y_(i-1) op x_i. (Torch's CPU kernel runs the same recurrence unrounded; a GPU's parallel scan
     combines in another order.) Autograd's backward passes run through here too: cumsum's is a flipped cumsum."""
-    if dtype is not None and dtype != x.dtype:
-        x = call(aten._to_copy.default, x, dtype=dtype)
+    x = _in_dtype(call, x, dtype)
     if not x.is_floating_point() or x.numel() == 0 or x.dim() == 0:  # (no value to round, or one)
         return op(x, dim)
     dim %= x.dim()
-    partial = [x.select(dim, 0)]
-    for i in range(1, x.shape[dim]):
-        partial.append(call(combine, partial[-1], x.select(dim, i)))
-    return torch.stack(partial, dim)
+    return torch.stack(_partials(call, combine, x, dim), dim)
 
 
 # aten op -> its sequence (the aten schema's arguments after `call`)

@@ -56,7 +56,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from vtrain import refine, spare, valuecode
@@ -238,8 +237,7 @@ class RoundedExecution(TorchDispatchMode):
         spec = classify(func, args, kwargs)
         if spec.cls is OpClass.EXACT:
             out = func(*args, **kwargs)
-            if spec.integer and any(isinstance(t, torch.Tensor) and t.is_floating_point()
-                                    for t in pytree.tree_leaves(out)):
+            if spec.integer and any(t is not None for t in _outputs(out)[1]):
                 raise UnsupportedOpError(spec.name, "it returned floating values from integer operands, which no "
                                          "class of vtrain.ops covers; convert the operands to the work dtype first")
             if spec.constants and self._off_grid(args, kwargs):  # (in-place ops return args[0], rounded here)

@@ -571,8 +571,8 @@ def test_padding_gradients_add_each_outputs_gradient_in_order_rounding_after_eac
     # the outputs that read it, in the output's row-major order, each sum rounded onto the grid; written out in
     # Python floats (float64 additions, float32 roundings)
     x = _grid(*shape, seed=50).requires_grad_()
-    g = _grid(*F.pad(x.detach(), pad, mode=mode).shape, seed=51) * 2.0 ** torch.randint(
-        -30, 1, F.pad(x.detach(), pad, mode=mode).shape, generator=torch.Generator().manual_seed(52))
+    padded = F.pad(x.detach(), pad, mode=mode).shape
+    g = _grid(*padded, seed=51) * 2.0 ** torch.randint(-30, 1, padded, generator=torch.Generator().manual_seed(52))
     dims = len(pad) // 2
     spatial = shape[-dims:]
     before = [pad[2 * (dims - 1 - d)] for d in range(dims)]
