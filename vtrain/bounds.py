@@ -251,8 +251,8 @@ def _convolution_at(func: Any) -> PositionBound:
         """E of output i at flat positions `pos`: its terms gathered as the exact resolution gathers them
         (vtrain.resolve), their absolute values summed in float64, with the full bound's term count (any
         order: see `_finish`). For the auditor's few entries, where the full bound is a second convolution
-        over everything; the convolutions the exact resolution does not gather (transposed, 3-d) take the
-        full bound at `pos`."""
+        over everything; the convolutions whose terms vtrain.resolve.abs_sums does not gather (transposed,
+        3-d) take the full bound at `pos`."""
         from vtrain.resolve import ResolveError, abs_sums  # noqa: PLC0415 (resolve pulls in mpmath: only ops that gather pay)
         v = outs[i]
         try:

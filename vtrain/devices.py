@@ -13,9 +13,10 @@ summation order, built from batched torch ops so they stay fast (see research/nu
 - emu:lanes8-butterfly  K split into 8 interleaved lanes (k mod 8), each lane a native matmul on a
                         strided slice, lanes combined by an xor butterfly (warp shuffle); sums likewise.
 
-On an emulated device, convolutions are unfold + the device's matmul (their backward too), softmax,
-log-softmax and the NLL loss normalise with the device's sum. (Fused elementwise ops such as addcmul
-are not device ops at all: vtrain.ops decomposes them into IEEE primitives in a fixed order.) Transcendental functions (exp, log, ...) stay native on every device: we have no
+On an emulated device, 1-d and 2-d convolutions (any groups, transposed too) are im2col + the device's
+batched matmul (their backward too), and softmax, log-softmax and the NLL loss normalise with the device's sum.
+(Fused elementwise ops such as addcmul are not device ops at all: vtrain.ops decomposes them into IEEE
+primitives in a fixed order.) Transcendental functions (exp, log, ...) stay native on every device: we have no
 second libm, and reductions and matmuls are where devices really differ. Pooling kernels stay native.
 The rounding log's error bounds (vtrain.bounds) hold for any of these orders, and for any IEEE device.
 """
@@ -291,7 +292,8 @@ def _softmax(dev: Device, x: torch.Tensor, dim: int, half_to_float: bool) -> tor
     return e / dev.sum(e, [dim], keepdim=True)
 
 
-def _log_softmax_backward(dev: Device, grad: torch.Tensor, out: torch.Tensor, dim: int, input_dtype: Any) -> torch.Tensor:
+def _log_softmax_backward(dev: Device, grad: torch.Tensor, out: torch.Tensor, dim: int,
+                          input_dtype: Any) -> torch.Tensor:
     return grad - torch.exp(out) * dev.sum(grad, [dim], keepdim=True)
 
 
@@ -314,58 +316,123 @@ def _nll_loss_forward(dev: Device, x: torch.Tensor, target: torch.Tensor, weight
     return (loss / total if reduction == 1 else loss), total
 
 
-def _check_conv(dev: Device, x: torch.Tensor, weight: torch.Tensor, transposed: bool, groups: int) -> None:
-    if transposed or groups != 1 or x.dim() not in (3, 4):
-        raise DeviceOpError(
-            f"{dev.name}: convolution is emulated for 1-d and 2-d, non-transposed, groups=1 only "
-            f"(got input {tuple(x.shape)}, transposed={transposed}, groups={groups}); use device cpu")
+def _check_conv(dev: Device, x: torch.Tensor) -> None:
+    if x.dim() not in (3, 4):
+        raise DeviceOpError(f"{dev.name}: convolution is emulated for 1-d and 2-d inputs only (got input "
+                            f"{tuple(x.shape)}); use device cpu")
 
 
-def _as_2d(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
-           dilation: Any) -> tuple[torch.Tensor, torch.Tensor, list, list, list]:
+def _as_2d(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+           output_padding: Any) -> tuple[torch.Tensor, torch.Tensor, list, list, list, list]:
     """A 1-d convolution's operands and geometry as a 2-d one's of height 1 (the same sums)."""
-    return x.unsqueeze(2), weight.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation]
+    return (x.unsqueeze(2), weight.unsqueeze(2), [1, *stride], [0, *padding], [1, *dilation],
+            [0, *output_padding])
+
+
+# A convolution's sums are each a dot product of a weight row and an im2col column: the device's batched matmul,
+# one problem per image and group. Its backward and the transposed convolution are the same products read the
+# other way: a transposed convolution is the input gradient of the convolution it transposes (same weight, same
+# geometry), and its input gradient that convolution's forward.
+
+def _blocks(size: Sequence[int], weight: torch.Tensor, stride: Any, padding: Any, dilation: Any) -> list[int]:
+    """How many windows a convolution slides along each spatial dim of an input of spatial size `size`."""
+    return [(size[d] + 2 * padding[d] - dilation[d] * (weight.shape[2 + d] - 1) - 1) // stride[d] + 1
+            for d in range(2)]
+
+
+def _windows(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+             blocks: Sequence[int]) -> torch.Tensor:
+    """x's im2col columns (N, C*kh*kw, L) for the first `blocks` windows along each dim (fewer than slide: a
+    transposed convolution's output padding can add windows that the input it transposes has no value for)."""
+    kh, kw = weight.shape[2:]
+    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)
+    every = _blocks(x.shape[2:], weight, stride, padding, dilation)
+    if list(blocks) != every:
+        cols = cols.reshape(*cols.shape[:2], *every)[..., :blocks[0], :blocks[1]].reshape(*cols.shape[:2], -1)
+    return cols
+
+
+def _forward(dev: Device, x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+             groups: int, blocks: Sequence[int] | None = None) -> torch.Tensor:
+    """conv2d(x, weight) without bias over its first `blocks` windows (all by default): (N, C, H, W) ->
+    (N, O, *blocks)."""
+    n = x.shape[0]
+    o, cg, kh, kw = weight.shape
+    blocks = blocks or _blocks(x.shape[2:], weight, stride, padding, dilation)
+    cols = _windows(x, weight, stride, padding, dilation, blocks)
+    k = cg * kh * kw  # (unfold's rows run channel by channel, so each group's are one block)
+    wmat = weight.reshape(1, groups, o // groups, k).expand(n, -1, -1, -1).reshape(n * groups, o // groups, k)
+    return dev.bmm(wmat, cols.reshape(n * groups, k, -1)).reshape(n, o, *blocks)
+
+
+def _input_grad(dev: Device, g: torch.Tensor, weight: torch.Tensor, size: Sequence[int], stride: Any,
+                padding: Any, dilation: Any, groups: int) -> torch.Tensor:
+    """The gradient of `_forward`'s x of spatial size `size` for its output's gradient g: (N, O, OH, OW) ->
+    (N, C, *size)."""
+    n, o = g.shape[:2]
+    _, cg, kh, kw = weight.shape
+    og, k = o // groups, cg * kh * kw
+    wt = weight.reshape(1, groups, og, k).transpose(2, 3).expand(n, -1, -1, -1).reshape(n * groups, k, og)
+    dcols = dev.bmm(wt.contiguous(), g.reshape(n * groups, og, -1)).reshape(n, groups * k, -1)
+    every = _blocks(size, weight, stride, padding, dilation)
+    if list(g.shape[2:]) != every:  # (windows g has no value for add nothing)
+        dcols = F.pad(dcols.reshape(n, groups * k, *g.shape[2:]),
+                      (0, every[1] - g.shape[3], 0, every[0] - g.shape[2])).reshape(n, groups * k, -1)
+    return F.fold(dcols, tuple(size), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+
+
+def _weight_grad(dev: Device, g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
+                 dilation: Any, groups: int) -> torch.Tensor:
+    """The gradient of `_forward`'s weight for its output's gradient g, one sum over images and windows per
+    weight."""
+    n, o = g.shape[:2]
+    _, cg, kh, kw = weight.shape
+    og, k = o // groups, cg * kh * kw
+    cols = _windows(x, weight, stride, padding, dilation, g.shape[2:])  # (N, C*kh*kw, L)
+    g2 = g.reshape(n, groups, og, -1).permute(1, 2, 0, 3).reshape(groups, og, -1)  # (G, Og, N*L)
+    c2 = cols.reshape(n, groups, k, -1).permute(1, 0, 3, 2).reshape(groups, -1, k)  # (G, N*L, Cg*kh*kw)
+    return dev.bmm(g2, c2).reshape(weight.shape)
+
+
+def _transposed_size(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+                     output_padding: Any) -> list[int]:
+    return [(x.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (weight.shape[2 + d] - 1)
+            + output_padding[d] + 1 for d in range(2)]
 
 
 def _convolution(dev: Device, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Any,
                  padding: Any, dilation: Any, transposed: bool, output_padding: Any, groups: int) -> torch.Tensor:
-    _check_conv(dev, x, weight, transposed, groups)
+    _check_conv(dev, x)
     if x.dim() == 3:
-        x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
+        x4, w4, stride, padding, dilation, output_padding = _as_2d(x, weight, stride, padding, dilation,
+                                                                   output_padding)
         return _convolution(dev, x4, w4, bias, stride, padding, dilation, transposed, output_padding,
                             groups).squeeze(2)
-    n, _, h, w = x.shape
-    o, _, kh, kw = weight.shape
-    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
-    oh = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    ow = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    wmat = weight.reshape(1, o, -1).expand(n, o, weight[0].numel())
-    out = dev.bmm(wmat, cols).reshape(n, o, oh, ow)  # (N, O, L) -> (N, O, OH, OW)
-    return out + bias.reshape(1, o, 1, 1) if bias is not None else out
+    if transposed:
+        size = _transposed_size(x, weight, stride, padding, dilation, output_padding)
+        out = _input_grad(dev, x, weight, size, stride, padding, dilation, groups)
+    else:
+        out = _forward(dev, x, weight, stride, padding, dilation, groups)
+    return out + bias.reshape(1, -1, 1, 1) if bias is not None else out
 
 
 def _convolution_backward(dev: Device, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
                           stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                           groups: int, output_mask: Any) -> tuple:
-    _check_conv(dev, x, weight, transposed, groups)
+    _check_conv(dev, x)
     if x.dim() == 3:
-        x4, w4, stride, padding, dilation = _as_2d(x, weight, stride, padding, dilation)
+        x4, w4, stride, padding, dilation, output_padding = _as_2d(x, weight, stride, padding, dilation,
+                                                                   output_padding)
         gi, gw, gb = _convolution_backward(dev, grad.unsqueeze(2), x4, w4, bias_sizes, stride, padding, dilation,
                                            transposed, output_padding, groups, output_mask)
         return gi if gi is None else gi.squeeze(2), gw if gw is None else gw.squeeze(2), gb
-    n, c, h, w = x.shape
-    o, _, kh, kw = weight.shape
-    g = grad.reshape(n, o, -1)  # (N, O, L)
     gi = gw = gb = None
     if output_mask[0]:
-        wt = weight.reshape(o, -1).T.unsqueeze(0).expand(n, c * kh * kw, o)
-        dcols = dev.bmm(wt.contiguous(), g)  # (N, C*kh*kw, L)
-        gi = F.fold(dcols, (h, w), (kh, kw), dilation=dilation, padding=padding, stride=stride)
-    if output_mask[1]:
-        cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)  # (N, CK, L)
-        g2 = g.permute(1, 0, 2).reshape(o, -1)  # (O, N*L)
-        c2 = cols.permute(0, 2, 1).reshape(-1, c * kh * kw)  # (N*L, CK)
-        gw = dev.mm(g2, c2).reshape(weight.shape)
+        gi = _forward(dev, grad, weight, stride, padding, dilation, groups, x.shape[2:]) if transposed else \
+            _input_grad(dev, grad, weight, x.shape[2:], stride, padding, dilation, groups)
+    if output_mask[1]:  # (a transposed convolution's weight meets x where the one it transposes meets its gradient)
+        gw = _weight_grad(dev, x, grad, weight, stride, padding, dilation, groups) if transposed else \
+            _weight_grad(dev, grad, x, weight, stride, padding, dilation, groups)
     if output_mask[2]:
         gb = dev.sum(grad, [0, 2, 3])
     return gi, gw, gb

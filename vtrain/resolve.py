@@ -35,8 +35,9 @@ things per op:
   matmul's line samples, whose lowest lsb bound q from above too (`_sampled_out`).
 
 Ops are read through their aten schema (_bind), so positional and keyword calls look the same. Only
-2-d pooling and 1-d/2-d non-transposed convolutions (any groups, stride, padding, dilation) are
-supported; anything else raises ResolveError naming the op, as does an op with no resolver at all.
+2-d pooling and 1-d/2-d convolutions (any groups, stride, padding, dilation; transposed ones read through
+the convolution they transpose) are supported; anything else raises ResolveError naming the op, as does an
+op with no resolver at all.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 import numpy as np
 import torch
@@ -262,17 +263,20 @@ def _addmm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.
 def _conv_geometry(op: Any, kw: dict) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple, tuple, int]:
     """(input as 4-d, weight as 4-d, stride, padding, dilation, groups); 1-d convs get height 1."""
     x, w = kw["input"], kw["weight"]
-    if kw["transposed"]:
-        raise ResolveError(f"{op}: transposed convolutions have no exact resolver; train them with "
-                           'resolution = "log"')
+    if kw["transposed"]:  # (the resolver reads one through the convolution it transposes: `_transposed_terms`)
+        raise ResolveError(f"{op}: a transposed convolution's geometry is the one it transposes")
     stride, padding, dilation = list(kw["stride"]), list(kw["padding"]), list(kw["dilation"])
     if x.dim() == 3 and w.dim() == 3:
         x, w = x.unsqueeze(2), w.unsqueeze(2)
         stride, padding, dilation = [1] + stride[-1:], [0] + padding[-1:], [1] + dilation[-1:]
     if x.dim() != 4 or w.dim() != 4:
-        raise ResolveError(f"{op}: exact resolution supports batched 1-d and 2-d convolutions only, got input "
-                           f"{tuple(kw['input'].shape)} and weight {tuple(kw['weight'].shape)}")
+        _refuse_dims(op, kw)
     return x, w, _pair(stride), _pair(padding), _pair(dilation), int(kw["groups"])
+
+
+def _refuse_dims(op: Any, kw: dict) -> NoReturn:
+    raise ResolveError(f"{op}: exact resolution supports batched 1-d and 2-d convolutions only, got input "
+                       f"{tuple(kw['input'].shape)} and weight {tuple(kw['weight'].shape)}")
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -572,10 +576,60 @@ _CONVOLUTION_TERMS = {aten.convolution.default: _convolution_terms,
                       aten.convolution_backward.default: _convolution_backward_terms}
 
 
+def _transposed_terms(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[int, Terms] | None:
+    """`_convolution_terms` for output i of a transposed convolution (op: forward or backward), None for others.
+
+    A transposed convolution is the input gradient of the convolution it transposes (the same weight and
+    geometry; its weight's (C_in, C_out / groups) are that convolution's (O, C / groups)), and its backward
+    that convolution's forward (grad_input) and weight gradient with the roles of input and gradient swapped:
+    each position's terms are read from those, at the position's coordinates in their outputs. Output padding
+    can give the convolution a window more along a dim than the transposed one has input values for, so
+    positions are re-laid in that output's shape."""
+    kw = _bind(op, args, kwargs)
+    if not kw["transposed"]:
+        return None
+    x, w, groups = kw["input"], kw["weight"], int(kw["groups"])
+    if x.dim() not in (3, 4):
+        _refuse_dims(op, kw)
+    geometry = (list(kw["stride"]), list(kw["padding"]), list(kw["dilation"]))
+    if op is aten.convolution.default:  # out = grad_input of a convolution whose gradient is x, + bias
+        out_shape = (x.shape[0], w.shape[1] * groups, *(
+            (x.shape[d] - 1) * kw["stride"][d - 2] - 2 * kw["padding"][d - 2] + kw["dilation"][d - 2] *
+            (w.shape[d] - 1) + kw["output_padding"][d - 2] + 1 for d in range(2, x.dim())))
+        regular = (x, x.new_zeros(()).expand(out_shape), w, None, *geometry, False, [0] * (x.dim() - 2), groups,
+                   [True, False, False])
+        width, part = _convolution_backward_terms(regular, {}, 0)
+        bias = kw["bias"]
+        if bias is None:
+            return width, part
+
+        def with_bias(ps: np.ndarray) -> tuple:
+            a, b, _ = part(ps)
+            return a, b, bias[_unravel(ps, out_shape)[1]]
+        return width, with_bias
+    g = kw["grad_output"]
+    if i == 0:  # grad_input: the forward convolution of g, over x's windows
+        regular = (g, w, None, *geometry, False, [0] * (x.dim() - 2), groups)
+        width, part = _convolution_terms(regular, {}, 0)
+        windows = [_out_size(g.shape[d], w.shape[d], *(geo[d - 2] for geo in geometry)) for d in range(2, g.dim())]
+        return width, lambda ps: part(np.ravel_multi_index(np.unravel_index(ps, tuple(x.shape)),
+                                                           (*x.shape[:2], *windows)))
+    if i == 1:  # grad_weight: that of a convolution of g whose gradient is x
+        regular = (x, g, w, None, *geometry, False, [0] * (x.dim() - 2), groups, [False, True, False])
+        return _convolution_backward_terms(regular, {}, 1)
+    if i == 2:
+        return g[:, 0].numel(), lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
+    raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
+
+
 def _convolution(op: Any) -> Resolver:
     """The resolver of a convolution or its backward: as a matmul over im2col columns where that applies
-    (`_convolution_matmul`), else each position's terms gathered."""
+    (`_convolution_matmul`), else each position's terms gathered (a transposed convolution's always: see
+    `_transposed_terms`)."""
     def resolve(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+        transposed = _transposed_terms(op, args, kwargs, i)
+        if transposed is not None:
+            return _chunked(pos, transposed[0], _rounded(transposed[1], bits))
         as_matmul = _convolution_matmul(op, args, kwargs, i, len(pos))
         if as_matmul is not None:
             return _matmul_at(as_matmul, pos, bits)

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from numkit import batch
+from vtrain import resolve
 from vtrain.devices import get_device, list_devices
 from vtrain.errors import UnsupportedOpError
 from vtrain.grid import round_to_grid
@@ -920,6 +921,50 @@ def _train_padded(device: str, mode: str, logs: list | None = None, resolution: 
 
 def test_padded_convolutions_resampling_and_cumulative_ops_train_to_the_same_bits_on_every_device() -> None:
     _replicates(_train_padded)
+
+
+class _Coder(nn.Module):
+    """An encoder and decoder over the digits' 8 x 8 images: a depthwise (groups = channels) and a grouped strided
+    convolution down to 4 x 4, grouped transposed convolutions back up to 8 x 8 (output padding) and, along the
+    rows, a 1-d one; the emulated devices run them all, and the exact resolution reads a transposed convolution's
+    sums through the one it transposes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(1, 4, 3, padding=1)
+        self.depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.down = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
+        self.up = nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
+        self.rows = nn.ConvTranspose1d(8, 4, 3, stride=2, dilation=2, bias=False)
+        self.head = nn.Linear(4 * 8 * 8 + 4 * 19, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.depthwise(torch.tanh(self.first(x.reshape(-1, 1, 8, 8)))))
+        up = torch.tanh(self.up(torch.tanh(self.down(h))))
+        r = torch.tanh(self.rows(up.mean(1)))
+        return self.head(torch.cat([up.flatten(1), r.flatten(1)], 1))
+
+
+def _train_coder(device: str, mode: str, logs: list | None = None, resolution: str = "log") -> tuple[list, list, int]:
+    """`_steps` of `_Coder` with Adam on digits."""
+    return _steps(_Coder, lambda ps: torch.optim.Adam(ps, lr=3e-3, foreach=False), _digits_loss, device, mode, logs,
+                  resolution)
+
+
+def test_grouped_and_transposed_convolutions_train_to_the_same_bits_on_every_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    read, terms = set(), resolve._transposed_terms
+
+    def reading(op, args, kwargs, i):  # noqa: ANN001, ANN202
+        out = terms(op, args, kwargs, i)
+        if out is not None:
+            read.add(op)
+        return out
+
+    monkeypatch.setattr(resolve, "_transposed_terms", reading)
+    _replicates(_train_coder)
+    # (the exact resolution recomputed values of the transposed convolutions and of their backward)
+    assert read == {aten.convolution.default, aten.convolution_backward.default}
 
 
 def test_onednns_fused_lstm_is_refused_with_the_way_around_it() -> None:

@@ -484,15 +484,84 @@ def test_resolves_only_the_positions_asked_for_and_noncontiguous_inputs() -> Non
 
 
 def test_unsupported_configurations_raise_named_errors() -> None:
-    x, w = torch.ones(1, 2, 4, 4, dtype=torch.float64), torch.ones(2, 2, 3, 3, dtype=torch.float64)
-    with pytest.raises(ResolveError, match="transposed"):
-        resolver_for(aten.convolution.default)((x, w, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1), {}, 0,
+    x, w = torch.ones(1, 2, 4, 4, 4, dtype=torch.float64), torch.ones(2, 2, 3, 3, 3, dtype=torch.float64)
+    with pytest.raises(ResolveError, match=r"1-d and 2-d convolutions only, got input \(1, 2, 4, 4, 4\)"):
+        resolver_for(aten.convolution.default)((x, w, None, [1] * 3, [0] * 3, [1] * 3, True, [0] * 3, 1), {}, 0,
                                                np.array([0]), 32)
     with pytest.raises(ResolveError, match="aten.cumsum.default"):
         resolver_for(aten.cumsum.default)
     with pytest.raises(ResolveError, match="0/0"):
         x = torch.zeros(2, 3, dtype=torch.float64)
         resolver_for(aten.nll_loss_forward.default)((x, torch.tensor([1, 1]), None, 1, 1), {}, 0, np.array([0]), 32)
+
+
+def ref_conv_transposed(x, w, b, stride, pad, dil, out_pad, groups) -> np.ndarray:
+    """Written as a transposed convolution is defined: every input value, times each tap of its weights, adds
+    to the output cell that tap reaches (the output padding widens the output at its far end)."""
+    X, W = fr(x), fr(w)
+    n_img, c_in, h, wd = x.shape
+    _, co_g, kh, kw = w.shape
+    size = [(n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in
+            zip((h, wd), stride, pad, dil, (kh, kw), out_pad)]
+    out = zeros((n_img, co_g * groups, *size))
+    for n, co, r, c in itertools.product(*(range(k) for k in out.shape)):
+        out[n, co, r, c] = F(0) if b is None else F(float(b[co]))
+    for n, ci, y, z in itertools.product(range(n_img), range(c_in), range(h), range(wd)):
+        for col, i, j in itertools.product(range(co_g), range(kh), range(kw)):
+            r, c = y * stride[0] - pad[0] + i * dil[0], z * stride[1] - pad[1] + j * dil[1]
+            if 0 <= r < size[0] and 0 <= c < size[1]:
+                out[n, (ci // (c_in // groups)) * co_g + col, r, c] += X[n, ci, y, z] * W[ci, col, i, j]
+    return out
+
+
+def ref_conv_transposed_backward(gy, x, w, stride, pad, dil, groups) -> tuple:
+    """The gradients of `ref_conv_transposed`: each (input value, tap) pair's product read back from the output
+    cell it added to."""
+    G, X, W = fr(gy), fr(x), fr(w)
+    gi, gw = zeros(tuple(x.shape)), zeros(tuple(w.shape))
+    n_img, c_in, h, wd = x.shape
+    _, co_g, kh, kw = w.shape
+    gb = fr(gy).sum(axis=(0, 2, 3))
+    for n, ci, y, z in itertools.product(range(n_img), range(c_in), range(h), range(wd)):
+        for col, i, j in itertools.product(range(co_g), range(kh), range(kw)):
+            r, c = y * stride[0] - pad[0] + i * dil[0], z * stride[1] - pad[1] + j * dil[1]
+            if 0 <= r < gy.shape[2] and 0 <= c < gy.shape[3]:
+                co = (ci // (c_in // groups)) * co_g + col
+                gi[n, ci, y, z] += G[n, co, r, c] * W[ci, col, i, j]
+                gw[ci, col, i, j] += G[n, co, r, c] * X[n, ci, y, z]
+    return gi, gw, gb
+
+
+# (input shape, weight shape, bias, stride, padding, dilation, output padding, groups): grouped, strided and
+# dilated; output padding below the stride (rows) and, at stride 1, below the dilation only (columns), where the
+# convolution a transposed one is read through has a window more than the transposed one has inputs; 1-d
+TRANSPOSED = {"2d": ((2, 4, 4, 3), (4, 3, 3, 2), True, [2, 1], [1, 0], [1, 2], [1, 1], 2),
+              "1d": ((2, 3, 5), (3, 2, 3), False, [2], [1], [1], [0], 1)}
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant"])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+@pytest.mark.parametrize("name", TRANSPOSED)
+def test_transposed_convolutions_and_their_gradients_resolve_as_the_fractions(name: str, dtype: torch.dtype,
+                                                                               bits: int, kind: str) -> None:
+    x_shape, w_shape, with_bias, stride, pad, dil, out_pad, groups = TRANSPOSED[name]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"transposed/{name}/{bits}/{kind}".encode()))
+    x, w = grid(x_shape, gen, dtype, bits, kind), grid(w_shape, gen, dtype, bits, kind)
+    bias = grid((w_shape[1] * groups,), gen, dtype, bits, kind) if with_bias else None
+    args = (x, w, bias, stride, pad, dil, True, out_pad, groups)
+    y = aten.convolution.default(*args)
+    gy = grid(tuple(y.shape), gen, dtype, bits, kind)
+    geometry = [stride, pad, dil]
+    if x.dim() == 3:  # (the references are 2-d: a 1-d convolution is one of height 1)
+        x2, w2, gy2, out_pad2 = x.unsqueeze(2), w.unsqueeze(2), gy.unsqueeze(2), [0, *out_pad]
+        geometry = [[1, *stride], [0, *pad], [1, *dil]]
+    else:
+        x2, w2, gy2, out_pad2 = x, w, gy, out_pad
+    check_resolver(aten.convolution.default, args, {}, [flat(ref_conv_transposed(x2, w2, bias, *geometry, out_pad2,
+                                                                                 groups))], bits)
+    backward = (gy, x, w, [w_shape[1] * groups], stride, pad, dil, True, out_pad, groups, [True, True, True])
+    check_resolver(aten.convolution_backward.default, backward, {},
+                   [flat(o) for o in ref_conv_transposed_backward(gy2, x2, w2, *geometry, groups)], bits)
 
 
 # -- transcendental functions -----------------------------------------------------------------------
