@@ -1,4 +1,4 @@
-"""The op registry: every aten op the rounded training may meet, in one of three classes (DESIGN.md §1.2).
+"""The op registry: every aten op the rounded training may meet, in one of five classes (DESIGN.md §1.2).
 
 1. EXACT: exact on grid inputs (views, copies, relu, neg, max, where, fills, comparisons, ...): the output
    is a grid value (or not floating at all), so nothing is done.
@@ -17,6 +17,8 @@
 4. COMPOSITE: ops run as fixed sequences of registry ops (vtrain.composites), each op of them dispatched on its
    own: torch's fused norms, vector norms, variances, SiLU, softplus, scaled dot-product attention, the
    regression and binary losses, and their backward passes.
+5. DRAW: random draws (bernoulli, native_dropout: dropout's masks), drawn from the rounded execution's seed
+   rather than the device's generator (vtrain.draws), so that every device draws the same values.
 
 An op in no class raises UnsupportedOpError naming it: nothing passes through silently. In-place class 3
 ops are computed out of place (through their functional overload) so that the error bound sees the
@@ -37,6 +39,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from vtrain.composites import COMPOSITES
+from vtrain.draws import DRAWS
 from vtrain.grains import EXACT_ALL, ExactAll
 from vtrain.inline import INLINE, InlineBound
 from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
@@ -51,6 +54,7 @@ class OpClass(enum.IntEnum):
     IEEE = 2
     DEVICE = 3
     COMPOSITE = 4
+    DRAW = 5
 
 
 @dataclass(frozen=True)
@@ -149,8 +153,8 @@ _IEEE = _names(
     aten.reciprocal.default, aten.reciprocal_.default,
     aten._to_copy.default, aten.copy_.default, aten.fill_.Scalar, aten.fill_.Tensor, aten.full.default,
     aten.full_like.default, aten.new_full.default,
-    # dropout: the mask is 0/1 and the kept values are scaled by one multiplication
-    aten.native_dropout.default, aten.native_dropout_backward.default,
+    # dropout's gradient: the mask is 0/1 and the kept values are scaled by one multiplication
+    aten.native_dropout_backward.default,
     # start + i step: off the grid wherever the grid's spacing exceeds the step's, or the step is not a grid value
     aten.arange.default, aten.arange.start, aten.arange.start_step,
     # x - lambda above lambda, x + lambda below -lambda, 0 between: one operation a value
@@ -284,6 +288,8 @@ def _build() -> dict[Any, OpSpec]:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=inplace, decomposed=fn)
     for op, fn in COMPOSITES.items():
         table[op] = OpSpec(str(op), OpClass.COMPOSITE, decomposed=fn)
+    for op in DRAWS:
+        table[op] = OpSpec(str(op), OpClass.DRAW, inplace=op._schema.name.endswith("_"))
     return table
 
 

@@ -742,7 +742,7 @@ class _Normed(nn.Module):
 
 
 def _steps(make: Any, optimizer: Any, loss: Any, device: str, mode: str, logs: list | None,
-           resolution: str) -> tuple[list, list, int]:
+           resolution: str, seed: int | None = None) -> tuple[list, list, int]:
     """Four steps of the model `make()` with `optimizer(parameters)` on `loss(model, step)`, gradients clipped to
     norm 1, in float32 work at bits = 19 (the scale models' regime, whose bands are wide): (the weights, buffers
     and optimizer state, the step logs, the corrections a replay made)."""
@@ -755,7 +755,7 @@ def _steps(make: Any, optimizer: Any, loss: Any, device: str, mode: str, logs: l
     out, corrections = [], 0
     for t in range(4):
         with RoundedExecution(bits=19, device=get_device(device), mode=mode, step=t, resolution=resolution,
-                              replay_log=None if logs is None else logs[t]) as rx:
+                              replay_log=None if logs is None else logs[t], seed=seed) as rx:
             opt.zero_grad()
             loss(model, t).backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
@@ -965,6 +965,34 @@ def test_grouped_and_transposed_convolutions_train_to_the_same_bits_on_every_dev
     _replicates(_train_coder)
     # (the exact resolution recomputed values of the transposed convolutions and of their backward)
     assert read == {aten.convolution.default, aten.convolution_backward.default}
+
+
+class _Dropped(nn.Module):
+    """torch's dropout modules in training: `nn.Dropout` after a hidden layer, `nn.Dropout2d` on a convolution's
+    channels, `nn.AlphaDropout` before the head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.channels = nn.Conv2d(1, 4, 3, padding=1), nn.Dropout2d(0.25)
+        self.hidden, self.drop = nn.Linear(4 * 64, 32), nn.Dropout(0.3)
+        self.alpha, self.head = nn.AlphaDropout(0.2), nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.channels(torch.tanh(self.conv(x.reshape(-1, 1, 8, 8))))
+        return self.head(self.alpha(torch.tanh(self.drop(torch.tanh(self.hidden(h.flatten(1)))))))
+
+
+def _train_dropped(device: str, mode: str, logs: list | None = None, resolution: str = "log",
+                   seed: int = 11) -> tuple[list, list, int]:
+    """`_steps` of `_Dropped` with Adam on digits, its masks drawn from `seed`."""
+    return _steps(_Dropped, lambda ps: torch.optim.Adam(ps, lr=3e-3, foreach=False), _digits_loss, device, mode, logs,
+                  resolution, seed)
+
+
+def test_dropout_modules_train_to_the_same_bits_on_every_device_with_their_masks_from_the_seed() -> None:
+    _replicates(_train_dropped)
+    other = _train_dropped("cpu", "record", seed=12)[0]  # (the masks decide something)
+    assert not all(torch.equal(a, b) for a, b in zip(_train_dropped("cpu", "record")[0], other))
 
 
 def test_onednns_fused_lstm_is_refused_with_the_way_around_it() -> None:

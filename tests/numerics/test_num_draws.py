@@ -1,0 +1,76 @@
+"""Random draws under rounded execution come from the seed: the same masks on every device (vtrain.draws)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from vtrain.data import keyed_generator
+from vtrain.devices import get_device
+from vtrain.errors import UnsupportedOpError
+from vtrain.grid import round_to_grid
+from vtrain.rounding import RoundedExecution
+
+aten = torch.ops.aten
+
+
+def _uniform(seed: int, step: int, k: int, shape: tuple) -> torch.Tensor:
+    """The k-th draw of a step, as vtrain.draws documents it."""
+    return torch.rand(shape, generator=keyed_generator(seed, step, f"draw:{k}"), dtype=torch.float64)
+
+
+def _seeded(seed: int | None = 5, step: int = 3, bits: int = 32) -> RoundedExecution:
+    return RoundedExecution(bits=bits, device=get_device("cpu"), mode="record", step=step, seed=seed)
+
+
+def test_bernoulli_draws_are_ones_below_p_from_the_seeds_stream_in_the_order_drawn() -> None:
+    x = torch.empty(4, 6, dtype=torch.float64)
+    probs = torch.linspace(0.05, 0.95, 24, dtype=torch.float64).reshape(4, 6)
+    with _seeded():
+        first = x.bernoulli_(0.3).clone()
+        second = torch.bernoulli(x, 0.7)
+        third = torch.bernoulli(probs)
+        fourth = x.bernoulli_(probs[0]).clone()  # (a probability per column, broadcast)
+    assert torch.equal(first, (_uniform(5, 3, 0, (4, 6)) < 0.3).double())
+    assert torch.equal(second, (_uniform(5, 3, 1, (4, 6)) < 0.7).double())
+    assert torch.equal(third, (_uniform(5, 3, 2, (4, 6)) < probs).double())
+    assert torch.equal(fourth, (_uniform(5, 3, 3, (4, 6)) < probs[0]).double())
+    assert not torch.equal(first, (_uniform(5, 3, 1, (4, 6)) < 0.3).double())  # (each draw its own stream)
+
+
+def test_native_dropout_keeps_with_probability_one_minus_p_and_scales_by_one_rounded_product() -> None:
+    x = round_to_grid(torch.randn(5, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64), 32)
+    with _seeded(seed=9, step=1):
+        out, mask = torch.native_dropout(x, 0.3, True)
+        same, ones = torch.native_dropout(x, 0.3, False)
+        zeros, _ = torch.native_dropout(x, 1.0, True)
+    keep = _uniform(9, 1, 0, (5, 7)) < 0.7
+    assert torch.equal(mask, keep) and torch.equal(ones, torch.ones_like(keep)) and torch.equal(same, x)
+    assert torch.equal(out, round_to_grid((x * keep.double()) * (1 / 0.7), 32))
+    assert not zeros.any()
+
+
+def test_dropout_modules_draw_the_same_masks_on_every_device_and_other_masks_at_other_steps() -> None:
+    x = round_to_grid(torch.randn(8, 6, 4, 4, generator=torch.Generator().manual_seed(1)), 19)
+    drops = [nn.Dropout(0.4), nn.Dropout2d(0.4), nn.AlphaDropout(0.4)]
+
+    def masked(device: str, step: int) -> list[torch.Tensor]:
+        with RoundedExecution(bits=19, device=get_device(device), mode="record", step=step, seed=2):
+            return [d(x) for d in drops]
+
+    want = masked("cpu", 1)
+    assert all(torch.equal(a, b) for dev in ("emu:splitk8-tree", "emu:lanes8-butterfly")
+               for a, b in zip(want, masked(dev, 1)))
+    assert not any(torch.equal(a, b) for a, b in zip(want, masked("cpu", 2)))
+    assert all(not torch.equal(a, x) for a in want)  # (every module dropped something)
+
+
+def test_draws_without_a_seed_or_with_a_generator_of_their_own_are_refused_by_name() -> None:
+    x = torch.zeros(3, 3, dtype=torch.float64)
+    with pytest.raises(UnsupportedOpError, match=r"aten.bernoulli_.float.*give RoundedExecution a seed"):
+        with _seeded(seed=None):
+            nn.Dropout(0.5)(x)
+    with pytest.raises(UnsupportedOpError, match=r"aten.bernoulli.p.*a generator of its own"):
+        with _seeded():
+            torch.bernoulli(x, 0.5, generator=torch.Generator())
