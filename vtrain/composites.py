@@ -4,8 +4,8 @@ ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
-linear, bilinear and trilinear upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over
-pixels, and cumulative sums and products.
+linear, bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
+cross-entropy over pixels, and cumulative sums and products.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -772,71 +772,116 @@ def _add_into(call: Call, shape: Sequence[int], dims: int, index: torch.Tensor, 
     return index_add(call, zeros, len(lead), index, src.reshape(*lead, -1)).reshape(shape)
 
 
-def _linear_taps(size: int, out_size: int, align_corners: bool,
-                 scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(first tap, second tap, their weights) of each output along one dim of a linear interpolation, as torch's
-    CPU kernel places them (area_pixel_compute_source_index): integer taps, float64 weights from the sizes and
-    scale alone, the same on every device."""
+Taps = tuple[list[torch.Tensor], list[torch.Tensor]]  # along one dim: each output's source indices, their weights
+
+
+def _source(size: int, out_size: int, align_corners: bool, scale: float | None, cubic: bool) -> torch.Tensor:
+    """Each output's real source position along one dim, as torch's CPU kernels compute it
+    (area_pixel_compute_source_index: a linear one clamped at 0, a cubic one not), in float64."""
     if align_corners:
         ratio = (size - 1) / (out_size - 1) if out_size > 1 else 0.0
     else:
         ratio = 1.0 / scale if scale is not None and scale > 0 else size / out_size
     dst = torch.arange(out_size, dtype=torch.float64)
-    real = ratio * dst if align_corners else (ratio * (dst + 0.5) - 0.5).clamp_min(0.0)
+    if align_corners:
+        return ratio * dst
+    real = ratio * (dst + 0.5) - 0.5
+    return real if cubic else real.clamp_min(0.0)
+
+
+def _linear_taps(size: int, out_size: int, align_corners: bool, scale: float | None) -> Taps:
+    """The two taps of each output along one dim of a linear interpolation and their weights, as torch's CPU kernel
+    places them: integer taps, float64 weights from the sizes and scale alone, the same on every device."""
+    real = _source(size, out_size, align_corners, scale, False)
     first = real.floor().long().clamp_max(size - 1)
     second = torch.where(first < size - 1, first + 1, first)
     w1 = (real - first).clamp(0.0, 1.0)
-    return first, second, 1 - w1, w1
+    return [first, second], [1 - w1, w1]
 
 
-def _all_taps(sizes: Sequence[int], output_size: Sequence[int], align_corners: bool,
-              scales: tuple[float | None, ...]) -> list:
-    """`_linear_taps` of each interpolated dim (`scales` may stop short: None for the rest)."""
+_CUBIC_A = -0.75  # (torch's, and OpenCV's, cubic convolution constant)
+
+
+def _cubic_taps(size: int, out_size: int, align_corners: bool, scale: float | None) -> Taps:
+    """The four taps of each output along one dim of a bicubic interpolation (the source's floor - 1 to floor + 2,
+    clamped to the edges) and their cubic convolution weights at t (the source's distance past its floor, within
+    [0, 1]), as torch's CPU kernels place them (guard_index_and_lambda, get_cubic_upsample_coefficients), in
+    float64."""
+    real = _source(size, out_size, align_corners, scale, True)
+    floor = real.floor().long().clamp_max(size - 1)
+    t = (real - floor).clamp(0.0, 1.0)
+    a = _CUBIC_A
+
+    def near(x: torch.Tensor) -> torch.Tensor:  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: torch.Tensor) -> torch.Tensor:  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    taps = [(floor + k).clamp(0, size - 1) for k in (-1, 0, 1, 2)]
+    return taps, [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
+def _all_taps(taps: Callable[..., Taps], sizes: Sequence[int], output_size: Sequence[int], align_corners: bool,
+              scales: tuple[float | None, ...]) -> list[Taps]:
+    """`taps` (`_linear_taps` or `_cubic_taps`) of each interpolated dim (`scales` may stop short: None for the
+    rest)."""
     scales = scales + (None,) * (len(output_size) - len(scales))
-    return [_linear_taps(n, o, align_corners, s) for n, o, s in zip(sizes, output_size, scales)]
+    return [taps(n, o, align_corners, s) for n, o, s in zip(sizes, output_size, scales)]
 
 
-def _interpolate(call: Call, x: torch.Tensor, taps: list, dim: int) -> torch.Tensor:
-    """Linear interpolation along x's dims from `dim` on (one (first, second, w0, w1) of `_linear_taps` each), the
-    first of them outermost: a0 f(x at first) + a1 f(x at second), f the same over the remaining dims, as torch's
-    kernels nest it (bilinear: h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11)), each operation rounded."""
+def _interpolate(call: Call, x: torch.Tensor, taps: list[Taps], dim: int) -> torch.Tensor:
+    """Interpolation along x's dims from `dim` on (one `Taps` each), the first of them outermost: w0 f(x at tap 0)
+    + w1 f(x at tap 1) + ..., added in tap order, f the same over the remaining dims, as torch's kernels nest it
+    (bilinear: h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11)), each operation rounded."""
     if not taps:
         return x
-    (first, second, w0, w1), rest = taps[0], taps[1:]
+    (indices, weights), rest = taps[0], taps[1:]
     shape = [-1] + [1] * len(rest)  # (a weight per position along dim, broadcast over the dims after it)
-    near, far = (_interpolate(call, x.index_select(dim, i), rest, dim + 1) for i in (first, second))  # (gathers)
-    return call(aten.add.Tensor, call(aten.mul.Tensor, near, w0.to(x.dtype).reshape(shape)),
-                call(aten.mul.Tensor, far, w1.to(x.dtype).reshape(shape)))
+    parts = [_interpolate(call, x.index_select(dim, i), rest, dim + 1) for i in indices]  # (gathers)
+    out = None
+    for part, w in zip(parts, weights):
+        term = call(aten.mul.Tensor, part, w.to(x.dtype).reshape(shape))
+        out = term if out is None else call(aten.add.Tensor, out, term)
+    return out
 
 
-def upsample_linear(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
-                    *scales: float | None) -> torch.Tensor:
-    """aten.upsample_linear1d, upsample_bilinear2d, upsample_trilinear3d (`F.interpolate(mode="linear" /
-    "bilinear" / "trilinear")`, any sizes or scales, corners aligned or not): torch's formula one IEEE operation
-    at a time (torch's kernels keep the partial sums unrounded), with torch's taps and weights (`_linear_taps`,
-    the weights held in the work dtype)."""
-    dims = len(output_size)
-    return _interpolate(call, x, _all_taps(x.shape[-dims:], output_size, align_corners, scales), x.dim() - dims)
+def _upsample(kind: Callable[..., Taps]) -> Callable[..., torch.Tensor]:
+    def upsample(call: Call, x: torch.Tensor, output_size: Sequence[int], align_corners: bool,
+                 *scales: float | None) -> torch.Tensor:
+        """aten.upsample_linear1d, upsample_bilinear2d, upsample_trilinear3d and upsample_bicubic2d
+        (`F.interpolate(mode="linear" / "bilinear" / "trilinear" / "bicubic")`, any sizes or scales, corners
+        aligned or not): torch's formula one IEEE operation at a time (torch's kernels keep the partial sums
+        unrounded), with torch's taps and weights (`_linear_taps`, `_cubic_taps`; the weights held in the work
+        dtype)."""
+        dims = len(output_size)
+        return _interpolate(call, x, _all_taps(kind, x.shape[-dims:], output_size, align_corners, scales),
+                            x.dim() - dims)
+
+    return upsample
 
 
-def upsample_linear_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
-                             align_corners: bool, *scales: float | None) -> torch.Tensor:
-    """The backward passes of `upsample_linear`: each output's gradient times each of its taps' weights (the
-    product of the per-dim weights, outer dim first, in float64, held in the work dtype: one IEEE multiplication
-    each), added into the input's gradient from 0 output by output, the taps in torch's order (the outer dim's
-    first tap first: 00, 01, 10, 11 in 2-d), one IEEE addition apiece (`index_add`)."""
-    dims = len(output_size)
-    spatial = input_size[-dims:]
-    taps = _all_taps(spatial, output_size, align_corners, scales)
-    parts, index = [], []
-    for pick in itertools.product((0, 1), repeat=dims):
-        weight = torch.ones((), dtype=torch.float64)
-        for tap, k in zip(taps, pick):  # (outer products over the dims, outer dim first)
-            weight = weight.unsqueeze(-1) * tap[2 + k]
-        parts.append(call(aten.mul.Tensor, grad, weight.to(grad.dtype)))
-        index.append(_flat_index([tap[k] for tap, k in zip(taps, pick)], spatial))
-    # (output-major, an output's taps together)
-    return _add_into(call, input_size, dims, torch.stack(index, -1).reshape(-1), torch.stack(parts, -1))
+def _upsample_backward(kind: Callable[..., Taps]) -> Callable[..., torch.Tensor]:
+    def upsample_backward(call: Call, grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                          align_corners: bool, *scales: float | None) -> torch.Tensor:
+        """The backward passes of `_upsample`: each output's gradient times each of its taps' weights (the product
+        of the per-dim weights, outer dim first, in float64, held in the work dtype: one IEEE multiplication
+        each), added into the input's gradient from 0 output by output, the taps in torch's order (the outer dim's
+        first tap first: 00, 01, 10, 11 in bilinear 2-d), one IEEE addition apiece (`index_add`)."""
+        dims = len(output_size)
+        spatial = input_size[-dims:]
+        taps = _all_taps(kind, spatial, output_size, align_corners, scales)
+        parts, index = [], []
+        for pick in itertools.product(range(len(taps[0][0])), repeat=dims):
+            weight = torch.ones((), dtype=torch.float64)
+            for (_, weights), k in zip(taps, pick):  # (outer products over the dims, outer dim first)
+                weight = weight.unsqueeze(-1) * weights[k]
+            parts.append(call(aten.mul.Tensor, grad, weight.to(grad.dtype)))
+            index.append(_flat_index([indices[k] for (indices, _), k in zip(taps, pick)], spatial))
+        # (output-major, an output's taps together)
+        return _add_into(call, input_size, dims, torch.stack(index, -1).reshape(-1), torch.stack(parts, -1))
+
+    return upsample_backward
 
 
 def col2im(call: Call, cols: torch.Tensor, output_size: Sequence[int], kernel_size: Sequence[int],
@@ -1120,11 +1165,13 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     **{op: functools.partial(embedding_bag, op) for op in (aten._embedding_bag.default,
                                                            aten._embedding_bag_forward_only.default)},
     aten._embedding_bag_backward.default: embedding_bag_backward,
-    **{op: upsample_linear for op in (aten.upsample_linear1d.default, aten.upsample_bilinear2d.default,
-                                      aten.upsample_trilinear3d.default)},
-    **{op: upsample_linear_backward for op in (aten.upsample_linear1d_backward.default,
-                                               aten.upsample_bilinear2d_backward.default,
-                                               aten.upsample_trilinear3d_backward.default)},
+    **{op: _upsample(_linear_taps) for op in (aten.upsample_linear1d.default, aten.upsample_bilinear2d.default,
+                                              aten.upsample_trilinear3d.default)},
+    **{op: _upsample_backward(_linear_taps) for op in (aten.upsample_linear1d_backward.default,
+                                                       aten.upsample_bilinear2d_backward.default,
+                                                       aten.upsample_trilinear3d_backward.default)},
+    aten.upsample_bicubic2d.default: _upsample(_cubic_taps),
+    aten.upsample_bicubic2d_backward.default: _upsample_backward(_cubic_taps),
     aten.col2im.default: col2im,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,

@@ -80,7 +80,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.soft_margin_loss.default, aten.soft_margin_loss_backward.default,
                aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default, aten._embedding_bag.default,
                aten._embedding_bag_backward.default, aten._embedding_bag_forward_only.default,
-               aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default):
+               aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
+               aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -660,6 +661,64 @@ def test_bilinear_upsampling_and_its_gradient_round_each_operation_of_torchs_for
     assert not StepLog.from_bytes(log).sites
 
 
+def _cubic_taps(size: int, out_size: int, align_corners: bool,
+                scale: float | None) -> list[tuple[list[int], list[float]]]:
+    """torch's bicubic taps (floor - 1 to floor + 2, clamped to the edges) and cubic convolution weights (A = -0.75)
+    along one dim, written out in Python floats."""
+    a, taps = -0.75, []
+    for j in range(out_size):
+        if align_corners:
+            real = (size - 1) / (out_size - 1) * j if out_size > 1 else 0.0
+        else:
+            real = (1.0 / scale if scale else size / out_size) * (j + 0.5) - 0.5  # (not clamped at 0)
+        first = min(math.floor(real), size - 1)
+        t = min(max(real - first, 0.0), 1.0)
+        near = [((a + 2) * v - (a + 3)) * v * v + 1 for v in (t, 1 - t)]
+        far = [((a * v - 5 * a) * v + 8 * a) * v - 4 * a for v in (t + 1, 2 - t)]
+        taps.append(([min(max(first + k, 0), size - 1) for k in (-1, 0, 1, 2)], [far[0], near[0], near[1], far[1]]))
+    return taps
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("size,align_corners,scale", [((8, 12), False, 2.0), ((5, 7), True, None),
+                                                      ((3, 4), False, None), ((6, 9), False, 1.5)])
+def test_bicubic_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
+        size: tuple, align_corners: bool, scale: float | None, resolution: str) -> None:
+    # forward sum_a h_a (sum_b w_b x_ab), each sum in tap order; backward each output's gradient times h_a w_b
+    # added into its sixteen taps in order (edges clamped: a tap can repeat), from 0: each operation rounded onto
+    # the grid, written out in Python floats
+    x = _grid(2, 3, 4, 6, seed=58).requires_grad_()
+    g = _grid(2, 3, *size, seed=59) * 2.0 ** torch.randint(-20, 1, (2, 3, *size),
+                                                             generator=torch.Generator().manual_seed(60))
+    hs, ws = _cubic_taps(4, size[0], align_corners, scale), _cubic_taps(6, size[1], align_corners, scale)
+
+    def r(v: float) -> float:
+        return float(np.float32(v))
+
+    def tap_sum(values: list[float], weights: list[float]) -> float:
+        out = r(weights[0] * values[0])
+        for v, w in zip(values[1:], weights[1:]):
+            out = r(out + r(w * v))
+        return out
+
+    want_y, want_g = np.zeros((2, 3, *size)), np.zeros((2, 3, 4, 6))
+    for n, c, i, j in np.ndindex(2, 3, *size):
+        (rows, hw), (cols, ww), xs = hs[i], ws[j], x.detach()[n, c]
+        want_y[n, c, i, j] = tap_sum([tap_sum([float(xs[h, w]) for w in cols], ww) for h in rows], hw)
+        for h, a in zip(rows, hw):
+            for w, b in zip(cols, ww):
+                want_g[n, c, h, w] = r(want_g[n, c, h, w] + r(float(g[n, c, i, j]) * (a * b)))
+    kw = {"size": size} if scale is None else {"scale_factor": scale}
+
+    def both() -> tuple:
+        y = F.interpolate(x, mode="bicubic", align_corners=align_corners, **kw)
+        return y, torch.autograd.grad(y, x, g)[0]
+
+    (y, grad), log = _rounded(both, resolution)
+    assert torch.equal(y, torch.from_numpy(want_y)) and torch.equal(grad, torch.from_numpy(want_g))
+    assert not StepLog.from_bytes(log).sites
+
+
 _BIAS = _grid(5, 7, seed=6)
 _MINUS_INF = _grid(5, 5, seed=10).masked_fill(~_EMPTY_ROW, -math.inf)  # (finite values, -inf, a row of -inf)
 _ATTENTION = {  # (q, k and v's shapes, the call): 3-d operands, or v's width another, take torch's math path
@@ -926,8 +985,8 @@ def test_padded_convolutions_resampling_and_cumulative_ops_train_to_the_same_bit
 class _Coder(nn.Module):
     """An encoder and decoder over the digits' 8 x 8 images: a depthwise (groups = channels) and a grouped strided
     convolution down to 4 x 4, grouped transposed convolutions back up to 8 x 8 (output padding) and, along the
-    rows, a 1-d one; the emulated devices run them all, and the exact resolution reads a transposed convolution's
-    sums through the one it transposes."""
+    rows, a 1-d one, and bicubic resampling to 10 x 10; the emulated devices run them all, and the exact resolution
+    reads a transposed convolution's sums through the one it transposes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -936,12 +995,13 @@ class _Coder(nn.Module):
         self.down = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
         self.up = nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
         self.rows = nn.ConvTranspose1d(8, 4, 3, stride=2, dilation=2, bias=False)
-        self.head = nn.Linear(4 * 8 * 8 + 4 * 19, 10)
+        self.head = nn.Linear(4 * 10 * 10 + 4 * 19, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.depthwise(torch.tanh(self.first(x.reshape(-1, 1, 8, 8)))))
         up = torch.tanh(self.up(torch.tanh(self.down(h))))
         r = torch.tanh(self.rows(up.mean(1)))
+        up = F.interpolate(up, size=(10, 10), mode="bicubic", align_corners=True)
         return self.head(torch.cat([up.flatten(1), r.flatten(1)], 1))
 
 
