@@ -13,7 +13,7 @@ summation order, built from batched torch ops so they stay fast (see research/nu
 - emu:lanes8-butterfly  K split into 8 interleaved lanes (k mod 8), each lane a native matmul on a
                         strided slice, lanes combined by an xor butterfly (warp shuffle); sums likewise.
 
-On an emulated device, 1-d and 2-d convolutions (any groups, transposed too) are im2col + the device's
+On an emulated device, 1-d, 2-d and 3-d convolutions (any groups, transposed too) are im2col + the device's
 batched matmul (their backward too), and softmax, log-softmax and the NLL loss normalise with the device's sum.
 (Fused elementwise ops such as addcmul are not device ops at all: vtrain.ops decomposes them into IEEE
 primitives in a fixed order.) Transcendental functions (exp, log, ...) stay native on every device: we have no
@@ -24,6 +24,8 @@ The rounding log's error bounds (vtrain.bounds) hold for any of these orders, an
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -317,8 +319,8 @@ def _nll_loss_forward(dev: Device, x: torch.Tensor, target: torch.Tensor, weight
 
 
 def _check_conv(dev: Device, x: torch.Tensor) -> None:
-    if x.dim() not in (3, 4):
-        raise DeviceOpError(f"{dev.name}: convolution is emulated for 1-d and 2-d inputs only (got input "
+    if x.dim() not in (3, 4, 5):
+        raise DeviceOpError(f"{dev.name}: convolution is emulated for 1-d, 2-d and 3-d inputs only (got input "
                             f"{tuple(x.shape)}); use device cpu")
 
 
@@ -332,53 +334,83 @@ def _as_2d(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dil
 # A convolution's sums are each a dot product of a weight row and an im2col column: the device's batched matmul,
 # one problem per image and group. Its backward and the transposed convolution are the same products read the
 # other way: a transposed convolution is the input gradient of the convolution it transposes (same weight, same
-# geometry), and its input gradient that convolution's forward.
+# geometry), and its input gradient that convolution's forward. 2-d windows are torch's unfold and fold; 3-d
+# ones the same columns from strided views (torch has no 3-d unfold).
 
-def _blocks(size: Sequence[int], weight: torch.Tensor, stride: Any, padding: Any, dilation: Any) -> list[int]:
+def _blocks(size: Sequence[int], kernel: Sequence[int], stride: Any, padding: Any, dilation: Any) -> list[int]:
     """How many windows a convolution slides along each spatial dim of an input of spatial size `size`."""
-    return [(size[d] + 2 * padding[d] - dilation[d] * (weight.shape[2 + d] - 1) - 1) // stride[d] + 1
-            for d in range(2)]
+    return [(size[d] + 2 * padding[d] - dilation[d] * (kernel[d] - 1) - 1) // stride[d] + 1
+            for d in range(len(size))]
+
+
+def _unfold(x: torch.Tensor, kernel: Sequence[int], stride: Any, padding: Any, dilation: Any) -> torch.Tensor:
+    """im2col: (N, C, *spatial) -> (N, C * prod(kernel), windows), rows channel by channel, then tap by tap."""
+    if x.dim() == 4:
+        return F.unfold(x, tuple(kernel), dilation=dilation, padding=padding, stride=stride)
+    n, c = x.shape[:2]
+    nd = len(kernel)
+    v = F.pad(x, [p for d in reversed(range(nd)) for p in (padding[d], padding[d])])
+    for d in range(nd):  # (each dim's windows as a new last dim, the taps dilated)
+        v = v.unfold(2 + d, dilation[d] * (kernel[d] - 1) + 1, stride[d])[..., ::dilation[d]]
+    # (N, C, *windows, *taps) -> (N, C, *taps, *windows)
+    v = v.permute(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+    return v.reshape(n, c * math.prod(kernel), -1)
+
+
+def _fold(cols: torch.Tensor, size: Sequence[int], kernel: Sequence[int], stride: Any, padding: Any,
+          dilation: Any) -> torch.Tensor:
+    """col2im, `_unfold`'s adjoint: each column value added into the input position its tap covers (taps in
+    order, each a strided slice-add), the padding cut off: (N, C * prod(kernel), windows) -> (N, C, *size)."""
+    if len(size) == 2:
+        return F.fold(cols, tuple(size), tuple(kernel), dilation=dilation, padding=padding, stride=stride)
+    nd, n = len(size), cols.shape[0]
+    blocks = _blocks(size, kernel, stride, padding, dilation)
+    c = cols.shape[1] // math.prod(kernel)
+    taps = cols.reshape(n, c, *kernel, *blocks)
+    out = cols.new_zeros(n, c, *(size[d] + 2 * padding[d] for d in range(nd)))
+    for tap in itertools.product(*(range(k) for k in kernel)):
+        at = tuple(slice(tap[d] * dilation[d], tap[d] * dilation[d] + stride[d] * (blocks[d] - 1) + 1, stride[d])
+                   for d in range(nd))
+        out[(slice(None), slice(None), *at)] += taps[(slice(None), slice(None), *tap)]
+    return out[(slice(None), slice(None), *(slice(padding[d], padding[d] + size[d]) for d in range(nd)))]
 
 
 def _windows(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
              blocks: Sequence[int]) -> torch.Tensor:
-    """x's im2col columns (N, C*kh*kw, L) for the first `blocks` windows along each dim (fewer than slide: a
+    """x's im2col columns (N, C*taps, L) for the first `blocks` windows along each dim (fewer than slide: a
     transposed convolution's output padding can add windows that the input it transposes has no value for)."""
-    kh, kw = weight.shape[2:]
-    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)
-    every = _blocks(x.shape[2:], weight, stride, padding, dilation)
+    cols = _unfold(x, weight.shape[2:], stride, padding, dilation)
+    every = _blocks(x.shape[2:], weight.shape[2:], stride, padding, dilation)
     if list(blocks) != every:
-        cols = cols.reshape(*cols.shape[:2], *every)[..., :blocks[0], :blocks[1]].reshape(*cols.shape[:2], -1)
+        cut = tuple(slice(0, b) for b in blocks)
+        cols = cols.reshape(*cols.shape[:2], *every)[(..., *cut)].reshape(*cols.shape[:2], -1)
     return cols
 
 
 def _forward(dev: Device, x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
              groups: int, blocks: Sequence[int] | None = None) -> torch.Tensor:
-    """conv2d(x, weight) without bias over its first `blocks` windows (all by default): (N, C, H, W) ->
+    """A convolution of x without bias over its first `blocks` windows (all by default): (N, C, *spatial) ->
     (N, O, *blocks)."""
-    n = x.shape[0]
-    o, cg, kh, kw = weight.shape
-    blocks = blocks or _blocks(x.shape[2:], weight, stride, padding, dilation)
-    cols = _windows(x, weight, stride, padding, dilation, blocks)
-    k = cg * kh * kw  # (unfold's rows run channel by channel, so each group's are one block)
+    n, o, k = x.shape[0], weight.shape[0], weight[0].numel()
+    blocks = blocks or _blocks(x.shape[2:], weight.shape[2:], stride, padding, dilation)
+    cols = _windows(x, weight, stride, padding, dilation, blocks)  # (im2col's rows: each group's are one block)
     wmat = weight.reshape(1, groups, o // groups, k).expand(n, -1, -1, -1).reshape(n * groups, o // groups, k)
     return dev.bmm(wmat, cols.reshape(n * groups, k, -1)).reshape(n, o, *blocks)
 
 
 def _input_grad(dev: Device, g: torch.Tensor, weight: torch.Tensor, size: Sequence[int], stride: Any,
                 padding: Any, dilation: Any, groups: int) -> torch.Tensor:
-    """The gradient of `_forward`'s x of spatial size `size` for its output's gradient g: (N, O, OH, OW) ->
+    """The gradient of `_forward`'s x of spatial size `size` for its output's gradient g: (N, O, *windows) ->
     (N, C, *size)."""
     n, o = g.shape[:2]
-    _, cg, kh, kw = weight.shape
-    og, k = o // groups, cg * kh * kw
+    og, k = o // groups, weight[0].numel()
     wt = weight.reshape(1, groups, og, k).transpose(2, 3).expand(n, -1, -1, -1).reshape(n * groups, k, og)
     dcols = dev.bmm(wt.contiguous(), g.reshape(n * groups, og, -1)).reshape(n, groups * k, -1)
-    every = _blocks(size, weight, stride, padding, dilation)
+    every = _blocks(size, weight.shape[2:], stride, padding, dilation)
     if list(g.shape[2:]) != every:  # (windows g has no value for add nothing)
-        dcols = F.pad(dcols.reshape(n, groups * k, *g.shape[2:]),
-                      (0, every[1] - g.shape[3], 0, every[0] - g.shape[2])).reshape(n, groups * k, -1)
-    return F.fold(dcols, tuple(size), (kh, kw), dilation=dilation, padding=padding, stride=stride)
+        pad = [p for d in reversed(range(len(every))) for p in (0, every[d] - g.shape[2 + d])]
+        dcols = F.pad(dcols.reshape(n, groups * k, *g.shape[2:]), pad).reshape(n, groups * k, -1)
+    return _fold(dcols, size, weight.shape[2:], stride, padding, dilation)
 
 
 def _weight_grad(dev: Device, g: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any,
@@ -386,18 +418,17 @@ def _weight_grad(dev: Device, g: torch.Tensor, x: torch.Tensor, weight: torch.Te
     """The gradient of `_forward`'s weight for its output's gradient g, one sum over images and windows per
     weight."""
     n, o = g.shape[:2]
-    _, cg, kh, kw = weight.shape
-    og, k = o // groups, cg * kh * kw
-    cols = _windows(x, weight, stride, padding, dilation, g.shape[2:])  # (N, C*kh*kw, L)
+    og, k = o // groups, weight[0].numel()
+    cols = _windows(x, weight, stride, padding, dilation, g.shape[2:])  # (N, C*taps, L)
     g2 = g.reshape(n, groups, og, -1).permute(1, 2, 0, 3).reshape(groups, og, -1)  # (G, Og, N*L)
-    c2 = cols.reshape(n, groups, k, -1).permute(1, 0, 3, 2).reshape(groups, -1, k)  # (G, N*L, Cg*kh*kw)
+    c2 = cols.reshape(n, groups, k, -1).permute(1, 0, 3, 2).reshape(groups, -1, k)  # (G, N*L, Cg*taps)
     return dev.bmm(g2, c2).reshape(weight.shape)
 
 
 def _transposed_size(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
                      output_padding: Any) -> list[int]:
     return [(x.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (weight.shape[2 + d] - 1)
-            + output_padding[d] + 1 for d in range(2)]
+            + output_padding[d] + 1 for d in range(x.dim() - 2)]
 
 
 def _convolution(dev: Device, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Any,
@@ -413,7 +444,7 @@ def _convolution(dev: Device, x: torch.Tensor, weight: torch.Tensor, bias: torch
         out = _input_grad(dev, x, weight, size, stride, padding, dilation, groups)
     else:
         out = _forward(dev, x, weight, stride, padding, dilation, groups)
-    return out + bias.reshape(1, -1, 1, 1) if bias is not None else out
+    return out + bias.reshape(1, -1, *[1] * (x.dim() - 2)) if bias is not None else out
 
 
 def _convolution_backward(dev: Device, grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias_sizes: Any,
@@ -434,7 +465,7 @@ def _convolution_backward(dev: Device, grad: torch.Tensor, x: torch.Tensor, weig
         gw = _weight_grad(dev, x, grad, weight, stride, padding, dilation, groups) if transposed else \
             _weight_grad(dev, grad, x, weight, stride, padding, dilation, groups)
     if output_mask[2]:
-        gb = dev.sum(grad, [0, 2, 3])
+        gb = dev.sum(grad, [0, *range(2, grad.dim())])
     return gi, gw, gb
 
 

@@ -35,9 +35,9 @@ things per op:
   matmul's line samples, whose lowest lsb bound q from above too (`_sampled_out`).
 
 Ops are read through their aten schema (_bind), so positional and keyword calls look the same. Only
-2-d pooling and 1-d/2-d convolutions (any groups, stride, padding, dilation; transposed ones read through
-the convolution they transpose) are supported; anything else raises ResolveError naming the op, as does an
-op with no resolver at all.
+2-d pooling and 1-d, 2-d and 3-d convolutions (any groups, stride, padding, dilation; transposed ones read
+through the convolution they transpose, 3-d ones by their gathered terms) are supported; anything else raises
+ResolveError naming the op, as does an op with no resolver at all.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -260,8 +260,11 @@ def _addmm(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.
 # -- convolutions -----------------------------------------------------------------------------------
 
 
-def _conv_geometry(op: Any, kw: dict) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple, tuple, int]:
-    """(input as 4-d, weight as 4-d, stride, padding, dilation, groups); 1-d convs get height 1."""
+def _conv_geometry(op: Any, kw: dict,
+                   volumes: bool = False) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple, tuple, int]:
+    """(input as 4-d, weight as 4-d, stride, padding, dilation, groups); 1-d convs get height 1. 3-d ones (5-d
+    tensors) as they are where `volumes` (the gathered terms read any number of dims; the compiled kernels, the
+    matmul path and the certificates 2 only)."""
     x, w = kw["input"], kw["weight"]
     if kw["transposed"]:  # (the resolver reads one through the convolution it transposes: `_transposed_terms`)
         raise ResolveError(f"{op}: a transposed convolution's geometry is the one it transposes")
@@ -269,14 +272,12 @@ def _conv_geometry(op: Any, kw: dict) -> tuple[torch.Tensor, torch.Tensor, tuple
     if x.dim() == 3 and w.dim() == 3:
         x, w = x.unsqueeze(2), w.unsqueeze(2)
         stride, padding, dilation = [1] + stride[-1:], [0] + padding[-1:], [1] + dilation[-1:]
+    if volumes and x.dim() == 5 and w.dim() == 5:
+        return x, w, tuple(stride), tuple(padding), tuple(dilation), int(kw["groups"])
     if x.dim() != 4 or w.dim() != 4:
-        _refuse_dims(op, kw)
+        raise ResolveError(f"{op}: exact resolution supports batched 1-d, 2-d and 3-d convolutions only, got input "
+                           f"{tuple(kw['input'].shape)} and weight {tuple(kw['weight'].shape)}")
     return x, w, _pair(stride), _pair(padding), _pair(dilation), int(kw["groups"])
-
-
-def _refuse_dims(op: Any, kw: dict) -> NoReturn:
-    raise ResolveError(f"{op}: exact resolution supports batched 1-d and 2-d convolutions only, got input "
-                       f"{tuple(kw['input'].shape)} and weight {tuple(kw['weight'].shape)}")
 
 
 def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
@@ -286,29 +287,37 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 Terms = Callable[[np.ndarray], tuple]  # flat positions -> (a, b, extra): their sums as gathered (P, ...) tensors
 
 
-def _convolution_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
+def _along(values: torch.Tensor, d: int, nd: int, lead: int = 1) -> torch.Tensor:
+    """(P, K) values as (P, 1 x lead, 1.., K at spatial dim d of nd, ..1): one index of a gather over P positions,
+    `lead` dims (channels, images) and nd spatial dims."""
+    shape = [values.shape[0]] + [1] * (lead + nd)
+    shape[1 + lead + d] = values.shape[1]
+    return values.reshape(shape)
+
+
+def _convolution_terms(args: tuple, kwargs: dict, i: int, volumes: bool = False) -> tuple[int, Terms]:
     """(terms per position, positions -> (a, b, extra)) of the convolution's output i = 0: each position's
     value is sum(a[p] * b[p]) + extra[p] (extra None: no addend). The resolver rounds these dot products
-    exactly; vtrain.bounds' gathered E sums their absolute values."""
+    exactly; vtrain.bounds' gathered E sums their absolute values. (`volumes`: 3-d convolutions too.)"""
     kw = _bind(aten.convolution.default, args, kwargs)
-    x, w, (s0, s1), (p0, p1), (d0, d1), groups = _conv_geometry(aten.convolution.default, kw)
+    x, w, stride, padding, dilation, groups = _conv_geometry(aten.convolution.default, kw, volumes)
     bias = kw["bias"]
-    n_img, _, h, wd = x.shape
-    c_out, c_g, kh, kwd = w.shape
-    oh, ow = _out_size(h, kh, s0, p0, d0), _out_size(wd, kwd, s1, p1, d1)
-    co_g = c_out // groups
+    n_img, spatial = x.shape[0], x.shape[2:]
+    c_out, c_g, kernel = w.shape[0], w.shape[1], w.shape[2:]
+    nd, co_g = len(spatial), c_out // groups
+    out = [_out_size(spatial[d], kernel[d], stride[d], padding[d], dilation[d]) for d in range(nd)]
 
     def part(ps: np.ndarray) -> tuple:
-        n, co, r, c = _unravel(ps, (n_img, c_out, oh, ow))
+        n, co, *o = _unravel(ps, (n_img, c_out, *out))
         ci = (co // co_g)[:, None] * c_g + torch.arange(c_g)  # (P, Cg): the input channels of co's group
-        hh = r[:, None] * s0 - p0 + torch.arange(kh) * d0  # (P, KH) input rows of the window
-        ww = c[:, None] * s1 - p1 + torch.arange(kwd) * d1  # (P, KW)
-        valid = ((hh >= 0) & (hh < h))[:, None, :, None] & ((ww >= 0) & (ww < wd))[:, None, None, :]
-        patch = _masked(x, (n[:, None, None, None], ci[:, :, None, None], hh[:, None, :, None],
-                            ww[:, None, None, :]), valid)  # (P, Cg, KH, KW), the padding reads zeros
+        taps = [_along(o[d][:, None] * stride[d] - padding[d] + torch.arange(kernel[d]) * dilation[d], d, nd)
+                for d in range(nd)]  # (the window's input coordinates along each dim)
+        valid = functools.reduce(torch.logical_and, [(t >= 0) & (t < spatial[d]) for d, t in enumerate(taps)])
+        # (P, Cg, *kernel), the padding reads zeros
+        patch = _masked(x, (n.reshape(-1, *[1] * (nd + 1)), ci.reshape(-1, c_g, *[1] * nd), *taps), valid)
         return patch, w[co], None if bias is None else bias[co]
 
-    return c_g * kh * kwd, part
+    return c_g * math.prod(kernel), part
 
 
 def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
@@ -320,61 +329,64 @@ def _rounded(part: Terms, bits: int) -> Callable[[np.ndarray], np.ndarray]:
     return rounded
 
 
-def _backward_operands(args: tuple, kwargs: dict) -> tuple:
-    """convolution_backward's (grad_output, input, weight, stride, padding, dilation, groups), all 4-d."""
+def _backward_operands(args: tuple, kwargs: dict, volumes: bool = False) -> tuple:
+    """convolution_backward's (grad_output, input, weight, stride, padding, dilation, groups), all 4-d (or, with
+    `volumes`, 5-d for a 3-d convolution)."""
     op = aten.convolution_backward.default
     kw = _bind(op, args, kwargs)
     g = kw["grad_output"]
-    x, w, stride, padding, dilation, groups = _conv_geometry(op, kw)
+    x, w, stride, padding, dilation, groups = _conv_geometry(op, kw, volumes)
     return (g.unsqueeze(2) if g.dim() == 3 else g), x, w, stride, padding, dilation, groups
 
 
-def _convolution_backward_terms(args: tuple, kwargs: dict, i: int) -> tuple[int, Terms]:
+def _convolution_backward_terms(args: tuple, kwargs: dict, i: int, volumes: bool = False) -> tuple[int, Terms]:
     """`_convolution_terms` for output i of convolution_backward (grad_bias: b None, a sum of a)."""
-    g, x, w, (s0, s1), (p0, p1), (d0, d1), groups = _backward_operands(args, kwargs)
-    n_img, c_in, h, wd = x.shape
-    c_out, c_g, kh, kwd = w.shape
-    _, _, oh, ow = g.shape
-    co_g = c_out // groups
+    g, x, w, stride, padding, dilation, groups = _backward_operands(args, kwargs, volumes)
+    n_img, c_in, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    c_out, c_g, kernel = w.shape[0], w.shape[1], w.shape[2:]
+    nd, co_g, out = len(spatial), c_out // groups, g.shape[2:]
 
-    if i == 0:  # grad_input[n, ci, y, z] = sum over (co in ci's group, kh, kw) of grad * weight
+    if i == 0:  # grad_input[n, ci, *y] = sum over (co in ci's group, taps) of grad * weight
         def part(ps: np.ndarray) -> tuple:
-            n, ci, y, z = _unravel(ps, (n_img, c_in, h, wd))
+            n, ci, *y = _unravel(ps, tuple(x.shape))
             co = (ci // c_g)[:, None] * co_g + torch.arange(co_g)  # (P, COg)
-            ty = y[:, None] + p0 - torch.arange(kh) * d0  # (P, KH): oh * s0 when the tap hits y
-            tz = z[:, None] + p1 - torch.arange(kwd) * d1
-            vy = (ty >= 0) & (ty % s0 == 0) & (ty // s0 < oh)
-            vz = (tz >= 0) & (tz % s1 == 0) & (tz // s1 < ow)
-            valid = vy[:, None, :, None] & vz[:, None, None, :]
-            terms = _masked(g, (n[:, None, None, None], co[:, :, None, None], (ty // s0)[:, None, :, None],
-                                (tz // s1)[:, None, None, :]), valid)  # (P, COg, KH, KW)
-            wts = w[co[:, :, None, None], (ci % c_g)[:, None, None, None], torch.arange(kh)[:, None],
-                    torch.arange(kwd)]  # (P, COg, KH, KW)
+            reach = [y[d][:, None] + padding[d] - torch.arange(kernel[d]) * dilation[d] for d in range(nd)]
+            # (the output position a tap reaches y from: o * stride when it lands on one)
+            valid = functools.reduce(torch.logical_and, [_along((t >= 0) & (t % stride[d] == 0) &
+                                                                (t // stride[d] < out[d]), d, nd)
+                                                         for d, t in enumerate(reach)])
+            lines = co.reshape(-1, co_g, *[1] * nd)
+            terms = _masked(g, (n.reshape(-1, *[1] * (nd + 1)), lines,
+                                *(_along(t // stride[d], d, nd) for d, t in enumerate(reach))), valid)
+            wts = w[(lines, (ci % c_g).reshape(-1, 1, *[1] * nd),
+                     *(torch.arange(kernel[d]).reshape([1, 1] + [kernel[d] if e == d else 1 for e in range(nd)])
+                       for d in range(nd)))]  # (P, COg, *kernel)
             return terms, wts, None
 
-        return co_g * kh * kwd, part
-    if i == 1:  # grad_weight[co, cl, a, b] = sum over (n, oh, ow) of grad * input tap
-        views = _views(g, x)
+        return co_g * math.prod(kernel), part
+    if i == 1:  # grad_weight[co, cl, *k] = sum over (n, output positions) of grad * input tap
+        views = _views(g, x) if nd == 2 else None
 
         def part(ps: np.ndarray) -> tuple:
             if views is not None:  # (compiled: torch's indexing took 20 of 28 ms on 45 positions of 32,768 terms)
-                ga, xb = np.empty((ps.size, n_img * oh * ow)), np.empty((ps.size, n_img * oh * ow))
-                _weight_taps(*views, ps.astype(np.int64), *_tap_geometry(w, (s0, s1), (p0, p1), (d0, d1), groups),
+                ga, xb = np.empty((ps.size, g[:, 0].numel())), np.empty((ps.size, g[:, 0].numel()))
+                _weight_taps(*views, ps.astype(np.int64), *_tap_geometry(w, stride, padding, dilation, groups),
                              ga, xb)
                 return torch.from_numpy(ga), torch.from_numpy(xb), None
-            co, cl, a, b = _unravel(ps, tuple(w.shape))
+            co, cl, *k = _unravel(ps, tuple(w.shape))
             ci = (co // co_g) * c_g + cl
-            hh = torch.arange(oh) * s0 - p0 + a[:, None] * d0  # (P, OH)
-            ww = torch.arange(ow) * s1 - p1 + b[:, None] * d1  # (P, OW)
-            valid = ((hh >= 0) & (hh < h))[:, None, :, None] & ((ww >= 0) & (ww < wd))[:, None, None, :]
-            taps = _masked(x, (torch.arange(n_img)[:, None, None], ci[:, None, None, None], hh[:, None, :, None],
-                               ww[:, None, None, :]), valid)  # (P, N, OH, OW)
+            taps = [_along(torch.arange(out[d]) * stride[d] - padding[d] + k[d][:, None] * dilation[d], d, nd)
+                    for d in range(nd)]  # (P, 1, ..O_d..)
+            valid = functools.reduce(torch.logical_and, [(t >= 0) & (t < spatial[d]) for d, t in enumerate(taps)])
+            taps = _masked(x, (torch.arange(n_img).reshape(1, -1, *[1] * nd), ci.reshape(-1, 1, *[1] * nd), *taps),
+                           valid)  # (P, N, *out)
             return g.transpose(0, 1)[co], taps, None
 
-        return n_img * oh * ow, part
-    if i == 2:  # grad_bias[co] = sum of grad over (n, oh, ow)
-        return n_img * oh * ow, lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
-    raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
+        return g[:, 0].numel(), part
+    if i == 2:  # grad_bias[co] = sum of grad over (n, output positions)
+        return g[:, 0].numel(), lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
+    raise ResolveError(f"{aten.convolution_backward.default}: output {i} does not exist (grad_input, grad_weight, "
+                       "grad_bias)")
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -589,8 +601,6 @@ def _transposed_terms(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[int, 
     if not kw["transposed"]:
         return None
     x, w, groups = kw["input"], kw["weight"], int(kw["groups"])
-    if x.dim() not in (3, 4):
-        _refuse_dims(op, kw)
     geometry = (list(kw["stride"]), list(kw["padding"]), list(kw["dilation"]))
     if op is aten.convolution.default:  # out = grad_input of a convolution whose gradient is x, + bias
         out_shape = (x.shape[0], w.shape[1] * groups, *(
@@ -598,7 +608,7 @@ def _transposed_terms(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[int, 
             (w.shape[d] - 1) + kw["output_padding"][d - 2] + 1 for d in range(2, x.dim())))
         regular = (x, x.new_zeros(()).expand(out_shape), w, None, *geometry, False, [0] * (x.dim() - 2), groups,
                    [True, False, False])
-        width, part = _convolution_backward_terms(regular, {}, 0)
+        width, part = _convolution_backward_terms(regular, {}, 0, volumes=True)
         bias = kw["bias"]
         if bias is None:
             return width, part
@@ -610,13 +620,13 @@ def _transposed_terms(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[int, 
     g = kw["grad_output"]
     if i == 0:  # grad_input: the forward convolution of g, over x's windows
         regular = (g, w, None, *geometry, False, [0] * (x.dim() - 2), groups)
-        width, part = _convolution_terms(regular, {}, 0)
+        width, part = _convolution_terms(regular, {}, 0, volumes=True)
         windows = [_out_size(g.shape[d], w.shape[d], *(geo[d - 2] for geo in geometry)) for d in range(2, g.dim())]
         return width, lambda ps: part(np.ravel_multi_index(np.unravel_index(ps, tuple(x.shape)),
                                                            (*x.shape[:2], *windows)))
     if i == 1:  # grad_weight: that of a convolution of g whose gradient is x
         regular = (x, g, w, None, *geometry, False, [0] * (x.dim() - 2), groups, [False, True, False])
-        return _convolution_backward_terms(regular, {}, 1)
+        return _convolution_backward_terms(regular, {}, 1, volumes=True)
     if i == 2:
         return g[:, 0].numel(), lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
     raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
@@ -627,9 +637,11 @@ def _convolution(op: Any) -> Resolver:
     (`_convolution_matmul`), else each position's terms gathered (a transposed convolution's always: see
     `_transposed_terms`)."""
     def resolve(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
-        transposed = _transposed_terms(op, args, kwargs, i)
-        if transposed is not None:
-            return _chunked(pos, transposed[0], _rounded(transposed[1], bits))
+        gathered_only = _transposed_terms(op, args, kwargs, i)
+        if gathered_only is None and _bind(op, args, kwargs)["input"].dim() == 5:  # (3-d: the kernels take 2)
+            gathered_only = _CONVOLUTION_TERMS[op](args, kwargs, i, volumes=True)
+        if gathered_only is not None:
+            return _chunked(pos, gathered_only[0], _rounded(gathered_only[1], bits))
         as_matmul = _convolution_matmul(op, args, kwargs, i, len(pos))
         if as_matmul is not None:
             return _matmul_at(as_matmul, pos, bits)

@@ -983,15 +983,17 @@ def test_padded_convolutions_resampling_and_cumulative_ops_train_to_the_same_bit
 
 
 class _Coder(nn.Module):
-    """An encoder and decoder over the digits' 8 x 8 images: a depthwise (groups = channels) and a grouped strided
-    convolution down to 4 x 4, grouped transposed convolutions back up to 8 x 8 (output padding) and, along the
-    rows, a 1-d one, and bicubic resampling to 10 x 10; the emulated devices run them all, and the exact resolution
-    reads a transposed convolution's sums through the one it transposes."""
+    """An encoder and decoder over the digits' 8 x 8 images: a depthwise (groups = channels) convolution, a 3-d one
+    over its channels as depth and a transposed 3-d one back, a grouped strided convolution down to 4 x 4, grouped
+    transposed convolutions back up to 8 x 8 (output padding) and, along the rows, a 1-d one, and bicubic
+    resampling to 10 x 10; the emulated devices run them all, and the exact resolution reads a transposed
+    convolution's sums through the one it transposes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first = nn.Conv2d(1, 4, 3, padding=1)
         self.depthwise = nn.Conv2d(4, 4, 3, padding=1, groups=4)
+        self.volume, self.unvolume = nn.Conv3d(1, 2, (2, 3, 3), padding=(0, 1, 1)), nn.ConvTranspose3d(2, 1, (2, 1, 1))
         self.down = nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
         self.up = nn.ConvTranspose2d(6, 4, 3, stride=2, padding=1, output_padding=1, groups=2)
         self.rows = nn.ConvTranspose1d(8, 4, 3, stride=2, dilation=2, bias=False)
@@ -999,6 +1001,7 @@ class _Coder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.depthwise(torch.tanh(self.first(x.reshape(-1, 1, 8, 8)))))
+        h = h + self.unvolume(torch.tanh(self.volume(h.unsqueeze(1)))).squeeze(1)
         up = torch.tanh(self.up(torch.tanh(self.down(h))))
         r = torch.tanh(self.rows(up.mean(1)))
         up = F.interpolate(up, size=(10, 10), mode="bicubic", align_corners=True)
@@ -1011,7 +1014,7 @@ def _train_coder(device: str, mode: str, logs: list | None = None, resolution: s
                   resolution)
 
 
-def test_grouped_and_transposed_convolutions_train_to_the_same_bits_on_every_device(
+def test_grouped_transposed_and_3d_convolutions_train_to_the_same_bits_on_every_device(
         monkeypatch: pytest.MonkeyPatch) -> None:
     read, terms = set(), resolve._transposed_terms
 

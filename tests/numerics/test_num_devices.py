@@ -52,32 +52,30 @@ def test_emulated_profiles_differ_from_cpu_and_each_other_but_not_in_accuracy(na
                                                             [True, True, True]), {})
     native = aten.convolution_backward.default(conv1, seq, w1, [4], [2], [1], [1], False, [0], 1, [True, True, True])
     assert all(g.shape == n.shape and torch.allclose(g, n, atol=1e-4) for g, n in zip(grads, native))
-    with pytest.raises(DeviceOpError, match=r"1-d and 2-d inputs only \(got input \(2, 3, 1, 8, 8\)\)"):
-        dev.execute(aten.convolution.default, (img[:, :, None], w[:, :, None], None, [1] * 3, [1] * 3, [1] * 3, False,
-                                               [0] * 3, 1), {})
+    with pytest.raises(DeviceOpError, match=r"1-d, 2-d and 3-d inputs only \(got input \(2, 3, 1, 1, 8, 8\)\)"):
+        dev.execute(aten.convolution.default, (img[:, :, None, None], w[:, :, None, None], None, [1] * 4, [1] * 4,
+                                               [1] * 4, False, [0] * 4, 1), {})
 
 
-# (transposed, groups, stride, padding, dilation, output padding, 1-d): strided, dilated and padded windows, output
-# padding below the stride and (stride 1) below the dilation only, where the transposed convolution's output
-# holds windows that the convolution it transposes has no input for
-_CONV_CASES = [(False, 2, 2, 1, 1, 0, False), (False, 4, 1, 1, 2, 0, False), (False, 2, 2, 0, 1, 0, True),
-               (True, 1, 2, 1, 1, 1, False), (True, 2, 1, 1, 2, 1, False), (True, 2, 2, 0, 2, 1, True),
-               (True, 1, 1, 0, 1, 0, True)]
+# (transposed, groups, stride, padding, dilation, output padding, spatial dims): strided, dilated and padded
+# windows, output padding below the stride and (stride 1) below the dilation only, where the transposed
+# convolution's output holds windows that the convolution it transposes has no input for
+_CONV_CASES = [(False, 2, 2, 1, 1, 0, 2), (False, 4, 1, 1, 2, 0, 2), (False, 2, 2, 0, 1, 0, 1),
+               (True, 1, 2, 1, 1, 1, 2), (True, 2, 1, 1, 2, 1, 2), (True, 2, 2, 0, 2, 1, 1),
+               (True, 1, 1, 0, 1, 0, 1), (False, 2, 2, 1, 2, 0, 3), (True, 2, 1, 1, 2, 1, 3)]
 
 
 @pytest.mark.parametrize("name", ["emu:splitk8-tree", "emu:splitk16-revseq", "emu:lanes8-butterfly"])
 @pytest.mark.parametrize("case", _CONV_CASES)
 def test_emulated_grouped_and_transposed_convolutions_and_their_gradients_are_torchs_in_another_order(
         name: str, case: tuple) -> None:
-    transposed, groups, stride, padding, dilation, output_padding, one_d = case
+    transposed, groups, stride, padding, dilation, output_padding, nd = case
     gen = torch.Generator().manual_seed(1)
     cin, cout = 4, 8
-    w = torch.randn(*((cin, cout // groups) if transposed else (cout, cin // groups)), 3, 2, generator=gen,
+    w = torch.randn(*((cin, cout // groups) if transposed else (cout, cin // groups)), *(3, 2, 2)[:nd], generator=gen,
                     dtype=torch.float64)
-    x, bias = torch.randn(2, cin, 7, 6, generator=gen, dtype=torch.float64), torch.randn(cout, dtype=torch.float64)
-    if one_d:
-        x, w = x[:, :, 0], w[:, :, 0]
-    nd = x.dim() - 2
+    x = torch.randn(2, cin, *(7, 6, 5)[:nd], generator=gen, dtype=torch.float64)
+    bias = torch.randn(cout, dtype=torch.float64)
     geometry = ([stride] * nd, [padding] * nd, [dilation] * nd, transposed, [output_padding] * nd, groups)
     dev = get_device(name)
     got = dev.execute(aten.convolution.default, (x, w, bias, *geometry), {})

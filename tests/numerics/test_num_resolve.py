@@ -484,9 +484,9 @@ def test_resolves_only_the_positions_asked_for_and_noncontiguous_inputs() -> Non
 
 
 def test_unsupported_configurations_raise_named_errors() -> None:
-    x, w = torch.ones(1, 2, 4, 4, 4, dtype=torch.float64), torch.ones(2, 2, 3, 3, 3, dtype=torch.float64)
-    with pytest.raises(ResolveError, match=r"1-d and 2-d convolutions only, got input \(1, 2, 4, 4, 4\)"):
-        resolver_for(aten.convolution.default)((x, w, None, [1] * 3, [0] * 3, [1] * 3, True, [0] * 3, 1), {}, 0,
+    x, w = torch.ones(1, 2, 4, 4, 4, 4, dtype=torch.float64), torch.ones(2, 2, 3, 3, 3, 3, dtype=torch.float64)
+    with pytest.raises(ResolveError, match=r"1-d, 2-d and 3-d convolutions only, got input \(1, 2, 4, 4, 4, 4\)"):
+        resolver_for(aten.convolution.default)((x, w, None, [1] * 4, [0] * 4, [1] * 4, False, [0] * 4, 1), {}, 0,
                                                np.array([0]), 32)
     with pytest.raises(ResolveError, match="aten.cumsum.default"):
         resolver_for(aten.cumsum.default)
@@ -562,6 +562,54 @@ def test_transposed_convolutions_and_their_gradients_resolve_as_the_fractions(na
     backward = (gy, x, w, [w_shape[1] * groups], stride, pad, dil, True, out_pad, groups, [True, True, True])
     check_resolver(aten.convolution_backward.default, backward, {},
                    [flat(o) for o in ref_conv_transposed_backward(gy2, x2, w2, *geometry, groups)], bits)
+
+
+def ref_conv_volume(x, w, gy, stride, pad, dil, groups, transposed) -> tuple:
+    """A 3-d convolution (or transposed convolution) and its backward for the output gradient gy, in scatter
+    form: every (input value, output value, tap) triple that meets adds its product to the output, and reads
+    its gradients back. (out, grad_input, grad_weight, grad_bias), Fractions."""
+    X, W, G = fr(x), fr(w), fr(gy)
+    out, gi, gw = zeros(tuple(gy.shape)), zeros(tuple(x.shape)), zeros(tuple(w.shape))
+    c_in, kernel = x.shape[1], w.shape[2:]
+    per_group = (w.shape[1] if transposed else w.shape[0] // groups)
+    for n, ci, *y in itertools.product(*(range(k) for k in x.shape)):
+        g = ci // (c_in // groups)
+        for col, *k in itertools.product(range(per_group), *(range(k) for k in kernel)):
+            if transposed:  # input position y spreads to y * s - p + k d
+                o = [y[d] * stride[d] - pad[d] + k[d] * dil[d] for d in range(3)]
+                co, wt = g * per_group + col, (ci, col, *k)
+            else:  # output position o reads y = o * s - p + k d: y hits o where that divides
+                reach = [y[d] + pad[d] - k[d] * dil[d] for d in range(3)]
+                if any(r % s for r, s in zip(reach, stride)):
+                    continue
+                o = [r // s for r, s in zip(reach, stride)]
+                co, wt = g * per_group + col, (g * per_group + col, ci % (c_in // groups), *k)
+            if all(0 <= o[d] < gy.shape[2 + d] for d in range(3)):
+                at = (n, co, *o)
+                out[at] += X[(n, ci, *y)] * W[wt]
+                gi[(n, ci, *y)] += G[at] * W[wt]
+                gw[wt] += G[at] * X[(n, ci, *y)]
+    return out, gi, gw, fr(gy).sum(axis=(0, 2, 3, 4))
+
+
+# (transposed, input shape, weight shape, stride, padding, dilation, output padding, groups)
+VOLUMES = {"conv3d": (False, (2, 4, 4, 5, 3), (4, 2, 2, 3, 2), [2, 1, 1], [1, 1, 0], [1, 1, 2], [0, 0, 0], 2),
+           "conv3d-transposed": (True, (1, 2, 3, 2, 3), (2, 3, 2, 2, 3), [2, 1, 1], [0, 1, 1], [1, 2, 1], [1, 1, 0],
+                                 1)}
+
+
+@pytest.mark.parametrize("kind", ["normal", "quant"])
+@pytest.mark.parametrize("name", VOLUMES)
+def test_volume_convolutions_and_their_gradients_resolve_as_the_fractions(name: str, kind: str) -> None:
+    transposed, x_shape, w_shape, stride, pad, dil, out_pad, groups = VOLUMES[name]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"volume/{name}/{kind}".encode()))
+    x, w = grid(x_shape, gen, torch.float64, 32, kind), grid(w_shape, gen, torch.float64, 32, kind)
+    args = (x, w, None, stride, pad, dil, transposed, out_pad, groups)
+    gy = grid(tuple(aten.convolution.default(*args).shape), gen, torch.float64, 32, kind)
+    out, gi, gw, gb = ref_conv_volume(x, w, gy, stride, pad, dil, groups, transposed)
+    check_resolver(aten.convolution.default, args, {}, [flat(out)], 32)
+    backward = (gy, x, w, [gy.shape[1]], stride, pad, dil, transposed, out_pad, groups, [True, True, True])
+    check_resolver(aten.convolution_backward.default, backward, {}, [flat(gi), flat(gw), flat(gb)], 32)
 
 
 # -- transcendental functions -----------------------------------------------------------------------
