@@ -1096,6 +1096,56 @@ def _cumulative(op: Any, combine: Any, call: Call, x: torch.Tensor, dim: int, *,
     return torch.stack(_partials(call, combine, x, dim), dim)
 
 
+def _differences(call: Call, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """x1's rows minus x2's, every pair: (..., P, M) and (..., R, M) -> (..., P, R, M), one rounded subtraction
+    each."""
+    return call(aten.sub.Tensor, x1.unsqueeze(-2), x2.unsqueeze(-3))
+
+
+def cdist_forward(call: Call, x1: torch.Tensor, x2: torch.Tensor, p: float,
+                  compute_mode: int | None = None) -> torch.Tensor:
+    """aten._cdist_forward (`torch.cdist`): the p-norm of each pair's difference (`_differences`): sqrt(sum d^2)
+    for p = 2, sum |d| for 1, max |d| for inf, the count of d != 0 for 0, else (sum |d|^p)^(1/p); each operation
+    rounded, the sums the device's. One formula whatever `compute_mode` asks: torch's matrix product form for
+    p = 2 (|x1|^2 + |x2|^2 - 2 x1 x2) cancels where rows lie close, the differences do not."""
+    d = _differences(call, x1, x2)
+    if p == 0:
+        return call(aten.sum.dim_IntList, (d != 0).to(d.dtype), [-1])  # (a count: exact)
+    if p == math.inf:
+        return d.abs().amax(-1)
+    if p == 1:
+        return call(aten.sum.dim_IntList, d.abs(), [-1])
+    if p == 2:
+        return call(aten.sqrt.default, call(aten.sum.dim_IntList, call(aten.mul.Tensor, d, d), [-1]))
+    powered = call(aten.sum.dim_IntList, call(aten.pow.Tensor_Scalar, d.abs(), p), [-1])
+    return call(aten.pow.Tensor_Scalar, powered, 1 / p)
+
+
+def cdist_backward(call: Call, grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float,
+                   dist: torch.Tensor) -> torch.Tensor:
+    """aten._cdist_backward: x1's gradient, torch's formula summed over x2's rows (the device's sum): each
+    pair's grad times sign(d) |d|^(p-1) / dist^(p-1) (for p = 2, d / dist; for 1, sign(d); for inf, sign(d)
+    where |d| is the distance), 0 where the distance is 0, and for p = 0 nothing."""
+    d = _differences(call, x1, x2)
+    if p == 0:
+        return torch.zeros_like(x1)
+    g = grad.unsqueeze(-1)
+    if p == 1:
+        terms = call(aten.mul.Tensor, g, d.sign())
+    elif p == math.inf:
+        terms = call(aten.mul.Tensor, g, torch.where(d.abs() == dist.unsqueeze(-1), d.sign(), torch.zeros_like(d)))
+    else:
+        zero = dist == 0
+        safe = torch.where(zero, torch.ones_like(dist), dist)  # (no 0 / 0 on the way: those pairs give 0)
+        if p == 2:
+            ratio = call(aten.div.Tensor, d, safe.unsqueeze(-1))
+        else:
+            ratio = call(aten.div.Tensor, call(aten.mul.Tensor, d.sign(), call(aten.pow.Tensor_Scalar, d.abs(), p - 1)),
+                         call(aten.pow.Tensor_Scalar, safe, p - 1).unsqueeze(-1))
+        terms = call(aten.mul.Tensor, g, torch.where(zero.unsqueeze(-1), torch.zeros_like(ratio), ratio))
+    return call(aten.sum.dim_IntList, terms, [-2])
+
+
 # aten op -> its sequence (the aten schema's arguments after `call`)
 COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.native_layer_norm.default: layer_norm,
@@ -1173,6 +1223,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.upsample_bicubic2d.default: _upsample(_cubic_taps),
     aten.upsample_bicubic2d_backward.default: _upsample_backward(_cubic_taps),
     aten.col2im.default: col2im,
+    aten._cdist_forward.default: cdist_forward,
+    aten._cdist_backward.default: cdist_backward,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,
     aten.prod.default: prod,

@@ -305,6 +305,9 @@ _INSTEAD = {
     aten.mkldnn_rnn_layer.default: "oneDNN's fused LSTM kernel, which torch takes for float32 work on the CPU; "
                                    "run the model under torch.backends.mkldnn.flags(enabled=False), and the LSTM "
                                    "runs as its cells' matmuls and functions",
+    aten.logcumsumexp.default: "its backward pass (torch's formula, which autograd runs op by op) takes log(0) as "
+                               "float64's lowest value, beyond the grid; where no value falls far below its line's "
+                               "maximum, write it as m + log(cumsum(exp(x - m))) with m the line's maximum",
 }
 
 

@@ -81,7 +81,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.nll_loss2d_forward.default, aten.nll_loss2d_backward.default, aten._embedding_bag.default,
                aten._embedding_bag_backward.default, aten._embedding_bag_forward_only.default,
                aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
-               aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default):
+               aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
+               aten._cdist_forward.default, aten._cdist_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -238,6 +239,11 @@ def _bags(x: torch.Tensor, mode: str, padding_idx: int | None = None) -> torch.T
     return sums if mode == "sum" else sums / torch.bincount(_BAG_OF[keep], minlength=4).clamp_min(1).unsqueeze(1)
 
 
+def _pairs(x: torch.Tensor) -> torch.Tensor:
+    """Each of x's rows minus each of _TARGET's first four, a batch apiece: cdist's differences."""
+    return x.unsqueeze(-2) - _TARGET[:, :4].unsqueeze(-3)
+
+
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
@@ -344,6 +350,11 @@ DEFINITIONS = {
                    lambda x: torch.where(x > 0.75, x - 0.75, torch.where(x < -0.75, x + 0.75, torch.zeros_like(x)))),
     "hardshrink": (lambda x: F.hardshrink(x, 0.75), lambda x: torch.where(x.abs() > 0.75, x, torch.zeros_like(x))),
     "fold": (lambda x: F.fold(x.reshape(1, 24, 5), (2, 6), 2), lambda x: _fold(x.reshape(1, 24, 5), (2, 6), 2)),
+    "cdist": (lambda x: torch.cdist(x, _TARGET[:, :4]), lambda x: torch.sqrt((_pairs(x) * _pairs(x)).sum(-1))),
+    "cdist-p1": (lambda x: torch.cdist(x, _TARGET[:, :4], p=1), lambda x: _pairs(x).abs().sum(-1)),
+    "cdist-inf": (lambda x: torch.cdist(x, _TARGET[:, :4], p=math.inf), lambda x: _pairs(x).abs().amax(-1)),
+    "cdist-p3": (lambda x: torch.cdist(x, _TARGET[:, :4], p=3),
+                 lambda x: torch.pow(torch.pow(_pairs(x).abs(), 3).sum(-1), 1 / 3)),
     "fold-padded": (lambda x: F.fold(x[:, :4, :4], (2, 3), 2, padding=1, stride=2),
                     lambda x: _fold(x[:, :4, :4], (2, 3), 2, padding=1, stride=2)),
     "group_norm": (lambda x: F.group_norm(x, 2, eps=1e-3),
@@ -1056,6 +1067,13 @@ def test_dropout_modules_train_to_the_same_bits_on_every_device_with_their_masks
     _replicates(_train_dropped)
     other = _train_dropped("cpu", "record", seed=12)[0]  # (the masks decide something)
     assert not all(torch.equal(a, b) for a, b in zip(_train_dropped("cpu", "record")[0], other))
+
+
+def test_logcumsumexp_is_refused_with_what_to_write_instead() -> None:
+    x = _grid(2, 3, seed=61)
+    with pytest.raises(UnsupportedOpError, match=r"logcumsumexp.*beyond the grid.*m \+ log\(cumsum\(exp\(x - m\)\)\)"):
+        with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+            torch.logcumsumexp(x, 1)
 
 
 def test_onednns_fused_lstm_is_refused_with_the_way_around_it() -> None:
