@@ -1059,6 +1059,17 @@ def embedding_bag_backward(call: Call, grad: torch.Tensor, indices: torch.Tensor
     return index_add(call, zeros, 0, indices[keep], rows)
 
 
+def embedding_bag_per_sample_weights_backward(call: Call, grad: torch.Tensor, weight: torch.Tensor,
+                                               indices: torch.Tensor, offsets: torch.Tensor, bag_of: torch.Tensor,
+                                               mode: int, padding_idx: int = -1) -> torch.Tensor:
+    """aten._embedding_bag_per_sample_weights_backward (per-sample weights that require a gradient: sum bags, as
+    torch allows): each index's gradient, its bag's gradient times its weight row (a rounded product a value)
+    summed over the row (the device's sum), 0 at padding_idx."""
+    products = call(aten.mul.Tensor, grad.index_select(0, bag_of), weight.index_select(0, indices))
+    sums = call(aten.sum.dim_IntList, products, [1])
+    return torch.where(indices != padding_idx, sums, torch.zeros((), dtype=sums.dtype))
+
+
 def _pad_sources(size: int, before: int, after: int, reflect: bool) -> torch.Tensor:
     """The input index each of a padded dim's size + before + after outputs reads: mirrored about the edge
     (reflection) or the edge repeated (replication)."""
@@ -1215,6 +1226,7 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     **{op: functools.partial(embedding_bag, op) for op in (aten._embedding_bag.default,
                                                            aten._embedding_bag_forward_only.default)},
     aten._embedding_bag_backward.default: embedding_bag_backward,
+    aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_per_sample_weights_backward,
     **{op: _upsample(_linear_taps) for op in (aten.upsample_linear1d.default, aten.upsample_bilinear2d.default,
                                               aten.upsample_trilinear3d.default)},
     **{op: _upsample_backward(_linear_taps) for op in (aten.upsample_linear1d_backward.default,

@@ -287,11 +287,11 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 Terms = Callable[[np.ndarray], tuple]  # flat positions -> (a, b, extra): their sums as gathered (P, ...) tensors
 
 
-def _along(values: torch.Tensor, d: int, nd: int, lead: int = 1) -> torch.Tensor:
-    """(P, K) values as (P, 1 x lead, 1.., K at spatial dim d of nd, ..1): one index of a gather over P positions,
-    `lead` dims (channels, images) and nd spatial dims."""
-    shape = [values.shape[0]] + [1] * (lead + nd)
-    shape[1 + lead + d] = values.shape[1]
+def _along(values: torch.Tensor, d: int, nd: int) -> torch.Tensor:
+    """(P, K) values as (P, 1, 1.., K at spatial dim d of nd, ..1): one index of a gather over P positions, a
+    channel (or image) dim and nd spatial dims."""
+    shape = [values.shape[0]] + [1] * (1 + nd)
+    shape[2 + d] = values.shape[1]
     return values.reshape(shape)
 
 

@@ -82,7 +82,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten._embedding_bag_backward.default, aten._embedding_bag_forward_only.default,
                aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
                aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
-               aten._cdist_forward.default, aten._cdist_backward.default):
+               aten._cdist_forward.default, aten._cdist_backward.default,
+               aten._embedding_bag_per_sample_weights_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -562,6 +563,26 @@ def test_scatter_add_adds_each_value_in_order_rounding_after_each_addition(resol
     expected, _ = _rounded(lambda: torch.scatter_add(x.T, 0, index[2].reshape(9, 1).expand(9, 3), src.T * 0.5),
                            resolution)
     assert torch.equal(added, expected)
+
+
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+def test_embedding_bags_per_sample_weights_gradient_sums_each_rows_rounded_products(resolution: str) -> None:
+    # an index's gradient: its bag's gradient times its table row, each product rounded, summed over the row (the
+    # device's sum), 0 at padding_idx (4); the empty second bag gives none
+    table, g = _grid(24, 5, seed=62), _grid(4, 5, seed=63)
+    weights = _BAG_WEIGHTS.clone().requires_grad_()
+
+    def bags() -> torch.Tensor:
+        out = F.embedding_bag(_BAG_IDS, table, _BAG_OFFSETS, mode="sum", per_sample_weights=weights, padding_idx=4)
+        return torch.autograd.grad(out, weights, g)[0]
+
+    def written() -> torch.Tensor:
+        sums = (table.index_select(0, _BAG_IDS) * g.index_select(0, _BAG_OF)).sum(1)
+        return torch.where(_BAG_IDS != 4, sums, torch.zeros((), dtype=torch.float64))
+
+    got, want = _rounded(bags, resolution)[0], _rounded(written, resolution)[0]
+    assert torch.equal(got, want) and bool((got[_BAG_IDS == 4] == 0).all())
+    assert torch.allclose(got, bags(), rtol=2.0**-20, atol=0)  # (torch's own gradient, float64)
 
 
 def _padded_source(j: int, size: int, before: int, reflect: bool) -> int:
