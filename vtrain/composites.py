@@ -1107,6 +1107,46 @@ def _cumulative(op: Any, combine: Any, call: Call, x: torch.Tensor, dim: int, *,
     return torch.stack(_partials(call, combine, x, dim), dim)
 
 
+def _margins(call: Call, x: torch.Tensor, target: torch.Tensor,
+             margin: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x as (N, C), the hinge terms' z = (margin - x_target) + x_c, whether a term counts: z > 0 off the target's
+    column) of a multi-class margin loss, torch's kernel's operations in its order, each rounded."""
+    x2, t = x.reshape(-1, x.shape[-1]), target.reshape(-1, 1)
+    z = call(aten.add.Tensor, call(aten.rsub.Scalar, x2.gather(1, t), margin), x2)
+    return x2, z, (z > 0) & (torch.arange(x2.shape[1]) != t)
+
+
+def multi_margin_loss(call: Call, x: torch.Tensor, target: torch.Tensor, p: int = 1, margin: float = 1,
+                      weight: torch.Tensor | None = None, reduction: int = 1) -> torch.Tensor:
+    """aten.multi_margin_loss (`nn.MultiMarginLoss`): per sample, the sum over the other classes of max(0, z)^p
+    (times the target class's weight) over the class count, then reduced (`_margins`; the sum the device's)."""
+    x2, z, counts = _margins(call, x, target, margin)
+    h = torch.where(counts, z, torch.zeros((), dtype=z.dtype))
+    if p == 2:
+        h = call(aten.mul.Tensor, h, h)
+    if weight is not None:
+        h = call(aten.mul.Tensor, h, weight[target.reshape(-1)].unsqueeze(1))
+    per = call(aten.div.Scalar, call(aten.sum.dim_IntList, h, [1]), x2.shape[1])
+    return _reduce(call, per.reshape(target.shape), reduction)
+
+
+def multi_margin_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor, p: int,
+                               margin: float, weight: torch.Tensor | None = None, reduction: int = 1) -> torch.Tensor:
+    """aten.multi_margin_loss_backward: torch's formula, g = 1 / C (1 / (N C) under a mean), a counted term's
+    gradient g (p = 1) or (2 g) z (p = 2), times the target class's weight; the target's column minus their sum (the
+    device's); all times the loss's gradient."""
+    x2, z, counts = _margins(call, x, target, margin)
+    g = 1.0 / (x2.shape[1] * (x2.shape[0] if reduction == 1 else 1))
+    h = call(aten.mul.Tensor, counts.to(z.dtype), g) if p == 1 else \
+        torch.where(counts, call(aten.mul.Tensor, z, 2 * g), torch.zeros((), dtype=z.dtype))
+    if weight is not None:
+        h = call(aten.mul.Tensor, h, weight[target.reshape(-1)].unsqueeze(1))
+    total = call(aten.sum.dim_IntList, h, [1], True)
+    out = torch.where(torch.arange(x2.shape[1]) == target.reshape(-1, 1), -total, h)
+    scale = grad.reshape(-1, 1) if reduction == 0 else grad
+    return call(aten.mul.Tensor, out, scale).reshape(x.shape)
+
+
 def _differences(call: Call, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """x1's rows minus x2's, every pair: (..., P, M) and (..., R, M) -> (..., P, R, M), one rounded subtraction
     each."""
@@ -1236,6 +1276,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.upsample_bicubic2d_backward.default: _upsample_backward(_cubic_taps),
     aten.col2im.default: col2im,
     aten._cdist_forward.default: cdist_forward,
+    aten.multi_margin_loss.default: multi_margin_loss,
+    aten.multi_margin_loss_backward.default: multi_margin_loss_backward,
     aten._cdist_backward.default: cdist_backward,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,

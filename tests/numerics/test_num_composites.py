@@ -83,7 +83,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.upsample_trilinear3d.default, aten.upsample_trilinear3d_backward.default,
                aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
                aten._cdist_forward.default, aten._cdist_backward.default,
-               aten._embedding_bag_per_sample_weights_backward.default):
+               aten._embedding_bag_per_sample_weights_backward.default, aten.multi_margin_loss.default,
+               aten.multi_margin_loss_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -245,6 +246,21 @@ def _pairs(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(-2) - _TARGET[:, :4].unsqueeze(-3)
 
 
+_CLASSES = torch.tensor([3, 0, 4, 4, 1, 2] * 4)
+
+
+def _written_margins(x: torch.Tensor, p: int, weight: torch.Tensor | None, reduction: str) -> torch.Tensor:
+    """nn.MultiMarginLoss (margin 0.7) over x's 24 rows of 5 in registry ops: each other class's (0.7 - x_target)
+    + x_c where positive (squared for p = 2, times the target's weight), summed, over 5, reduced."""
+    x2 = x.reshape(24, 5)
+    z = (0.7 - x2.gather(1, _CLASSES[:, None])) + x2
+    h = torch.where((z > 0) & (torch.arange(5) != _CLASSES[:, None]), z, torch.zeros_like(z))
+    h = h * h if p == 2 else h
+    h = h if weight is None else h * weight[_CLASSES].unsqueeze(1)
+    per = h.sum(1) / 5
+    return per if reduction == "none" else per.mean([0]) if reduction == "mean" else per.sum([0])
+
+
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
@@ -352,6 +368,13 @@ DEFINITIONS = {
     "hardshrink": (lambda x: F.hardshrink(x, 0.75), lambda x: torch.where(x.abs() > 0.75, x, torch.zeros_like(x))),
     "fold": (lambda x: F.fold(x.reshape(1, 24, 5), (2, 6), 2), lambda x: _fold(x.reshape(1, 24, 5), (2, 6), 2)),
     "cdist": (lambda x: torch.cdist(x, _TARGET[:, :4]), lambda x: torch.sqrt((_pairs(x) * _pairs(x)).sum(-1))),
+    "multi-margin": (lambda x: F.multi_margin_loss(x.reshape(24, 5), _CLASSES, margin=0.7),
+                     lambda x: _written_margins(x, 1, None, "mean")),
+    "multi-margin-squared-weighted": (
+        lambda x: F.multi_margin_loss(x.reshape(24, 5), _CLASSES, p=2, margin=0.7, weight=_WEIGHT, reduction="sum"),
+        lambda x: _written_margins(x, 2, _WEIGHT, "sum")),
+    "multi-margin-none": (lambda x: F.multi_margin_loss(x.reshape(24, 5), _CLASSES, margin=0.7, reduction="none"),
+                          lambda x: _written_margins(x, 1, None, "none")),
     "cdist-p1": (lambda x: torch.cdist(x, _TARGET[:, :4], p=1), lambda x: _pairs(x).abs().sum(-1)),
     "cdist-inf": (lambda x: torch.cdist(x, _TARGET[:, :4], p=math.inf), lambda x: _pairs(x).abs().amax(-1)),
     "cdist-p3": (lambda x: torch.cdist(x, _TARGET[:, :4], p=3),
