@@ -11,7 +11,7 @@ gamma_n = n*u / (1 - n*u):
   Cauchy-Schwarz norm bound, which relu-sparse operands make orders of magnitude looser);
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
-- transcendental functions (exp, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf): TRANSCENDENTAL_ULPS
+- transcendental functions (exp, exp2, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf): TRANSCENDENTAL_ULPS
   ulps of the work dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows);
   GELU and its backward a few of those ulps of (|y| + |x|), see below;
 - embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|. We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
@@ -586,7 +586,7 @@ def _addmm_k(args: tuple) -> int:
 
 
 RELATIVE: dict[Any, Relative] = {
-    **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.log.default, aten.tanh.default,
+    **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.exp2.default, aten.log.default, aten.tanh.default,
                                       aten.expm1.default, aten.log1p.default, aten.rsqrt.default,
                                       aten.pow.Tensor_Scalar, aten.erf.default)},
     aten.sigmoid.default: _SIGMOID,

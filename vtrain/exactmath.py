@@ -389,7 +389,7 @@ def rounded_dots(
 # ---------------------------------------------------------------------------------------------------
 # Correctly rounded elementary and special functions
 
-FUNCTIONS = ("exp", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow",
+FUNCTIONS = ("exp", "exp2", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow",
              "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2}
@@ -476,6 +476,15 @@ def _ev_exp(x: float) -> _Value:
     if x < -760.0:  # e^x < 2^-1096
         raise _Saturated(Fraction(0), 1)
     c = _MP.exp(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_exp2(x: float) -> _Value:
+    if x > 1100.0:
+        raise GridOverflowError(f"exp2({x!r}) is beyond the largest grid value: the computation diverged")
+    if x < -1100.0:  # 2^x < 2^-1096
+        raise _Saturated(Fraction(0), 1)
+    c = _MP.mpf(2) ** _MP.mpf(x)  # (exact where x is a whole number)
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -720,7 +729,7 @@ def _ev_gelu_tanh_backward(g: float, x: float) -> _Value:
 
 
 _EVALUATORS: dict[str, Callable[..., _Value]] = {
-    "exp": _ev_exp, "log": _ev_log, "tanh": _ev_tanh, "sigmoid": _ev_sigmoid, "expm1": _ev_expm1,
+    "exp": _ev_exp, "exp2": _ev_exp2, "log": _ev_log, "tanh": _ev_tanh, "sigmoid": _ev_sigmoid, "expm1": _ev_expm1,
     "log1p": _ev_log1p, "erf": _ev_erf, "rsqrt": _ev_rsqrt, "sqrt": _ev_sqrt, "pow": _ev_pow,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,

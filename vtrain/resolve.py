@@ -1032,6 +1032,7 @@ RESOLVERS: dict[Any, Resolver] = {
     aten.max_pool2d_with_indices_backward.default: _max_pool2d_backward,
     aten.embedding_dense_backward.default: _embedding_dense_backward,
     aten.exp.default: _function("exp"),
+    aten.exp2.default: _function("exp2"),
     aten.log.default: _function("log"),
     aten.tanh.default: _function("tanh"),
     aten.sigmoid.default: _function("sigmoid"),

@@ -249,6 +249,7 @@ def test_transcendental_bounds_cover_float32_against_float64() -> None:
         (aten.gelu_backward.default, (g, x), {"approximate": "tanh"}),
         (aten.erf.default, (x,), {}),
         (aten.exp.default, (x,), {}),
+        (aten.exp2.default, (x,), {}),
         (aten.tanh.default, (x,), {}),
         (aten.sigmoid.default, (x,), {}),
     ]

@@ -635,6 +635,7 @@ def _phi_cdf(x):
 
 FUNCTION_OPS: dict[Any, tuple[Callable, str]] = {  # op -> (reference, input domain)
     aten.exp.default: (mpmath.exp, "any"),
+    aten.exp2.default: (lambda x: mpmath.mpf(2) ** x, "any"),
     aten.log.default: (mpmath.log, "positive"),
     aten.tanh.default: (mpmath.tanh, "any"),
     aten.sigmoid.default: (lambda x: 1 / (1 + mpmath.exp(-x)), "any"),
@@ -670,6 +671,18 @@ def test_functions_match_mpmath(op: Any, dtype: torch.dtype, bits: int) -> None:
         args = (x, 3) if op is aten.pow.Tensor_Scalar else (x,)
         exact = [_exact(fn, float(v)) for v in x]
     check_resolver(op, args, {}, [exact], bits)
+
+
+def test_exp2_of_whole_numbers_is_the_exact_power_down_to_the_subnormal_grid_and_its_tie() -> None:
+    # 2^k exactly, for k from the largest grid value's exponent down past the smallest subnormal (2^-149 at bits =
+    # 32): 2^-150 is the tie between 0 and 2^-149 and rounds to even, 0; half-integers are 2^k sqrt(2)
+    x = torch.arange(-152, 128, dtype=torch.float64)
+    want = [ref_round_q(F(2) ** int(k), 23) for k in x.tolist()]
+    assert resolver_for(aten.exp2.default)((x,), {}, 0, np.arange(len(x)), 32).tolist() == want
+    assert want[:4] == [0.0, 0.0, 0.0, 2.0**-149]  # (2^-152, 2^-151, the tie 2^-150, then the smallest subnormal)
+    halves = x[::7] + 0.5
+    exact = [_exact(lambda v: mpmath.mpf(2) ** v, float(v)) for v in halves]
+    check_resolver(aten.exp2.default, (halves,), {}, [exact], 32)
 
 
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
