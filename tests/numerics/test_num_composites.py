@@ -194,8 +194,8 @@ def _smooth_l1(x: torch.Tensor, beta: float) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, out_size: int, align_corners: bool, scale: float | None) -> torch.Tensor:
-    """Linear interpolation along the last dim in registry ops, with torch's taps and weights (`_taps`)."""
-    first, second, w0, w1 = zip(*_taps(x.shape[-1], out_size, align_corners, scale))
+    """Linear interpolation along the last dim in registry ops, with torch's taps and weights (`_linear_taps`)."""
+    (first, second), (w0, w1) = (zip(*t) for t in zip(*_linear_taps(x.shape[-1], out_size, align_corners, scale)))
     w0, w1 = (torch.tensor(w, dtype=torch.float64) for w in (w0, w1))
     return x.index_select(-1, torch.tensor(first)) * w0 + x.index_select(-1, torch.tensor(second)) * w1
 
@@ -667,53 +667,24 @@ def test_cumulative_sums_and_products_round_each_partial_result_in_order(resolut
     assert all(a.shape == b.shape and torch.equal(a, b) for a, b in zip(got, want))
 
 
-def _taps(size: int, out_size: int, align_corners: bool, scale: float | None) -> list[tuple[int, int, float, float]]:
+def _source(size: int, out_size: int, align_corners: bool, scale: float | None, j: int) -> float:
+    """Output j's real source position along one dim, as torch places it, written out in Python floats (not yet
+    clamped at 0)."""
+    if align_corners:
+        return (size - 1) / (out_size - 1) * j if out_size > 1 else 0.0
+    return (1.0 / scale if scale else size / out_size) * (j + 0.5) - 0.5
+
+
+def _linear_taps(size: int, out_size: int, align_corners: bool,
+                 scale: float | None) -> list[tuple[list[int], list[float]]]:
     """torch's linear interpolation taps and weights along one dim, written out in Python floats."""
     taps = []
     for j in range(out_size):
-        if align_corners:
-            real = (size - 1) / (out_size - 1) * j if out_size > 1 else 0.0
-        else:
-            real = max((1.0 / scale if scale else size / out_size) * (j + 0.5) - 0.5, 0.0)
+        real = max(_source(size, out_size, align_corners, scale, j), 0.0)
         first = min(math.floor(real), size - 1)
         w1 = min(max(real - first, 0.0), 1.0)
-        taps.append((first, first + 1 if first < size - 1 else first, 1.0 - w1, w1))
+        taps.append(([first, first + 1 if first < size - 1 else first], [1.0 - w1, w1]))
     return taps
-
-
-@pytest.mark.parametrize("resolution", ["log", "exact"])
-@pytest.mark.parametrize("size,align_corners,scale", [((8, 12), False, 2.0), ((5, 7), True, None),
-                                                      ((7, 3), False, None), ((6, 9), False, 1.5)])
-def test_bilinear_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
-        size: tuple, align_corners: bool, scale: float | None, resolution: str) -> None:
-    # forward h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11), backward each output's gradient times h w added into
-    # its four taps in order, from 0: each operation rounded onto the grid, written out in Python floats
-    x = _grid(2, 3, 4, 6, seed=55).requires_grad_()
-    g = _grid(2, 3, *size, seed=56) * 2.0 ** torch.randint(-20, 1, (2, 3, *size),
-                                                             generator=torch.Generator().manual_seed(57))
-    hs, ws = _taps(4, size[0], align_corners, scale), _taps(6, size[1], align_corners, scale)
-
-    def r(v: float) -> float:
-        return float(np.float32(v))
-
-    want_y, want_g = np.zeros((2, 3, *size)), np.zeros((2, 3, 4, 6))
-    for n, c, i, j in np.ndindex(2, 3, *size):
-        (h0, h1, a0, a1), (w0, w1, b0, b1), xs = hs[i], ws[j], x.detach()[n, c]
-        top = r(r(b0 * float(xs[h0, w0])) + r(b1 * float(xs[h0, w1])))
-        bottom = r(r(b0 * float(xs[h1, w0])) + r(b1 * float(xs[h1, w1])))
-        want_y[n, c, i, j] = r(r(a0 * top) + r(a1 * bottom))
-        for h, a in ((h0, a0), (h1, a1)):
-            for w, b in ((w0, b0), (w1, b1)):
-                want_g[n, c, h, w] = r(want_g[n, c, h, w] + r(float(g[n, c, i, j]) * (a * b)))
-    kw = {"size": size} if scale is None else {"scale_factor": scale}
-
-    def both() -> tuple:
-        y = F.interpolate(x, mode="bilinear", align_corners=align_corners, **kw)
-        return y, torch.autograd.grad(y, x, g)[0]
-
-    (y, grad), log = _rounded(both, resolution)
-    assert torch.equal(y, torch.from_numpy(want_y)) and torch.equal(grad, torch.from_numpy(want_g))
-    assert not StepLog.from_bytes(log).sites
 
 
 def _cubic_taps(size: int, out_size: int, align_corners: bool,
@@ -722,10 +693,7 @@ def _cubic_taps(size: int, out_size: int, align_corners: bool,
     along one dim, written out in Python floats."""
     a, taps = -0.75, []
     for j in range(out_size):
-        if align_corners:
-            real = (size - 1) / (out_size - 1) * j if out_size > 1 else 0.0
-        else:
-            real = (1.0 / scale if scale else size / out_size) * (j + 0.5) - 0.5  # (not clamped at 0)
+        real = _source(size, out_size, align_corners, scale, j)  # (not clamped at 0)
         first = min(math.floor(real), size - 1)
         t = min(max(real - first, 0.0), 1.0)
         near = [((a + 2) * v - (a + 3)) * v * v + 1 for v in (t, 1 - t)]
@@ -734,18 +702,23 @@ def _cubic_taps(size: int, out_size: int, align_corners: bool,
     return taps
 
 
+_RESAMPLED = [((8, 12), False, 2.0), ((5, 7), True, None), ((7, 3), False, None), ((3, 4), False, None),
+              ((6, 9), False, 1.5)]  # (size, align_corners, scale)
+
+
 @pytest.mark.parametrize("resolution", ["log", "exact"])
-@pytest.mark.parametrize("size,align_corners,scale", [((8, 12), False, 2.0), ((5, 7), True, None),
-                                                      ((3, 4), False, None), ((6, 9), False, 1.5)])
-def test_bicubic_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
-        size: tuple, align_corners: bool, scale: float | None, resolution: str) -> None:
-    # forward sum_a h_a (sum_b w_b x_ab), each sum in tap order; backward each output's gradient times h_a w_b
-    # added into its sixteen taps in order (edges clamped: a tap can repeat), from 0: each operation rounded onto
-    # the grid, written out in Python floats
-    x = _grid(2, 3, 4, 6, seed=58).requires_grad_()
-    g = _grid(2, 3, *size, seed=59) * 2.0 ** torch.randint(-20, 1, (2, 3, *size),
-                                                             generator=torch.Generator().manual_seed(60))
-    hs, ws = _cubic_taps(4, size[0], align_corners, scale), _cubic_taps(6, size[1], align_corners, scale)
+@pytest.mark.parametrize("size,align_corners,scale", _RESAMPLED)
+@pytest.mark.parametrize("mode,taps", [("bilinear", _linear_taps), ("bicubic", _cubic_taps)],
+                         ids=["bilinear", "bicubic"])
+def test_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
+        mode: str, taps: Any, size: tuple, align_corners: bool, scale: float | None, resolution: str) -> None:
+    # forward sum_a h_a (sum_b w_b x_ab), each sum in tap order (bilinear: h0 (w0 x00 + w1 x01) + h1 (w0 x10 +
+    # w1 x11)); backward each output's gradient times h_a w_b added into its taps in order (a bicubic tap clamped
+    # at an edge repeats), from 0: each operation rounded onto the grid, written out in Python floats
+    x = _grid(2, 3, 4, 6, seed=55).requires_grad_()
+    g = _grid(2, 3, *size, seed=56) * 2.0 ** torch.randint(-20, 1, (2, 3, *size),
+                                                             generator=torch.Generator().manual_seed(57))
+    hs, ws = taps(4, size[0], align_corners, scale), taps(6, size[1], align_corners, scale)
 
     def r(v: float) -> float:
         return float(np.float32(v))
@@ -766,7 +739,7 @@ def test_bicubic_upsampling_and_its_gradient_round_each_operation_of_torchs_form
     kw = {"size": size} if scale is None else {"scale_factor": scale}
 
     def both() -> tuple:
-        y = F.interpolate(x, mode="bicubic", align_corners=align_corners, **kw)
+        y = F.interpolate(x, mode=mode, align_corners=align_corners, **kw)
         return y, torch.autograd.grad(y, x, g)[0]
 
     (y, grad), log = _rounded(both, resolution)
