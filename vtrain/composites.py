@@ -1147,6 +1147,48 @@ def multi_margin_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, 
     return call(aten.mul.Tensor, out, scale).reshape(x.shape)
 
 
+def _label_margins(call: Call, x: torch.Tensor,
+                   target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x as (N, C), is_target (N, C) 0/1, z = (1 - x_(target j)) + x_d (N, C, C) in torch's kernel's operations,
+    each rounded, and whether a (j, d) term counts: j a listed target (before the first -1), d not one, z > 0) of
+    a multi-label margin loss."""
+    c = x.shape[-1]
+    x2, t2 = x.reshape(-1, c), target.reshape(-1, c)
+    listed = (t2 >= 0).cumprod(1).bool()
+    picked = torch.where(listed, t2, c)  # (c: a column past the end for the unlisted)
+    is_target = torch.zeros(x2.shape[0], c + 1, dtype=x.dtype).scatter_(1, picked, 1.0)[:, :c]
+    xt = x2.gather(1, picked.clamp_max(c - 1))
+    z = call(aten.add.Tensor, call(aten.rsub.Scalar, xt.unsqueeze(2), 1), x2.unsqueeze(1))
+    return x2, is_target, z, listed.unsqueeze(2) & (is_target == 0).unsqueeze(1) & (z > 0)
+
+
+def multilabel_margin_loss(call: Call, x: torch.Tensor, target: torch.Tensor,
+                           reduction: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten.multilabel_margin_loss_forward (`nn.MultiLabelMarginLoss`): per sample, the sum over its listed targets
+    j and the non-target classes d of max(0, z) (`_label_margins`; the device's sum), over the class count, reduced;
+    and is_target, as torch returns it."""
+    x2, is_target, z, counts = _label_margins(call, x, target)
+    h = torch.where(counts, z, torch.zeros((), dtype=z.dtype))
+    per = call(aten.div.Scalar, call(aten.sum.dim_IntList, h, [1, 2]), x2.shape[1])
+    return _reduce(call, per.reshape(x.shape[:-1]), reduction), is_target.reshape(x.shape)
+
+
+def multilabel_margin_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, target: torch.Tensor,
+                                    reduction: int, is_target: torch.Tensor) -> torch.Tensor:
+    """aten.multilabel_margin_loss_backward: g = 1 / C (1 / (N C) under a mean) times, for a class, how many counted
+    terms it gains (as d) less how many it loses (as a target): integer counts, exact, then one rounded product
+    each; all times the loss's gradient."""
+    x2, _, _, counts = _label_margins(call, x, target)
+    c = x2.shape[1]
+    g = 1.0 / (c * (x2.shape[0] if reduction == 1 else 1))
+    listed = (target.reshape(-1, c) >= 0).cumprod(1).bool()
+    lost = torch.zeros(x2.shape[0], c + 1, dtype=torch.long).scatter_add_(
+        1, torch.where(listed, target.reshape(-1, c), c), counts.sum(2))[:, :c]
+    net = call(aten.mul.Tensor, (counts.sum(1) - lost).to(x.dtype), g)
+    scale = grad.reshape(-1, 1) if reduction == 0 else grad
+    return call(aten.mul.Tensor, net, scale).reshape(x.shape)
+
+
 def _differences(call: Call, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     """x1's rows minus x2's, every pair: (..., P, M) and (..., R, M) -> (..., P, R, M), one rounded subtraction
     each."""
@@ -1277,6 +1319,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.col2im.default: col2im,
     aten._cdist_forward.default: cdist_forward,
     aten.multi_margin_loss.default: multi_margin_loss,
+    aten.multilabel_margin_loss_forward.default: multilabel_margin_loss,
+    aten.multilabel_margin_loss_backward.default: multilabel_margin_loss_backward,
     aten.multi_margin_loss_backward.default: multi_margin_loss_backward,
     aten._cdist_backward.default: cdist_backward,
     aten.glu.default: glu,

@@ -47,6 +47,8 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
         x = mp.mpf(args[-1])
         if fn == "exp":
             return mp.exp(x)
+        if fn == "exp2":
+            return mp.power(2, x)
         if fn == "log":
             return mp.log(x)
         if fn == "tanh":

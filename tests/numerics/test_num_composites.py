@@ -5,7 +5,9 @@ with torch's own kernels, and the same bits on every device, through the log or 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from exactref import ref_round_q
 from numkit import batch
 from vtrain import resolve
 from vtrain.devices import get_device, list_devices
@@ -84,7 +87,8 @@ def test_the_composites_are_in_the_registry() -> None:
                aten.upsample_bicubic2d.default, aten.upsample_bicubic2d_backward.default,
                aten._cdist_forward.default, aten._cdist_backward.default,
                aten._embedding_bag_per_sample_weights_backward.default, aten.multi_margin_loss.default,
-               aten.multi_margin_loss_backward.default):
+               aten.multi_margin_loss_backward.default, aten.multilabel_margin_loss_forward.default,
+               aten.multilabel_margin_loss_backward.default):
         assert classify(op, (), {}).cls is OpClass.COMPOSITE
     # copies of their inputs' values: the backward passes of slicing and indexing, recurrent layers' splits and
     # in-place transposes, padding and pixel shuffles, adaptive max pooling, nearest upsampling's forward passes,
@@ -606,6 +610,44 @@ def test_embedding_bags_per_sample_weights_gradient_sums_each_rows_rounded_produ
     got, want = _rounded(bags, resolution)[0], _rounded(written, resolution)[0]
     assert torch.equal(got, want) and bool((got[_BAG_IDS == 4] == 0).all())
     assert torch.allclose(got, bags(), rtol=2.0**-20, atol=0)  # (torch's own gradient, float64)
+
+
+def test_multilabel_margin_loss_and_its_gradient_are_torchs_terms_each_rounded_and_summed_exactly() -> None:
+    # each sample's listed targets j (up to the first -1; a repeated one counts twice) against its other classes
+    # d: z = (1 - x_j) + x_d, each operation rounded, the positive ones summed (under `exact`: the correctly
+    # rounded exact sum), over the class count; the gradient g = 1 / (N C) times each class's gains less its
+    # losses, one rounded product, times the loss's gradient: written out in Python floats and Fractions
+    x = _grid(6, 5, seed=64).requires_grad_()
+    target = torch.tensor([[3, 0, -1, 1, 1], [0, 1, 2, 3, 4], [-1, 2, 2, 2, 2], [4, 4, -1, 0, 0], [2, -1, 0, 0, 0],
+                           [1, 3, 0, -1, 4]])
+
+    def r(v: float | Fraction) -> float:
+        return ref_round_q(v, 23) if isinstance(v, Fraction) else float(np.float32(v))
+
+    per, gains, xs = [], np.zeros((6, 5)), x.detach()
+    for n in range(6):
+        listed = list(itertools.takewhile(lambda k: k >= 0, target[n].tolist()))
+        terms = []
+        for j in listed:
+            for d in set(range(5)) - set(listed):
+                z = r(r(1 - float(xs[n, j])) + float(xs[n, d]))
+                if z > 0:
+                    terms.append(z)
+                    gains[n, d] += 1
+                    gains[n, j] -= 1
+        per.append(r(Fraction(r(sum(map(Fraction, terms), Fraction(0)))) / 5))
+    want_loss = r(sum(map(Fraction, per), Fraction(0)) / 6)
+    want_grad = [[r(r(k / 30) * 1.0) for k in row] for row in gains]
+
+    def both() -> tuple:
+        loss = F.multilabel_margin_loss(x, target)
+        return loss, torch.autograd.grad(loss, x)[0]
+
+    (loss, grad), log = _rounded(both, "exact")
+    assert loss.item() == want_loss and grad.tolist() == want_grad and not StepLog.from_bytes(log).sites
+    torch_loss = F.multilabel_margin_loss(x, target)
+    assert torch.allclose(loss, torch_loss, rtol=2.0**-20, atol=0)
+    assert torch.allclose(grad, torch.autograd.grad(torch_loss, x)[0], rtol=2.0**-20, atol=0)
 
 
 def _padded_source(j: int, size: int, before: int, reflect: bool) -> int:
