@@ -7,8 +7,11 @@ rounded execution draws them here instead. The k-th draw of step t reads uniform
 generator keyed by (seed, t, k) (vtrain.data.keyed_generator: torch's CPU Mersenne Twister, the same stream on
 every machine), one per element in row-major order, and an element is 1 where its value is below the
 probability p. The masks then meet the activations in registered ops (dropout's division by 1 - p and its
-product, alpha dropout's affine steps), rounded as any. Without a seed these ops stay refused, and so does a
-call that brings a generator of its own (the seed decides every draw).
+product, alpha dropout's affine steps), rounded as any. Noise (`randn_like`, a VAE's reparameterisation;
+`rand_like`, `randn`, `rand`, `normal_`, `uniform_`) reads standard normal or uniform float64 values the same way,
+rounded onto the grid (a uniform value that would round up to 1 held at the grid's largest value below it), then
+scaled and shifted in rounded operations. Without a seed these ops stay refused, and so does a call that brings a
+generator of its own (the seed decides every draw).
 
 The k in the key is the draw's place in the step's sequence of draws: the trainer and the auditor run the same
 program, so they draw in the same order. (A program that splits a step's batch across processes gives each part
@@ -18,65 +21,140 @@ example: vtrain.models.dropout_masks.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
+from vtrain.data import keyed_generator
 from vtrain.errors import UnsupportedOpError
+from vtrain.grid import round_to_grid
 
 aten = torch.ops.aten
 
-Uniform = Callable[[Sequence[int]], torch.Tensor]  # shape -> uniform float64 values in [0, 1) on the CPU
 Call = Callable[..., Any]  # RoundedExecution.call: one registry op, rounded
 
 
-def _ones_below(p: Any, like: torch.Tensor, uniform: Uniform) -> torch.Tensor:
+@dataclass
+class Stream:
+    """A step's draws from the seed: the k-th a fresh generator keyed by (seed, step, k), float64 on the CPU."""
+
+    seed: int
+    step: int
+    bits: int
+    drawn: int = 0
+
+    def _next(self) -> torch.Generator:
+        generator = keyed_generator(self.seed, self.step, f"draw:{self.drawn}")
+        self.drawn += 1
+        return generator
+
+    def uniform(self, shape: Sequence[int]) -> torch.Tensor:
+        """Uniform values in [0, 1), one an element in row-major order."""
+        return torch.rand(tuple(shape), generator=self._next(), dtype=torch.float64)
+
+    def normal(self, shape: Sequence[int]) -> torch.Tensor:
+        """Standard normal values, one an element in row-major order."""
+        return torch.randn(tuple(shape), generator=self._next(), dtype=torch.float64)
+
+    def on_grid(self, values: torch.Tensor, below_one: bool = False) -> torch.Tensor:
+        """values rounded onto the grid (`below_one`: uniform values, the ones that round up to 1 kept at the grid's
+        largest value below it, so that they stay in [0, 1))."""
+        r = round_to_grid(values, self.bits)
+        if below_one:
+            r = torch.where(r >= 1, torch.tensor(1 - 2.0 ** -(self.bits - 8), dtype=r.dtype), r)
+        return r
+
+
+def _like(values: torch.Tensor, like: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
+    """values in the dtype and on the device a factory op asks for (`like`'s where it names none)."""
+    dtype = kwargs.get("dtype") or (like.dtype if like is not None else torch.get_default_dtype())
+    device = kwargs.get("device") or (like.device if like is not None else "cpu")
+    return values.to(dtype=dtype, device=device)
+
+
+def _ones_below(p: Any, like: torch.Tensor, stream: Stream) -> torch.Tensor:
     """1 where a fresh uniform value is below p (a number, or a tensor of like's shape), else 0, in like's dtype
     and on its device."""
-    u = uniform(like.shape)
+    u = stream.uniform(like.shape)
     if isinstance(p, torch.Tensor):
         p = p.detach().to(device="cpu", dtype=torch.float64).expand(like.shape)
     return (u < p).to(dtype=like.dtype, device=like.device)
 
 
-def _bernoulli_(call: Call, uniform: Uniform, x: torch.Tensor, p: Any = 0.5) -> torch.Tensor:
-    return x.copy_(_ones_below(p, x, uniform))
+def _bernoulli_(call: Call, stream: Stream, x: torch.Tensor, p: Any = 0.5) -> torch.Tensor:
+    return x.copy_(_ones_below(p, x, stream))
 
 
-def _bernoulli(call: Call, uniform: Uniform, probs: torch.Tensor) -> torch.Tensor:
-    return _ones_below(probs, probs, uniform)
+def _bernoulli(call: Call, stream: Stream, probs: torch.Tensor) -> torch.Tensor:
+    return _ones_below(probs, probs, stream)
 
 
-def _bernoulli_p(call: Call, uniform: Uniform, x: torch.Tensor, p: float = 0.5) -> torch.Tensor:
-    return _ones_below(p, x, uniform)
+def _bernoulli_p(call: Call, stream: Stream, x: torch.Tensor, p: float = 0.5) -> torch.Tensor:
+    return _ones_below(p, x, stream)
 
 
-def _native_dropout(call: Call, uniform: Uniform, x: torch.Tensor, p: float,
+def _native_dropout(call: Call, stream: Stream, x: torch.Tensor, p: float,
                     train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(x times 1 / (1 - p) where kept, 0 where dropped; the kept mask): each element kept with probability
     1 - p, and scaled as native_dropout_backward scales its gradient (one rounded product)."""
     if train is False or p == 0:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
-    keep = _ones_below(1 - p, x, uniform)
+    keep = _ones_below(1 - p, x, stream)
     if p >= 1:
         return torch.zeros_like(x), keep.bool()
     return call(aten.mul.Scalar, call(aten.mul.Tensor, x, keep), 1 / (1 - p)), keep.bool()
 
 
+def _rand(call: Call, stream: Stream, size: Sequence[int], **kwargs: Any) -> torch.Tensor:
+    return _like(stream.on_grid(stream.uniform(size), below_one=True), None, kwargs)
+
+
+def _randn(call: Call, stream: Stream, size: Sequence[int], **kwargs: Any) -> torch.Tensor:
+    return _like(stream.on_grid(stream.normal(size)), None, kwargs)
+
+
+def _rand_like(call: Call, stream: Stream, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    return _like(stream.on_grid(stream.uniform(x.shape), below_one=True), x, kwargs)
+
+
+def _randn_like(call: Call, stream: Stream, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    return _like(stream.on_grid(stream.normal(x.shape)), x, kwargs)
+
+
+def _normal_(call: Call, stream: Stream, x: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+    """mean + std z, z a standard normal draw on the grid, each operation rounded, written into x."""
+    z = _like(stream.on_grid(stream.normal(x.shape)), x, {})
+    return x.copy_(call(aten.add.Scalar, call(aten.mul.Scalar, z, std), mean))
+
+
+def _uniform_(call: Call, stream: Stream, x: torch.Tensor, *bounds: float, **named: float) -> torch.Tensor:
+    """low + (high - low) u, u a uniform draw on the grid in [0, 1), each operation rounded, written into x (the
+    schema's bounds are `from` and `to`, which Python cannot name as arguments)."""
+    low = bounds[0] if bounds else named.get("from", 0.0)
+    high = bounds[1] if len(bounds) > 1 else named.get("to", 1.0)
+    u = _like(stream.on_grid(stream.uniform(x.shape), below_one=True), x, {})
+    return x.copy_(call(aten.add.Scalar, call(aten.mul.Scalar, u, high - low), low))
+
+
 DRAWS: dict[Any, Callable[..., Any]] = {
     aten.bernoulli_.float: _bernoulli_, aten.bernoulli_.Tensor: _bernoulli_, aten.bernoulli.default: _bernoulli,
     aten.bernoulli.p: _bernoulli_p, aten.native_dropout.default: _native_dropout,
+    aten.rand.default: _rand, aten.randn.default: _randn, aten.rand_like.default: _rand_like,
+    aten.randn_like.default: _randn_like, aten.normal_.default: _normal_, aten.uniform_.default: _uniform_,
 }
 
 
-def draw(func: Any, call: Call, uniform: Uniform | None, args: tuple, kwargs: dict) -> Any:
-    """The op `func` of DRAWS on (args, kwargs), its random values from `uniform` (None: no seed, refused)."""
+def draw(func: Any, call: Call, stream: Stream | None, args: tuple, kwargs: dict) -> Any:
+    """The op `func` of DRAWS on (args, kwargs), its random values from `stream` (None: no seed, refused)."""
     kwargs = dict(kwargs)
     if kwargs.pop("generator", None) is not None:
         raise UnsupportedOpError(str(func), "a generator of its own: under rounded execution every draw comes from "
                                  "the seed given to RoundedExecution")
-    if uniform is None:
+    if stream is None:
         raise UnsupportedOpError(str(func), "it draws random numbers from the device's generator, which differ from "
                                  "device to device; give RoundedExecution a seed (seed=...) and it draws them from "
                                  "the seed, the same everywhere")
-    return DRAWS[func](call, uniform, *args, **kwargs)
+    for key in ("layout", "pin_memory", "memory_format"):  # (dense CPU or device tensors: nothing else to honour)
+        kwargs.pop(key, None)
+    return DRAWS[func](call, stream, *args, **kwargs)

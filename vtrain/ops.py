@@ -17,8 +17,9 @@
 4. COMPOSITE: ops run as fixed sequences of registry ops (vtrain.composites), each op of them dispatched on its
    own: torch's fused norms, vector norms, variances, SiLU, softplus, scaled dot-product attention, the
    regression and binary losses, and their backward passes.
-5. DRAW: random draws (bernoulli, native_dropout: dropout's masks), drawn from the rounded execution's seed
-   rather than the device's generator (vtrain.draws), so that every device draws the same values.
+5. DRAW: random draws (bernoulli, native_dropout: dropout's masks; rand, randn and their like, normal_, uniform_:
+   noise), drawn from the rounded execution's seed rather than the device's generator (vtrain.draws), so that every
+   device draws the same values.
 
 An op in no class raises UnsupportedOpError naming it: nothing passes through silently. In-place class 3
 ops are computed out of place (through their functional overload) so that the error bound sees the

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -62,7 +62,6 @@ from vtrain import draws, refine, spare, valuecode
 from vtrain.accumulation import sole_gradient, sole_owners
 from vtrain.prefilter import LineNorms, Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
-from vtrain.data import keyed_generator
 from vtrain.devices import Device
 from vtrain.errors import UnsupportedOpError, VtrainError
 from vtrain.grid import (GridOverflowError, check_bits, check_finite_range, grid_max, round_to_grid,
@@ -164,10 +163,10 @@ class RoundedExecution(TorchDispatchMode):
         # Which ops failed vtrain.grains' whole-op test lately (see `_exact_all`): kept by the caller across
         # steps (a TrainingSession's), or None to test every op every time.
         self.grain_hints = grain_hints
-        # Random draws (dropout's masks) come from this seed and the step, in the order the step draws them
+        # Random draws (dropout's masks, noise) come from this seed and the step, in the order the step draws them
         # (vtrain.draws); without one they are refused.
         self.seed = seed
-        self._draws = 0
+        self._stream = None if seed is None else draws.Stream(seed, step, bits)
         self._sites: list[SiteLog] = []
         self._offsets: list[int] = []  # where each logged site starts in the step's stream of rounded values
         self._counts = {"rounded": 0, "logged": 0, "logged_values": 0, "corrections": 0, "sites": 0, "ops": 0,
@@ -252,8 +251,8 @@ class RoundedExecution(TorchDispatchMode):
             return out
         if spec.cls is OpClass.COMPOSITE:  # (its ops are counted, rounded and logged one by one)
             return spec.decomposed(self.call, *args, **kwargs)
-        if spec.cls is OpClass.DRAW:  # (values 0 and 1, or a dropout's product dispatched through `call`)
-            return draws.draw(func, self.call, None if self.seed is None else self._uniform, args, kwargs)
+        if spec.cls is OpClass.DRAW:  # (values on the grid, or products of them dispatched through `call`)
+            return draws.draw(func, self.call, self._stream, args, kwargs)
         self._counts["ops"] += 1
         if spec.cls is OpClass.IEEE:
             try:  # (an in-place op's output, and autograd's sum into a sole gradient, are args[0] itself)
@@ -364,12 +363,6 @@ class RoundedExecution(TorchDispatchMode):
             if r is not t:
                 t.copy_(r)
         return t
-
-    def _uniform(self, shape: Sequence[int]) -> torch.Tensor:
-        """The step's next draw: uniform float64 values of this shape from the seed (vtrain.draws)."""
-        generator = keyed_generator(self.seed, self.step, f"draw:{self._draws}")
-        self._draws += 1
-        return torch.rand(tuple(shape), generator=generator, dtype=torch.float64)
 
     def call(self, func: Any, *args: Any, **kwargs: Any) -> Any:
         """Run one aten op as this mode would if it were dispatched to it (rounded, and resolved if need be):

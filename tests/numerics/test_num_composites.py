@@ -1102,7 +1102,7 @@ def test_grouped_transposed_and_3d_convolutions_train_to_the_same_bits_on_every_
 
 class _Dropped(nn.Module):
     """torch's dropout modules in training: `nn.Dropout` after a hidden layer, `nn.Dropout2d` on a convolution's
-    channels, `nn.AlphaDropout` before the head."""
+    channels, `nn.AlphaDropout` before the head, and Gaussian noise (`randn_like`) on the hidden layer."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -1112,7 +1112,9 @@ class _Dropped(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.channels(torch.tanh(self.conv(x.reshape(-1, 1, 8, 8))))
-        return self.head(self.alpha(torch.tanh(self.drop(torch.tanh(self.hidden(h.flatten(1)))))))
+        hidden = self.hidden(h.flatten(1))
+        hidden = hidden + 0.1 * torch.randn_like(hidden)
+        return self.head(self.alpha(torch.tanh(self.drop(torch.tanh(hidden)))))
 
 
 def _train_dropped(device: str, mode: str, logs: list | None = None, resolution: str = "log",

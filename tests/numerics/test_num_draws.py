@@ -1,4 +1,4 @@
-"""Random draws under rounded execution come from the seed: the same masks on every device (vtrain.draws)."""
+"""Random draws under rounded execution come from the seed: the same masks and noise on every device (vtrain.draws)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 
 from vtrain.data import keyed_generator
+from vtrain.draws import Stream
 from vtrain.devices import get_device
 from vtrain.errors import UnsupportedOpError
 from vtrain.grid import round_to_grid
@@ -64,6 +65,29 @@ def test_dropout_modules_draw_the_same_masks_on_every_device_and_other_masks_at_
                for a, b in zip(want, masked(dev, 1)))
     assert not any(torch.equal(a, b) for a, b in zip(want, masked("cpu", 2)))
     assert all(not torch.equal(a, x) for a in want)  # (every module dropped something)
+
+
+def test_noise_draws_are_the_seeds_stream_rounded_onto_the_grid_in_the_dtype_asked() -> None:
+    x = torch.zeros(3, 4, dtype=torch.float64)
+    with _seeded(seed=8, step=2):
+        normal, uniform = torch.randn_like(x), torch.rand_like(x)
+        made, made32 = torch.randn(2, 5, dtype=torch.float64), torch.rand(2, 5, dtype=torch.float32)
+        shifted = torch.empty(3, 4, dtype=torch.float64).normal_(1.5, 0.25)
+        spread = torch.empty(6, dtype=torch.float64).uniform_(-2.0, 3.0)
+    kinds = [("normal", (3, 4)), ("uniform", (3, 4)), ("normal", (2, 5)), ("uniform", (2, 5)), ("normal", (3, 4)),
+             ("uniform", (6,))]  # (the step's draws in order)
+    draws = [_uniform(8, 2, k, shape) if kind == "uniform" else
+             torch.randn(shape, generator=keyed_generator(8, 2, f"draw:{k}"), dtype=torch.float64)
+             for k, (kind, shape) in enumerate(kinds)]
+    grid = [round_to_grid(d, 32) for d in draws]
+    assert torch.equal(normal, grid[0]) and torch.equal(uniform, grid[1]) and torch.equal(made, grid[2])
+    assert made32.dtype == torch.float32 and torch.equal(made32.double(), grid[3])
+    assert torch.equal(shifted, round_to_grid(round_to_grid(grid[4] * 0.25, 32) + 1.5, 32))
+    assert torch.equal(spread, round_to_grid(round_to_grid(grid[5] * 5.0, 32) - 2.0, 32))
+    # a uniform value that rounds up to 1 stays below it: the grid's largest value under 1
+    ends = Stream(0, 0, 32).on_grid(torch.tensor([1 - 2.0**-30, 0.5], dtype=torch.float64), below_one=True)
+    assert ends.tolist() == [1 - 2.0**-24, 0.5]
+    assert Stream(0, 0, 19).on_grid(torch.tensor([1 - 2.0**-13]), below_one=True).tolist() == [1 - 2.0**-11]
 
 
 def test_draws_without_a_seed_or_with_a_generator_of_their_own_are_refused_by_name() -> None:
