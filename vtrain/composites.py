@@ -778,13 +778,10 @@ Taps = tuple[list[torch.Tensor], list[torch.Tensor]]  # along one dim: each outp
 def _source(size: int, out_size: int, align_corners: bool, scale: float | None, cubic: bool) -> torch.Tensor:
     """Each output's real source position along one dim, as torch's CPU kernels compute it
     (area_pixel_compute_source_index: a linear one clamped at 0, a cubic one not), in float64."""
-    if align_corners:
-        ratio = (size - 1) / (out_size - 1) if out_size > 1 else 0.0
-    else:
-        ratio = 1.0 / scale if scale is not None and scale > 0 else size / out_size
     dst = torch.arange(out_size, dtype=torch.float64)
     if align_corners:
-        return ratio * dst
+        return ((size - 1) / (out_size - 1) if out_size > 1 else 0.0) * dst
+    ratio = 1.0 / scale if scale is not None and scale > 0 else size / out_size
     real = ratio * (dst + 0.5) - 0.5
     return real if cubic else real.clamp_min(0.0)
 
@@ -1116,6 +1113,18 @@ def _margins(call: Call, x: torch.Tensor, target: torch.Tensor,
     return x2, z, (z > 0) & (torch.arange(x2.shape[1]) != t)
 
 
+def _hinge_unit(x2: torch.Tensor, reduction: int) -> float:
+    """g of the margin losses' gradients (torch's): 1 / C, or 1 / (N C) under a mean."""
+    return 1.0 / (x2.shape[1] * (x2.shape[0] if reduction == 1 else 1))
+
+
+def _times_loss_grad(call: Call, rows: torch.Tensor, grad: torch.Tensor, reduction: int,
+                     shape: Sequence[int]) -> torch.Tensor:
+    """A margin loss's (N, C) gradient rows times the loss's gradient (a sample's own when unreduced), in x's
+    shape."""
+    return call(aten.mul.Tensor, rows, grad.reshape(-1, 1) if reduction == 0 else grad).reshape(shape)
+
+
 def multi_margin_loss(call: Call, x: torch.Tensor, target: torch.Tensor, p: int = 1, margin: float = 1,
                       weight: torch.Tensor | None = None, reduction: int = 1) -> torch.Tensor:
     """aten.multi_margin_loss (`nn.MultiMarginLoss`): per sample, the sum over the other classes of max(0, z)^p
@@ -1136,22 +1145,21 @@ def multi_margin_loss_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, 
     gradient g (p = 1) or (2 g) z (p = 2), times the target class's weight; the target's column minus their sum (the
     device's); all times the loss's gradient."""
     x2, z, counts = _margins(call, x, target, margin)
-    g = 1.0 / (x2.shape[1] * (x2.shape[0] if reduction == 1 else 1))
+    g = _hinge_unit(x2, reduction)
     h = call(aten.mul.Tensor, counts.to(z.dtype), g) if p == 1 else \
         torch.where(counts, call(aten.mul.Tensor, z, 2 * g), torch.zeros((), dtype=z.dtype))
     if weight is not None:
         h = call(aten.mul.Tensor, h, weight[target.reshape(-1)].unsqueeze(1))
     total = call(aten.sum.dim_IntList, h, [1], True)
     out = torch.where(torch.arange(x2.shape[1]) == target.reshape(-1, 1), -total, h)
-    scale = grad.reshape(-1, 1) if reduction == 0 else grad
-    return call(aten.mul.Tensor, out, scale).reshape(x.shape)
+    return _times_loss_grad(call, out, grad, reduction, x.shape)
 
 
 def _label_margins(call: Call, x: torch.Tensor,
-                   target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x as (N, C), is_target (N, C) 0/1, z = (1 - x_(target j)) + x_d (N, C, C) in torch's kernel's operations,
-    each rounded, and whether a (j, d) term counts: j a listed target (before the first -1), d not one, z > 0) of
-    a multi-label margin loss."""
+                   target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(x as (N, C), the targets (N, C) with C for the unlisted ones (after the first -1), is_target (N, C) 0/1,
+    z = (1 - x_(target j)) + x_d (N, C, C) in torch's kernel's operations, each rounded, and whether a (j, d) term
+    counts: j a listed target, d not one, z > 0) of a multi-label margin loss."""
     c = x.shape[-1]
     x2, t2 = x.reshape(-1, c), target.reshape(-1, c)
     listed = (t2 >= 0).cumprod(1).bool()
@@ -1159,7 +1167,7 @@ def _label_margins(call: Call, x: torch.Tensor,
     is_target = torch.zeros(x2.shape[0], c + 1, dtype=x.dtype).scatter_(1, picked, 1.0)[:, :c]
     xt = x2.gather(1, picked.clamp_max(c - 1))
     z = call(aten.add.Tensor, call(aten.rsub.Scalar, xt.unsqueeze(2), 1), x2.unsqueeze(1))
-    return x2, is_target, z, listed.unsqueeze(2) & (is_target == 0).unsqueeze(1) & (z > 0)
+    return x2, picked, is_target, z, listed.unsqueeze(2) & (is_target == 0).unsqueeze(1) & (z > 0)
 
 
 def multilabel_margin_loss(call: Call, x: torch.Tensor, target: torch.Tensor,
@@ -1167,7 +1175,7 @@ def multilabel_margin_loss(call: Call, x: torch.Tensor, target: torch.Tensor,
     """aten.multilabel_margin_loss_forward (`nn.MultiLabelMarginLoss`): per sample, the sum over its listed targets
     j and the non-target classes d of max(0, z) (`_label_margins`; the device's sum), over the class count, reduced;
     and is_target, as torch returns it."""
-    x2, is_target, z, counts = _label_margins(call, x, target)
+    x2, _, is_target, z, counts = _label_margins(call, x, target)
     h = torch.where(counts, z, torch.zeros((), dtype=z.dtype))
     per = call(aten.div.Scalar, call(aten.sum.dim_IntList, h, [1, 2]), x2.shape[1])
     return _reduce(call, per.reshape(x.shape[:-1]), reduction), is_target.reshape(x.shape)
@@ -1178,15 +1186,11 @@ def multilabel_margin_loss_backward(call: Call, grad: torch.Tensor, x: torch.Ten
     """aten.multilabel_margin_loss_backward: g = 1 / C (1 / (N C) under a mean) times, for a class, how many counted
     terms it gains (as d) less how many it loses (as a target): integer counts, exact, then one rounded product
     each; all times the loss's gradient."""
-    x2, _, _, counts = _label_margins(call, x, target)
+    x2, picked, _, _, counts = _label_margins(call, x, target)
     c = x2.shape[1]
-    g = 1.0 / (c * (x2.shape[0] if reduction == 1 else 1))
-    listed = (target.reshape(-1, c) >= 0).cumprod(1).bool()
-    lost = torch.zeros(x2.shape[0], c + 1, dtype=torch.long).scatter_add_(
-        1, torch.where(listed, target.reshape(-1, c), c), counts.sum(2))[:, :c]
-    net = call(aten.mul.Tensor, (counts.sum(1) - lost).to(x.dtype), g)
-    scale = grad.reshape(-1, 1) if reduction == 0 else grad
-    return call(aten.mul.Tensor, net, scale).reshape(x.shape)
+    lost = torch.zeros(x2.shape[0], c + 1, dtype=torch.long).scatter_add_(1, picked, counts.sum(2))[:, :c]
+    net = call(aten.mul.Tensor, (counts.sum(1) - lost).to(x.dtype), _hinge_unit(x2, reduction))
+    return _times_loss_grad(call, net, grad, reduction, x.shape)
 
 
 def _differences(call: Call, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:

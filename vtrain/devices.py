@@ -425,8 +425,10 @@ def _weight_grad(dev: Device, g: torch.Tensor, x: torch.Tensor, weight: torch.Te
     return dev.bmm(g2, c2).reshape(weight.shape)
 
 
-def _transposed_size(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
+def transposed_size(x: torch.Tensor, weight: torch.Tensor, stride: Any, padding: Any, dilation: Any,
                      output_padding: Any) -> list[int]:
+    """The spatial size of a transposed convolution's output (torch's formula; the emulated devices' and the
+    exact resolution's)."""
     return [(x.shape[2 + d] - 1) * stride[d] - 2 * padding[d] + dilation[d] * (weight.shape[2 + d] - 1)
             + output_padding[d] + 1 for d in range(x.dim() - 2)]
 
@@ -440,7 +442,7 @@ def _convolution(dev: Device, x: torch.Tensor, weight: torch.Tensor, bias: torch
         return _convolution(dev, x4, w4, bias, stride, padding, dilation, transposed, output_padding,
                             groups).squeeze(2)
     if transposed:
-        size = _transposed_size(x, weight, stride, padding, dilation, output_padding)
+        size = transposed_size(x, weight, stride, padding, dilation, output_padding)
         out = _input_grad(dev, x, weight, size, stride, padding, dilation, groups)
     else:
         out = _forward(dev, x, weight, stride, padding, dilation, groups)

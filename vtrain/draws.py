@@ -65,6 +65,14 @@ class Stream:
             r = torch.where(r >= 1, torch.tensor(1 - 2.0 ** -(self.bits - 8), dtype=r.dtype), r)
         return r
 
+    def grid_uniform(self, shape: Sequence[int]) -> torch.Tensor:
+        """`uniform` values on the grid, in [0, 1)."""
+        return self.on_grid(self.uniform(shape), below_one=True)
+
+    def grid_normal(self, shape: Sequence[int]) -> torch.Tensor:
+        """`normal` values on the grid."""
+        return self.on_grid(self.normal(shape))
+
 
 def _like(values: torch.Tensor, like: torch.Tensor | None, kwargs: dict) -> torch.Tensor:
     """values in the dtype and on the device a factory op asks for (`like`'s where it names none)."""
@@ -107,24 +115,24 @@ def _native_dropout(call: Call, stream: Stream, x: torch.Tensor, p: float,
 
 
 def _rand(call: Call, stream: Stream, size: Sequence[int], **kwargs: Any) -> torch.Tensor:
-    return _like(stream.on_grid(stream.uniform(size), below_one=True), None, kwargs)
+    return _like(stream.grid_uniform(size), None, kwargs)
 
 
 def _randn(call: Call, stream: Stream, size: Sequence[int], **kwargs: Any) -> torch.Tensor:
-    return _like(stream.on_grid(stream.normal(size)), None, kwargs)
+    return _like(stream.grid_normal(size), None, kwargs)
 
 
 def _rand_like(call: Call, stream: Stream, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    return _like(stream.on_grid(stream.uniform(x.shape), below_one=True), x, kwargs)
+    return _like(stream.grid_uniform(x.shape), x, kwargs)
 
 
 def _randn_like(call: Call, stream: Stream, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    return _like(stream.on_grid(stream.normal(x.shape)), x, kwargs)
+    return _like(stream.grid_normal(x.shape), x, kwargs)
 
 
 def _normal_(call: Call, stream: Stream, x: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
     """mean + std z, z a standard normal draw on the grid, each operation rounded, written into x."""
-    z = _like(stream.on_grid(stream.normal(x.shape)), x, {})
+    z = _like(stream.grid_normal(x.shape), x, {})
     return x.copy_(call(aten.add.Scalar, call(aten.mul.Scalar, z, std), mean))
 
 
@@ -133,7 +141,7 @@ def _uniform_(call: Call, stream: Stream, x: torch.Tensor, *bounds: float, **nam
     schema's bounds are `from` and `to`, which Python cannot name as arguments)."""
     low = bounds[0] if bounds else named.get("from", 0.0)
     high = bounds[1] if len(bounds) > 1 else named.get("to", 1.0)
-    u = _like(stream.on_grid(stream.uniform(x.shape), below_one=True), x, {})
+    u = _like(stream.grid_uniform(x.shape), x, {})
     return x.copy_(call(aten.add.Scalar, call(aten.mul.Scalar, u, high - low), low))
 
 

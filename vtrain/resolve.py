@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from numba import njit
 
 from vtrain import exactdot, exactmath, fused
+from vtrain.devices import transposed_size
 from vtrain.errors import VtrainError
 from vtrain.grid import check_bits, grid_max
 from vtrain.prefilter import _inside, _unravel4, input_taps
@@ -339,6 +340,11 @@ def _backward_operands(args: tuple, kwargs: dict, volumes: bool = False) -> tupl
     return (g.unsqueeze(2) if g.dim() == 3 else g), x, w, stride, padding, dilation, groups
 
 
+def _channel_sums(g: torch.Tensor) -> tuple[int, Terms]:
+    """grad_bias's terms: channel co's gradient over images and output positions."""
+    return g[:, 0].numel(), lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
+
+
 def _convolution_backward_terms(args: tuple, kwargs: dict, i: int, volumes: bool = False) -> tuple[int, Terms]:
     """`_convolution_terms` for output i of convolution_backward (grad_bias: b None, a sum of a)."""
     g, x, w, stride, padding, dilation, groups = _backward_operands(args, kwargs, volumes)
@@ -383,8 +389,8 @@ def _convolution_backward_terms(args: tuple, kwargs: dict, i: int, volumes: bool
             return g.transpose(0, 1)[co], taps, None
 
         return g[:, 0].numel(), part
-    if i == 2:  # grad_bias[co] = sum of grad over (n, output positions)
-        return g[:, 0].numel(), lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
+    if i == 2:
+        return _channel_sums(g)
     raise ResolveError(f"{aten.convolution_backward.default}: output {i} does not exist (grad_input, grad_weight, "
                        "grad_bias)")
 
@@ -603,9 +609,7 @@ def _transposed_terms(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[int, 
     x, w, groups = kw["input"], kw["weight"], int(kw["groups"])
     geometry = (list(kw["stride"]), list(kw["padding"]), list(kw["dilation"]))
     if op is aten.convolution.default:  # out = grad_input of a convolution whose gradient is x, + bias
-        out_shape = (x.shape[0], w.shape[1] * groups, *(
-            (x.shape[d] - 1) * kw["stride"][d - 2] - 2 * kw["padding"][d - 2] + kw["dilation"][d - 2] *
-            (w.shape[d] - 1) + kw["output_padding"][d - 2] + 1 for d in range(2, x.dim())))
+        out_shape = (x.shape[0], w.shape[1] * groups, *transposed_size(x, w, *geometry, kw["output_padding"]))
         regular = (x, x.new_zeros(()).expand(out_shape), w, None, *geometry, False, [0] * (x.dim() - 2), groups,
                    [True, False, False])
         width, part = _convolution_backward_terms(regular, {}, 0, volumes=True)
@@ -628,7 +632,7 @@ def _transposed_terms(op: Any, args: tuple, kwargs: dict, i: int) -> tuple[int, 
         regular = (x, g, w, None, *geometry, False, [0] * (x.dim() - 2), groups, [False, True, False])
         return _convolution_backward_terms(regular, {}, 1, volumes=True)
     if i == 2:
-        return g[:, 0].numel(), lambda ps: (g.transpose(0, 1)[_t(ps)], None, None)
+        return _channel_sums(g)
     raise ResolveError(f"{op}: output {i} does not exist (grad_input, grad_weight, grad_bias)")
 
 

@@ -165,7 +165,6 @@ class RoundedExecution(TorchDispatchMode):
         self.grain_hints = grain_hints
         # Random draws (dropout's masks, noise) come from this seed and the step, in the order the step draws them
         # (vtrain.draws); without one they are refused.
-        self.seed = seed
         self._stream = None if seed is None else draws.Stream(seed, step, bits)
         self._sites: list[SiteLog] = []
         self._offsets: list[int] = []  # where each logged site starts in the step's stream of rounded values
