@@ -226,13 +226,17 @@ def _round_in_place(v: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.
     # exactly, with the same exponent) let it vectorise.
     # A value that rounds off the grid is left as it was (a select, which vectorises too): only one beyond
     # `limit` or NaN does, since rounding is monotone and `limit` a grid value, so `_first_bad` finds it.
+    # Selected as x + 0.0, not x: storing x back where it was read is no store at all to LLVM, which then
+    # writes the good values by masked stores, microcoded on AMD's cores (session 40: 0.19 against 0.08 ms
+    # for 256K values in cache, 0.82 against 0.45 for 1M, 3.9 against 2.9 for 4M from memory). The sum
+    # changes no value it selects (beyond the grid or infinite: as it was; NaN: a NaN, quieted).
     nbad = 0
     for i in range(v.size):
         x = v[i]
         r = round_value(x, m, cast32, pow2)
         good = abs(r) <= limit
         nbad += not good
-        v[i] = r if good else x
+        v[i] = r if good else x + 0.0
     return _first_bad(v, limit) if nbad else -1
 
 
