@@ -11,11 +11,13 @@ gamma_n = n*u / (1 - n*u):
   Cauchy-Schwarz norm bound, which relu-sparse operands make orders of magnitude looser);
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
-- transcendental functions (exp, exp2, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf): TRANSCENDENTAL_ULPS
-  ulps of the work dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows);
-  GELU and its backward a few of those ulps of (|y| + |x|), see below;
-- embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|. We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
-  document <= 2 ulps for these functions in double precision.
+- transcendental functions (exp, exp2, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin, cos):
+  TRANSCENDENTAL_ULPS ulps of the work dtype (sigmoid also the dtype's smallest normal, for a device whose
+  exp(-x) overflows); GELU and its backward a few of those ulps of (|y| + |x|), see below;
+- embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|.
+
+We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all document <= 2 ulps for these
+functions in double precision (sin and cos over their whole range: their arguments are reduced exactly).
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
 
 On a small step E's per-call cost matters more than its arithmetic: the log-softmax bounds run their
@@ -211,8 +213,9 @@ def _matmul_at(func: Any) -> PositionBound:
         step = max(1, _GATHER_ELEMENTS // max(a.shape[-1], 1))
         absval = torch.zeros(pos.numel(), dtype=v.dtype, device=v.device)
         if alpha != 0:  # (alpha 0 and beta 0: torch skips that term, inf and NaN included, and so does E)
-            absval = torch.cat([(a[batch[s:s + step], i[s:s + step], :].abs() * b[batch[s:s + step], :, j[s:s + step]].abs())
-                                .sum(-1) for s in range(0, pos.numel(), step)]) * abs(alpha)
+            absval = torch.cat([(a[batch[s:s + step], i[s:s + step], :].abs()
+                                 * b[batch[s:s + step], :, j[s:s + step]].abs()).sum(-1)
+                                for s in range(0, pos.numel(), step)]) * abs(alpha)
         if bias is not None and beta != 0:
             absval = absval + abs(beta) * bias.expand(v.shape)[i, j].abs()  # (addmm: v is (m, n))
         return _finish(gamma(k, u) * absval, k, u, v.dtype)
@@ -253,7 +256,8 @@ def _convolution_at(func: Any) -> PositionBound:
         order: see `_finish`). For the auditor's few entries, where the full bound is a second convolution
         over everything; the convolutions whose terms vtrain.resolve.abs_sums does not gather (transposed,
         3-d) take the full bound at `pos`."""
-        from vtrain.resolve import ResolveError, abs_sums  # noqa: PLC0415 (resolve pulls in mpmath: only ops that gather pay)
+        # (resolve pulls in mpmath: only ops that gather pay)
+        from vtrain.resolve import ResolveError, abs_sums  # noqa: PLC0415
         v = outs[i]
         try:
             s = torch.from_numpy(abs_sums(func, args, kwargs, i, pos.cpu().numpy()))
@@ -588,7 +592,7 @@ def _addmm_k(args: tuple) -> int:
 RELATIVE: dict[Any, Relative] = {
     **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.exp2.default, aten.log.default, aten.tanh.default,
                                       aten.expm1.default, aten.log1p.default, aten.rsqrt.default,
-                                      aten.pow.Tensor_Scalar, aten.erf.default)},
+                                      aten.pow.Tensor_Scalar, aten.erf.default, aten.sin.default, aten.cos.default)},
     aten.sigmoid.default: _SIGMOID,
 }
 

@@ -5,7 +5,8 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
 linear, bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
-cross-entropy over pixels, and cumulative sums and products.
+cross-entropy over pixels, cumulative sums and products, and the foreach ops that gradient clipping runs by
+default (each tensor's op in turn).
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -218,6 +219,27 @@ def vector_norm(call: Call, x: torch.Tensor, ord: float = 2, dim: Sequence[int] 
     if ord == 1:
         return call(aten.sum.dim_IntList, size, dims, keepdim)
     return call(aten.amax.default if ord > 0 else aten.amin.default, size, dims, keepdim)
+
+
+def foreach_norm(call: Call, tensors: Sequence[torch.Tensor], ord: float = 2,  # noqa: A002
+                 dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """aten._foreach_norm (nn.utils.clip_grad_norm_'s norms, by default on the CPU and CUDA): `vector_norm` of
+    each tensor, so that the list's norms are the loop's, bit for bit."""
+    return [vector_norm(call, t, ord, dtype=dtype) for t in tensors]
+
+
+def _foreach(per: Any) -> Call:
+    """A torch._foreach_* op (clip_grad_norm_'s scaling, clip_grad_value_'s clamps) as `per` on each tensor of the
+    list in turn, with the scalar or tensor given, or its partner in a second list; an in-place `per` returns
+    nothing, as the in-place foreach ops do."""
+    inplace = per._schema.name.endswith("_")
+
+    def run(call: Call, tensors: Sequence[torch.Tensor], other: Any) -> list[torch.Tensor] | None:
+        others = other if isinstance(other, (list, tuple)) else itertools.repeat(other)
+        outs = [call(per, t, o) for t, o in zip(tensors, others)]
+        return None if inplace else outs
+
+    return run
 
 
 def _variance(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None, correction: float | None,
@@ -1337,4 +1359,11 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.nll_loss2d_backward.default: nll_loss2d_backward,
     aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),
     aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
+    aten._foreach_norm.Scalar: foreach_norm,
+    **{op: _foreach(per) for op, per in (
+        (aten._foreach_mul_.Tensor, aten.mul_.Tensor), (aten._foreach_mul_.Scalar, aten.mul_.Scalar),
+        (aten._foreach_mul_.List, aten.mul_.Tensor), (aten._foreach_mul.Tensor, aten.mul.Tensor),
+        (aten._foreach_mul.Scalar, aten.mul.Scalar), (aten._foreach_mul.List, aten.mul.Tensor),
+        (aten._foreach_clamp_min_.Scalar, aten.clamp_min_.default),
+        (aten._foreach_clamp_max_.Scalar, aten.clamp_max_.default))},
 }

@@ -389,7 +389,7 @@ def rounded_dots(
 # ---------------------------------------------------------------------------------------------------
 # Correctly rounded elementary and special functions
 
-FUNCTIONS = ("exp", "exp2", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow",
+FUNCTIONS = ("exp", "exp2", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow", "sin", "cos",
              "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2}
@@ -485,6 +485,24 @@ def _ev_exp2(x: float) -> _Value:
     if x < -1100.0:  # 2^x < 2^-1096
         raise _Saturated(Fraction(0), 1)
     c = _MP.mpf(2) ** _MP.mpf(x)  # (exact where x is a whole number)
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_sin(x: float) -> _Value:
+    # sin 0 = 0 exactly; the sine of any other rational is transcendental (Lindemann), so never a grid value
+    # or a tie between two, and Ziv's loop decides it. mpmath reduces x modulo pi at the precision the
+    # reduction needs (x near a multiple of pi, or up to 2^128): the result is accurate relative to itself.
+    if x == 0.0:
+        return _Value(Fraction(0))
+    c = _MP.sin(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_cos(x: float) -> _Value:
+    # cos 0 = 1 exactly, the cosine of any other rational transcendental (as `_ev_sin`)
+    if x == 0.0:
+        return _Value(Fraction(1))
+    c = _MP.cos(_MP.mpf(x))
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -731,6 +749,7 @@ def _ev_gelu_tanh_backward(g: float, x: float) -> _Value:
 _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "exp": _ev_exp, "exp2": _ev_exp2, "log": _ev_log, "tanh": _ev_tanh, "sigmoid": _ev_sigmoid, "expm1": _ev_expm1,
     "log1p": _ev_log1p, "erf": _ev_erf, "rsqrt": _ev_rsqrt, "sqrt": _ev_sqrt, "pow": _ev_pow,
+    "sin": _ev_sin, "cos": _ev_cos,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }

@@ -269,7 +269,7 @@ _DEVICE_INPLACE = {
     aten.exp_.default: aten.exp.default, aten.exp2_.default: aten.exp2.default, aten.log_.default: aten.log.default,
     aten.tanh_.default: aten.tanh.default, aten.sigmoid_.default: aten.sigmoid.default,
     aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.rsqrt_.default: aten.rsqrt.default,
-    aten.erf_.default: aten.erf.default,
+    aten.erf_.default: aten.erf.default, aten.sin_.default: aten.sin.default, aten.cos_.default: aten.cos.default,
 }
 
 

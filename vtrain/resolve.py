@@ -1044,6 +1044,8 @@ RESOLVERS: dict[Any, Resolver] = {
     aten.log1p.default: _function("log1p"),
     aten.rsqrt.default: _function("rsqrt"),
     aten.erf.default: _function("erf"),
+    aten.sin.default: _function("sin"),
+    aten.cos.default: _function("cos"),
     aten.pow.Tensor_Scalar: _pow,
     aten.gelu.default: _gelu,
     aten.gelu_backward.default: _gelu_backward,

@@ -61,6 +61,10 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             return mp.log1p(x)
         if fn == "erf":
             return mp.erf(x)
+        if fn == "sin":
+            return mp.sin(x)
+        if fn == "cos":
+            return mp.cos(x)
         if fn == "sqrt":
             return mp.sqrt(x)
         if fn == "rsqrt":

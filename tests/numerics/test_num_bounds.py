@@ -250,6 +250,8 @@ def test_transcendental_bounds_cover_float32_against_float64() -> None:
         (aten.erf.default, (x,), {}),
         (aten.exp.default, (x,), {}),
         (aten.exp2.default, (x,), {}),
+        (aten.sin.default, (x,), {}),
+        (aten.cos.default, (x,), {}),
         (aten.tanh.default, (x,), {}),
         (aten.sigmoid.default, (x,), {}),
     ]

@@ -59,6 +59,8 @@ def _cases(bits, dtype):
         "mean": (aten.mean.dim, (img, [0, 2, 3], True)),
         "exp": (aten.exp.default, (x,)),
         "tanh": (aten.tanh.default, (x,)),
+        "sin": (aten.sin.default, (x,)),
+        "cos": (aten.cos.default, (x,)),
         "gelu": (aten.gelu.default, (x,)),
     }
 

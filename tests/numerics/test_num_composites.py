@@ -480,6 +480,33 @@ def test_adaptive_pooling_over_windows_that_do_not_tile_the_input_is_refused_by_
         _rounded(lambda: pool(x, (2, 3))[0].sum().backward())
 
 
+@pytest.mark.parametrize("resolution", ["log", "exact"])
+@pytest.mark.parametrize("clip", ["norm", "value"])
+def test_gradient_clipping_by_default_computes_the_loops_bits_and_log(clip: str, resolution: str) -> None:
+    # clip_grad_norm_ and clip_grad_value_ run torch's foreach ops by default (_foreach_norm, _foreach_mul_,
+    # _foreach_clamp_min_ and _max_): each tensor's op in turn, so the loop's bits (foreach=False) and log
+    grads = [_grid(7, 5, seed=1) * 2.0**-3, _grid(7, seed=2), _grid(3, 7, seed=3) * 2.0**40]
+
+    def clipped(foreach: bool | None) -> list[torch.Tensor]:
+        params = [nn.Parameter(torch.zeros_like(g)) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        if clip == "norm":
+            nn.utils.clip_grad_norm_(params, 1.5, foreach=foreach)
+        else:
+            nn.utils.clip_grad_value_(params, 0.75, foreach=foreach)
+        return [p.grad for p in params]
+
+    (got, log), (want, want_log) = (_rounded(functools.partial(clipped, f), resolution) for f in (None, False))
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and log == want_log
+    if clip == "norm":  # (one rounded scale for all: the huge gradient's norm sets it)
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in got]))
+        assert 1.5 * (1 - 2.0**-20) < total <= 1.5 * (1 + 2.0**-20)
+    else:
+        assert all((g.abs() <= 0.75).all() for g in got) and any((g.abs() == 0.75).any() for g in got)
+    assert all(torch.equal(g, round_to_grid(g, 32)) for g in got)
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):
@@ -887,7 +914,7 @@ def _steps(make: Any, optimizer: Any, loss: Any, device: str, mode: str, logs: l
                               replay_log=None if logs is None else logs[t], seed=seed) as rx:
             opt.zero_grad()
             loss(model, t).backward()
-            nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=False)
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # (torch's foreach ops, as it runs by default)
             opt.step()
         out.append(rx.log)
         corrections += rx.stats["corrections"]

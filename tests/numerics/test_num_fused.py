@@ -181,7 +181,8 @@ def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, i
 
 
 RELATIVE_OPS = [torch.ops.aten.tanh.default, torch.ops.aten.exp.default, torch.ops.aten.sigmoid.default,
-                torch.ops.aten.log.default, torch.ops.aten.exp2.default]
+                torch.ops.aten.log.default, torch.ops.aten.exp2.default, torch.ops.aten.sin.default,
+                torch.ops.aten.cos.default]
 
 
 @pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)
@@ -225,7 +226,8 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
 
 INVERSES = {torch.ops.aten.tanh.default: torch.atanh, torch.ops.aten.exp.default: torch.log,
             torch.ops.aten.sigmoid.default: torch.logit, torch.ops.aten.log.default: torch.exp,
-            torch.ops.aten.exp2.default: torch.log2}
+            torch.ops.aten.exp2.default: torch.log2, torch.ops.aten.sin.default: torch.asin,
+            torch.ops.aten.cos.default: torch.acos}
 
 
 @pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)

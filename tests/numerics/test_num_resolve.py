@@ -636,6 +636,8 @@ def _phi_cdf(x):
 FUNCTION_OPS: dict[Any, tuple[Callable, str]] = {  # op -> (reference, input domain)
     aten.exp.default: (mpmath.exp, "any"),
     aten.exp2.default: (lambda x: mpmath.mpf(2) ** x, "any"),
+    aten.sin.default: (mpmath.sin, "any"),
+    aten.cos.default: (mpmath.cos, "any"),
     aten.log.default: (mpmath.log, "positive"),
     aten.tanh.default: (mpmath.tanh, "any"),
     aten.sigmoid.default: (lambda x: 1 / (1 + mpmath.exp(-x)), "any"),
