@@ -5,8 +5,8 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
 linear, bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
-cross-entropy over pixels, cumulative sums and products, and the foreach ops that gradient clipping runs by
-default (each tensor's op in turn).
+cross-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, and the foreach ops that
+gradient clipping runs by default (each tensor's op in turn).
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -654,6 +654,32 @@ def baddbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Ten
     """aten.baddbmm: beta x + alpha (batch1 @ batch2), the product a bmm (x not read at beta 0, as torch)."""
     product = _times(call, call(aten.bmm.default, batch1, batch2), alpha)
     return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+
+
+def addmv(call: Call, x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta: float = 1,
+          alpha: float = 1) -> torch.Tensor:
+    """aten.addmv (nn.Linear on one sample): beta x + alpha (mat @ vec), the product an mv, as `baddbmm`."""
+    product = _times(call, call(aten.mv.default, mat, vec), alpha)
+    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+
+
+def addbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
+           alpha: float = 1) -> torch.Tensor:
+    """aten.addbmm: beta x + alpha sum_b (batch1[b] @ batch2[b]): the products a bmm, their sum over the batch
+    the device's, then as `baddbmm`."""
+    total = call(aten.sum.dim_IntList, call(aten.bmm.default, batch1, batch2), [0])
+    product = _times(call, total, alpha)
+    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+
+
+def dist(call: Call, x: torch.Tensor, other: torch.Tensor, p: float = 2) -> torch.Tensor:
+    """aten.dist: `vector_norm` of order p of x - other (one rounded subtraction a pair)."""
+    return vector_norm(call, call(aten.sub.Tensor, x, other), p)
+
+
+def trace(call: Call, x: torch.Tensor) -> torch.Tensor:
+    """aten.trace: the device's sum of the diagonal (a view: exact)."""
+    return call(aten.sum.default, x.diagonal())
 
 
 def norm(call: Call, x: torch.Tensor, p: float | None = 2, dim: Sequence[int] | int | None = None,
@@ -1360,6 +1386,10 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),
     aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
     aten._foreach_norm.Scalar: foreach_norm,
+    aten.addmv.default: addmv,
+    aten.addbmm.default: addbmm,
+    aten.trace.default: trace,
+    aten.dist.default: dist,
     **{op: _foreach(per) for op, per in (
         (aten._foreach_mul_.Tensor, aten.mul_.Tensor), (aten._foreach_mul_.Scalar, aten.mul_.Scalar),
         (aten._foreach_mul_.List, aten.mul_.Tensor), (aten._foreach_mul.Tensor, aten.mul.Tensor),

@@ -92,7 +92,7 @@ _EXACT = _names(
     aten.lift_fresh_copy.default, aten.clone.default, aten.contiguous.default, aten._local_scalar_dense.default,
     aten.unfold.default, aten.flip.default, aten.roll.default, aten.transpose_.default, aten.unsafe_split.Tensor,
     aten.unsafe_split_with_sizes.default, aten.repeat.default, aten.pixel_shuffle.default,
-    aten.pixel_unshuffle.default,
+    aten.pixel_unshuffle.default, aten.diagonal.default,
     # gathers and joins of existing values
     aten.index_select.default, aten.gather.default, aten.index.Tensor, aten.cat.default, aten.stack.default,
     aten.embedding.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.scatter.value,
@@ -106,7 +106,8 @@ _EXACT = _names(
     aten.softshrink_backward.default,
     # backward passes of views and selections: the gradient copied into zeros
     aten.slice_backward.default, aten.select_backward.default, aten.slice_scatter.default,
-    aten.select_scatter.default,
+    aten.select_scatter.default, aten.diagonal_backward.default, aten.index_fill.int_Tensor,
+    aten.index_fill.int_Scalar,
     # creation and fills with grid constants (zero, one, a grid scalar)
     aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
@@ -124,7 +125,7 @@ _EXACT = _names(
     aten.clamp_min_.default, aten.clamp_max_.default, aten.floor.default, aten.ceil.default, aten.trunc.default,
     aten.round.default, aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default, aten.argmax.default,
     aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,
-    aten.amin.default,
+    aten.amin.default, aten.threshold.default, aten.threshold_.default, aten.diagonal_copy.default,
     # comparisons and boolean logic (no floating output)
     aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
     aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
@@ -146,7 +147,8 @@ _CONSTANTS = frozenset(_names(
     aten.clamp_min_.default, aten.clamp_max_.default, aten.hardtanh.default, aten.hardtanh_.default,
     aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Tensor,
     aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self, aten.scatter.value,
-    aten.scatter_.value, aten.index_put.default, aten.index_put_.default,
+    aten.scatter_.value, aten.index_put.default, aten.index_put_.default, aten.threshold.default,
+    aten.threshold_.default, aten.index_fill.int_Scalar,
 ))
 
 _IEEE = _names(
