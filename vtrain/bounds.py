@@ -11,7 +11,7 @@ gamma_n = n*u / (1 - n*u):
   Cauchy-Schwarz norm bound, which relu-sparse operands make orders of magnitude looser);
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
-- transcendental functions (exp, exp2, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin, cos):
+- transcendental functions (exp, exp2, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin, cos, atan2):
   TRANSCENDENTAL_ULPS ulps of the work dtype (sigmoid also the dtype's smallest normal, for a device whose
   exp(-x) overflows); GELU and its backward a few of those ulps of (|y| + |x|), see below;
 - embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|.
@@ -592,7 +592,8 @@ def _addmm_k(args: tuple) -> int:
 RELATIVE: dict[Any, Relative] = {
     **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.exp2.default, aten.log.default, aten.tanh.default,
                                       aten.expm1.default, aten.log1p.default, aten.rsqrt.default,
-                                      aten.pow.Tensor_Scalar, aten.erf.default, aten.sin.default, aten.cos.default)},
+                                      aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar,
+                                      aten.erf.default, aten.sin.default, aten.cos.default, aten.atan2.default)},
     aten.sigmoid.default: _SIGMOID,
 }
 

@@ -390,9 +390,10 @@ def rounded_dots(
 # Correctly rounded elementary and special functions
 
 FUNCTIONS = ("exp", "exp2", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow", "sin", "cos",
+             "atan2",
              "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
-_ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2}
+_ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2, "atan2": 2}
 
 # Ziv's strategy. Each evaluator returns the value as E + c: E an exact rational (0, x, g/2, g: the
 # asymptote or the exactly known part) and c an mpmath number with an absolute error bound eps, derived
@@ -503,6 +504,19 @@ def _ev_cos(x: float) -> _Value:
     if x == 0.0:
         return _Value(Fraction(1))
     c = _MP.cos(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_atan2(y: float, x: float) -> _Value:
+    # The angle of (x, y), signed zeros as IEEE's atan2 reads them (mpmath has none): +-0 exactly for y = +-0
+    # and x >= +0, else +-pi for y = +-0. Any other angle is arctan of a nonzero rational, maybe plus a
+    # multiple of pi/2: transcendental (as `_ev_sin`), never a grid value or a tie.
+    if y == 0.0:
+        if x > 0.0 or (x == 0.0 and math.copysign(1.0, x) > 0):
+            return _Value(Fraction(0))
+        c = _MP.pi if math.copysign(1.0, y) > 0 else -_MP.pi
+    else:
+        c = _MP.atan2(_MP.mpf(y), _MP.mpf(x))
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -749,7 +763,7 @@ def _ev_gelu_tanh_backward(g: float, x: float) -> _Value:
 _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "exp": _ev_exp, "exp2": _ev_exp2, "log": _ev_log, "tanh": _ev_tanh, "sigmoid": _ev_sigmoid, "expm1": _ev_expm1,
     "log1p": _ev_log1p, "erf": _ev_erf, "rsqrt": _ev_rsqrt, "sqrt": _ev_sqrt, "pow": _ev_pow,
-    "sin": _ev_sin, "cos": _ev_cos,
+    "sin": _ev_sin, "cos": _ev_cos, "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }

@@ -272,6 +272,7 @@ _DEVICE_INPLACE = {
     aten.tanh_.default: aten.tanh.default, aten.sigmoid_.default: aten.sigmoid.default,
     aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.rsqrt_.default: aten.rsqrt.default,
     aten.erf_.default: aten.erf.default, aten.sin_.default: aten.sin.default, aten.cos_.default: aten.cos.default,
+    aten.pow_.Tensor: aten.pow.Tensor_Tensor, aten.atan2_.default: aten.atan2.default,
 }
 
 

@@ -999,6 +999,29 @@ def _pow(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.nd
     return exactmath.correctly_rounded("pow", bits, _at(kw["self"], pos), exponent=float(kw["exponent"]))
 
 
+def _pows(op: Any) -> Resolver:
+    """pow.Tensor_Tensor and pow.Scalar (a number to tensor powers): `_pow` at each position's base and exponent,
+    one call per distinct exponent."""
+    def resolve(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+        kw = _bind(op, args, kwargs)
+        base, exponent = kw["self"], kw["exponent"]
+        base = base if isinstance(base, torch.Tensor) else torch.tensor(float(base), dtype=torch.float64)
+        x, e = (_at(t.double() if not t.is_floating_point() else t, pos)
+                for t in torch.broadcast_tensors(base, exponent))
+        out = np.empty(len(pos))
+        for value in np.unique(e):
+            at = e == value
+            out[at] = exactmath.correctly_rounded("pow", bits, x[at], exponent=float(value))
+        return out
+
+    return resolve
+
+
+def _atan2(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+    y, x = torch.broadcast_tensors(args[0], args[1])
+    return exactmath.correctly_rounded("atan2", bits, _at(y, pos), _at(x, pos))
+
+
 def _gelu_name(op: Any, approximate: str, suffix: str = "") -> str:
     if approximate not in ("none", "tanh"):
         raise ResolveError(f"{op}: unknown approximate={approximate!r} (torch knows 'none' and 'tanh')")
@@ -1047,6 +1070,9 @@ RESOLVERS: dict[Any, Resolver] = {
     aten.sin.default: _function("sin"),
     aten.cos.default: _function("cos"),
     aten.pow.Tensor_Scalar: _pow,
+    aten.pow.Tensor_Tensor: _pows(aten.pow.Tensor_Tensor),
+    aten.pow.Scalar: _pows(aten.pow.Scalar),
+    aten.atan2.default: _atan2,
     aten.gelu.default: _gelu,
     aten.gelu_backward.default: _gelu_backward,
 }

@@ -7,6 +7,7 @@ every case the tests use: none cancels more than ~100 bits or sits closer than 2
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import mpmath
@@ -65,6 +66,11 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             return mp.sin(x)
         if fn == "cos":
             return mp.cos(x)
+        if fn == "atan2":  # (IEEE's signed zeros, which mpmath has not: atan2(+-0, x) is +-pi for x < 0 and -0)
+            y = args[0]
+            if y == 0:
+                return mp.pi * math.copysign(1, y) if math.atan2(y, args[1]) else mp.mpf(0)
+            return mp.atan2(mp.mpf(y), x)
         if fn == "sqrt":
             return mp.sqrt(x)
         if fn == "rsqrt":

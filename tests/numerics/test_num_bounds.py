@@ -252,6 +252,8 @@ def test_transcendental_bounds_cover_float32_against_float64() -> None:
         (aten.exp2.default, (x,), {}),
         (aten.sin.default, (x,), {}),
         (aten.cos.default, (x,), {}),
+        (aten.atan2.default, (g, x), {}),
+        (aten.pow.Tensor_Tensor, (x.abs() / 16 + 0.5, g), {}),
         (aten.tanh.default, (x,), {}),
         (aten.sigmoid.default, (x,), {}),
     ]

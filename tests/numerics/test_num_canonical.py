@@ -61,6 +61,8 @@ def _cases(bits, dtype):
         "tanh": (aten.tanh.default, (x,)),
         "sin": (aten.sin.default, (x,)),
         "cos": (aten.cos.default, (x,)),
+        "atan2": (aten.atan2.default, (x, q)),
+        "pow": (aten.pow.Tensor_Tensor, (q.abs() + 1, x)),
         "gelu": (aten.gelu.default, (x,)),
     }
 

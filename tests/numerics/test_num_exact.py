@@ -303,7 +303,7 @@ def test_sum_and_dot_errors() -> None:
 # --------------------------------------------------------------------------------------------------
 # correctly rounded functions
 
-TWO_ARGS = ("gelu_backward", "gelu_tanh_backward")
+TWO_ARGS = ("gelu_backward", "gelu_tanh_backward", "atan2")
 
 
 def _ref(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) -> float | None:
@@ -363,6 +363,8 @@ HARD = {
     "sin": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 0.5, math.pi, 2 * math.pi, math.pi / 2, 355.0, 1e30, -1e30, 3e38],
     # cos 2^-12 = 1 - 2^-25 + 2^-51 / 24 - ...: just above the midpoint below 1, so 1
     "cos": [0.0, 2.0**-149, 2.0**-12, -(2.0**-12), 0.5, math.pi / 2, math.pi, 3 * math.pi / 2, 1e30, -3e38],
+    # atan2(g, x) for each g of the two-argument loop: x = +-0 (+-pi / 2), tiny and huge x (near 0 and +-pi)
+    "atan2": [0.0, -0.0, 2.0**-149, -(2.0**-149), 1.0, -1.0, 3e38, -3e38, 1e-30, -1e30],
     "rsqrt": [2.0**-149, 4.0, 2.0, 3e38, 0.25, 1.0 + 2.0**-23],
     "pow": [0.0, 1.0, -1.0, 1.5, -1.5, 2.0**-50, 5e12, -7e12, 2.0**-149],
     "gelu": [0.0, 2.0**-149, -(2.0**-149), -0.75, 5.0, 9.0, -5.0, -10.0, -38.0, -39.0, 41.0, -50.0, 1e30],
@@ -392,6 +394,15 @@ def test_correctly_rounded_hard_cases(fn: str, bits: int) -> None:
             _check(fn, bits, (x[x > 0],), exponent)
         else:
             _check(fn, bits, (x[x != 0] if exponent < 0 else x,), exponent)
+
+
+def test_atan2_reads_signed_zeros_as_ieee_does() -> None:
+    # atan2(+-0, x) is +-0 for x > 0 and x = +0, +-pi for x < 0 and x = -0 (the resolution's zero is +0)
+    pi = ref_round_q(Fraction(math.pi), 23)  # (float64's pi and pi round alike onto the FP32 grid)
+    y = np.array([0.0, 0.0, -0.0, 0.0, -0.0, 0.0])
+    x = np.array([1.0, 0.0, 0.0, -0.0, -0.0, -2.0])
+    got = em.correctly_rounded("atan2", 32, y, x)
+    assert got.tolist() == [0.0, 0.0, 0.0, pi, -pi, pi] and not np.signbit(got[:3]).any()
 
 
 def test_gelu_backward_near_its_root() -> None:

@@ -646,6 +646,9 @@ FUNCTION_OPS: dict[Any, tuple[Callable, str]] = {  # op -> (reference, input dom
     aten.rsqrt.default: (lambda x: 1 / mpmath.sqrt(x), "positive"),
     aten.erf.default: (mpmath.erf, "any"),
     aten.pow.Tensor_Scalar: (lambda x: x**3, "any"),
+    aten.pow.Tensor_Tensor: (lambda x, e: x**e, "positive"),  # (x to the powers g below)
+    aten.pow.Scalar: (lambda x: mpmath.mpf(10) ** x, "any"),  # (10 to the powers x)
+    aten.atan2.default: (mpmath.atan2, "any"),  # (atan2(g, x))
     aten.gelu.default: (lambda x: x * _phi_cdf(x), "any"),
     aten.gelu_backward.default: (lambda g, x: g * (_phi_cdf(x) + x * mpmath.npdf(x)), "any"),
 }
@@ -666,11 +669,12 @@ def test_functions_match_mpmath(op: Any, dtype: torch.dtype, bits: int) -> None:
     x = torch.cat([torch.randn(10, generator=gen, dtype=torch.float64) * 3,
                    torch.tensor([0.0, 2.0**-30, -2.0**-30, 9.5, -9.5, -0.75])])
     x = round_to_grid(x.abs() + 2.0**-20 if domain == "positive" else x, bits).to(dtype)
-    if op is aten.gelu_backward.default:
+    if op in (aten.gelu_backward.default, aten.atan2.default, aten.pow.Tensor_Tensor):
         g = round_to_grid(torch.randn(len(x), generator=gen, dtype=torch.float64), bits).to(dtype)
-        args, exact = (g, x), [_exact(fn, float(a), float(b)) for a, b in zip(g, x)]
+        args = (x, g) if op is aten.pow.Tensor_Tensor else (g, x)
+        exact = [_exact(fn, float(a), float(b)) for a, b in zip(*args)]
     else:
-        args = (x, 3) if op is aten.pow.Tensor_Scalar else (x,)
+        args = {aten.pow.Tensor_Scalar: (x, 3), aten.pow.Scalar: (10.0, x)}.get(op, (x,))
         exact = [_exact(fn, float(v)) for v in x]
     check_resolver(op, args, {}, [exact], bits)
 
