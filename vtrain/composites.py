@@ -228,18 +228,59 @@ def foreach_norm(call: Call, tensors: Sequence[torch.Tensor], ord: float = 2,  #
     return [vector_norm(call, t, ord, dtype=dtype) for t in tensors]
 
 
-def _foreach(per: Any) -> Call:
-    """A torch._foreach_* op (clip_grad_norm_'s scaling, clip_grad_value_'s clamps) as `per` on each tensor of the
-    list in turn, with the scalar or tensor given, or its partner in a second list; an in-place `per` returns
-    nothing, as the in-place foreach ops do."""
-    inplace = per._schema.name.endswith("_")
+def _foreach(op: Any, per: Any, into: bool = False) -> Call:
+    """A torch._foreach_* op (gradient clipping's, and torch.optim's with foreach=True, the default on CUDA) as its
+    per-tensor op `per` on each tensor of the list in turn: the i-th of each list argument (tensors, or numbers
+    of a ScalarList), a scalars tensor's i-th value, any other argument as given, bound to `per`'s parameters
+    in order (keyword-only ones by name: addcmul's value); nothing returned where the foreach op returns
+    nothing (the in-place ones). `into`: `per` is the functional op of an in-place foreach op that aten has no
+    in-place form of (maximum_), its result copied into the tensor, as torch.maximum(a, b, out=a) writes it. So
+    a list's results are the loop's, bit for bit."""
+    params = [a for a in op._schema.arguments if not a.kwarg_only]
+    kinds = ["list" if str(a.type).startswith("List[") else "item" if a.name == "scalars" else "same" for a in params]
+    names = [a.name if a.kwarg_only else None for a in per._schema.arguments]
+    returns = bool(op._schema.returns)
 
-    def run(call: Call, tensors: Sequence[torch.Tensor], other: Any) -> list[torch.Tensor] | None:
-        others = other if isinstance(other, (list, tuple)) else itertools.repeat(other)
-        outs = [call(per, t, o) for t, o in zip(tensors, others)]
-        return None if inplace else outs
+    def run(call: Call, *args: Any, **kwargs: Any) -> list[torch.Tensor] | None:
+        outs = []
+        for i in range(len(args[0])):
+            values = [a[i] if kind == "list" else a[i].item() if kind == "item" else a for a, kind in zip(args, kinds)]
+            named = {name: v for name, v in zip(names, values) if name is not None}
+            out = call(per, *(v for name, v in zip(names, values) if name is None), **named, **kwargs)
+            outs.append(call(aten.copy_.default, values[0], out) if into else out)
+        return outs if returns else None
 
     return run
+
+
+# Which overload of the per-tensor op a foreach overload maps to: a scalar's, else the op's one form (addcmul_), for
+# .Scalar and .ScalarList; the tensor form for .List and .Tensor (a second list's element, or the one tensor).
+_PER_FORMS = {"default": ("default",), "Scalar": ("Scalar", "default"), "ScalarList": ("Scalar", "default"),
+              "List": ("Tensor", "default"), "Tensor": ("Tensor", "default")}
+
+
+def _foreach_ops() -> dict[Any, Call]:
+    """Every torch._foreach_* op whose first argument is the tensor list and whose per-tensor op aten has (by name:
+    `_foreach_add_.List` is `add_.Tensor` on each pair), but _foreach_norm (`foreach_norm`). A per-tensor op
+    outside the registry fails when it runs, naming that op."""
+    table: dict[Any, Call] = {}
+    for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+        if not qualified.startswith("aten::_foreach_"):
+            continue
+        name, _, overload = qualified[len("aten::_foreach_"):].partition(".")
+        packet = getattr(aten, name, None) if name != "norm" else None
+        into = packet is None and name.endswith("_")
+        packet = getattr(aten, name[:-1], None) if into else packet
+        forms = _PER_FORMS.get(overload or "default")
+        if packet is None or forms is None:
+            continue
+        op = getattr(getattr(aten, f"_foreach_{name}"), overload or "default")
+        if str(op._schema.arguments[0].type) != "List[Tensor]":
+            continue
+        per = next((getattr(packet, f) for f in forms if f in packet.overloads()), None)
+        if per is not None:
+            table[op] = _foreach(op, per, into)
+    return table
 
 
 def _variance(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None, correction: float | None,
@@ -1386,14 +1427,9 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.cumsum.default: functools.partial(_cumulative, aten.cumsum.default, aten.add.Tensor),
     aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
     aten._foreach_norm.Scalar: foreach_norm,
+    **_foreach_ops(),
     aten.addmv.default: addmv,
     aten.addbmm.default: addbmm,
     aten.trace.default: trace,
     aten.dist.default: dist,
-    **{op: _foreach(per) for op, per in (
-        (aten._foreach_mul_.Tensor, aten.mul_.Tensor), (aten._foreach_mul_.Scalar, aten.mul_.Scalar),
-        (aten._foreach_mul_.List, aten.mul_.Tensor), (aten._foreach_mul.Tensor, aten.mul.Tensor),
-        (aten._foreach_mul.Scalar, aten.mul.Scalar), (aten._foreach_mul.List, aten.mul.Tensor),
-        (aten._foreach_clamp_min_.Scalar, aten.clamp_min_.default),
-        (aten._foreach_clamp_max_.Scalar, aten.clamp_max_.default))},
 }

@@ -517,6 +517,54 @@ def test_gradient_clipping_by_default_computes_the_loops_bits_and_log(clip: str,
     assert all(torch.equal(g, round_to_grid(g, 32)) for g in got)
 
 
+_OPTIMIZERS = {
+    "adam": lambda ps, f: torch.optim.Adam(ps, lr=1e-2, foreach=f),
+    "adamw": lambda ps, f: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=f),
+    "adam-amsgrad": lambda ps, f: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, foreach=f),
+    "adamax": lambda ps, f: torch.optim.Adamax(ps, lr=1e-2, foreach=f),
+    "sgd": lambda ps, f: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=1e-3, foreach=f),
+    "rmsprop": lambda ps, f: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5, foreach=f),
+    "adadelta": lambda ps, f: torch.optim.Adadelta(ps, foreach=f),
+    "adagrad": lambda ps, f: torch.optim.Adagrad(ps, lr=1e-2, foreach=f),
+    "nadam": lambda ps, f: torch.optim.NAdam(ps, lr=1e-2, foreach=f),
+}
+_REORDERED = {"adagrad", "nadam"}  # (torch's foreach code orders their operations otherwise than the loop)
+
+
+def _optimized(make: Any, foreach: bool, device: str, resolution: str = "log") -> tuple[list, list]:
+    """Three steps of a small tanh MLP with `make(parameters, foreach)`: (the weights and optimizer state, the
+    step logs)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(round_to_grid(p, 32))
+    opt, logs = make(list(model.parameters()), foreach), []
+    for t in range(3):
+        x = _grid(4, 5, seed=t)
+        with RoundedExecution(bits=32, device=get_device(device), step=t, resolution=resolution) as rx:
+            opt.zero_grad()
+            (model(x) * model(x)).sum().backward()
+            opt.step()
+        logs.append(rx.log.to_bytes())
+    state = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return [t.detach().clone() for t in (*model.parameters(), *state)], logs
+
+
+@pytest.mark.parametrize("name", list(_OPTIMIZERS))
+def test_torch_optimizers_foreach_ops_train_to_the_same_bits_on_every_device(name: str) -> None:
+    # torch.optim's multi-tensor code (foreach=True, the default on CUDA) runs each foreach op as its per-tensor op
+    # on each tensor in turn: where that code does the loop's operations, the loop's bits and logs
+    make = _OPTIMIZERS[name]
+    got, logs = _optimized(make, True, "cpu")
+    want, want_logs = _optimized(make, False, "cpu")
+    if name not in _REORDERED:
+        assert all(torch.equal(a, b) for a, b in zip(got, want)) and logs == want_logs
+    exact = _optimized(make, True, "cpu", "exact")[0]
+    for device in EMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(exact, _optimized(make, True, device, "exact")[0])), device
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):

@@ -23,8 +23,9 @@ def test_classes_of_representative_ops() -> None:
         spec = classify(op, (), {})
         assert spec.cls is OpClass.IEEE and spec.decomposed is not None and spec.inplace
     assert registry()["aten.mm.default"] is OpClass.DEVICE
-    with pytest.raises(UnsupportedOpError, match="aten._foreach_add_"):
-        classify(aten._foreach_add_.List, (), {})
+    assert classify(aten._foreach_add_.List, (), {}).cls is OpClass.COMPOSITE  # (each tensor's add_ in turn)
+    with pytest.raises(UnsupportedOpError, match="aten._fused_adam_"):
+        classify(aten._fused_adam_.default, (), {})
 
 
 @pytest.mark.parametrize("mode", ["record", "plain"])
