@@ -5,8 +5,8 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
 scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
 linear, bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
-cross-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, and the foreach ops that
-gradient clipping runs by default (each tensor's op in turn).
+cross-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, and torch's foreach ops
+(gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.

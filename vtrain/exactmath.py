@@ -390,8 +390,7 @@ def rounded_dots(
 # Correctly rounded elementary and special functions
 
 FUNCTIONS = ("exp", "exp2", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow", "sin", "cos",
-             "atan2",
-             "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
+             "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2, "atan2": 2}
 
@@ -836,8 +835,8 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) where sqrt(2/pi) is the exact real
     number and 0.044715 the exact decimal (not their float64 roundings); gelu_backward(g, x) =
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
-    1/sqrt(x); pow takes `exponent` (a float64, exact). One input array per argument (two for the
-    backward functions: g, x).
+    1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact). One input
+    array per argument (two for the backward functions, g and x, and for atan2, y and x).
     """
     if fn not in _EVALUATORS:
         raise ExactMathError(f"correctly_rounded: unknown function {fn!r}; known: {', '.join(FUNCTIONS)}")
