@@ -2,11 +2,11 @@
 vector norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus,
 ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
-divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the
-scatter additions of gather's and index_select's backward passes and of padding's (reflected, replicated),
-linear, bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
-cross-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, and torch's foreach ops
-(gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
+divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the scatter
+additions of gather's and index_select's backward passes and of padding's (reflected, replicated), linear,
+bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-
+entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, 3-d pooling, and torch's foreach
+ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -800,6 +800,64 @@ def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor
                 indices)
 
 
+def max_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
+                        stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool,
+                        indices: torch.Tensor) -> torch.Tensor:
+    """aten.max_pool3d_with_indices_backward: each output's gradient added at the input position its window's
+    maximum came from (`indices`, flat over the volume), as `scatter_add` (a position that overlapping windows
+    chose gets their gradients in the outputs' order). The forward pass is exact (class 1)."""
+    zeros = torch.zeros(x.flatten(-3).shape, dtype=grad.dtype, device=grad.device)
+    return scatter_add(call, zeros, -1, indices.flatten(-3), grad.flatten(-3)).reshape(x.shape)
+
+
+def _box3d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
+           ceil_mode: bool, count_include_pad: bool,
+           divisor_override: int | None) -> tuple[torch.Tensor, list, list, list, torch.Tensor, torch.Tensor | int]:
+    """avg_pool3d's terms as a convolution: (x as (N C, 1, D, H, W), the kernel, stride and padding as lists, a box
+    of ones, each window's divisor: the override, the kernel's volume, or without the padding its count of input
+    values, small integers exact on any device, counted natively)."""
+    k = [kernel_size[0]] * 3 if len(kernel_size) == 1 else list(kernel_size)
+    s = k if not stride else [stride[0]] * 3 if len(stride) == 1 else list(stride)
+    p = [padding[0]] * 3 if len(padding) == 1 else list(padding)
+    if ceil_mode:
+        raise UnsupportedOpError(str(aten.avg_pool3d.default), "ceil_mode=True: the registry has floor-mode windows "
+                                 "(vtrain.composites)")
+    flat = x.reshape(-1, 1, *x.shape[-3:])
+    box = torch.ones(1, 1, *k, dtype=x.dtype, device=x.device)
+    if divisor_override:
+        divisor: torch.Tensor | int = divisor_override
+    elif count_include_pad or not any(p):
+        divisor = math.prod(k)
+    else:
+        divisor = torch.nn.functional.conv3d(torch.ones_like(flat[:1]), box, None, s, p)
+    return flat, k, s, p, box, divisor
+
+
+def avg_pool3d(call: Call, x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
+               padding: Sequence[int] = (0,), ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> torch.Tensor:
+    """aten.avg_pool3d: each window's sum, a convolution of x with a box of ones (the device's sum), divided by
+    its divisor (one IEEE division)."""
+    flat, k, s, p, box, divisor = _box3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                         divisor_override)
+    total = call(aten.convolution.default, flat, box, None, s, p, [1, 1, 1], False, [0, 0, 0], 1)
+    out = call(aten.div.Tensor, total, divisor)
+    return out.reshape(*x.shape[:-3], *out.shape[-3:])
+
+
+def avg_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
+                        stride: Sequence[int], padding: Sequence[int], ceil_mode: bool, count_include_pad: bool,
+                        divisor_override: int | None) -> torch.Tensor:
+    """aten.avg_pool3d_backward: each output's gradient divided by its divisor (one IEEE division), then summed
+    into the inputs its window covers by the box convolution's input gradient (the device's sum)."""
+    flat, k, s, p, box, divisor = _box3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                                         divisor_override)
+    g = call(aten.div.Tensor, grad.reshape(-1, 1, *grad.shape[-3:]), divisor)
+    out = call(aten.convolution_backward.default, g, flat, box, None, s, p, [1, 1, 1], False, [0, 0, 0], 1,
+               [True, False, False])[0]
+    return out.reshape(x.shape)
+
+
 def _occurrences(keys: torch.Tensor) -> torch.Tensor:
     """Each key's rank among the equal keys before it in flat order (0 for a first occurrence): integer work,
     exact on any device, done natively."""
@@ -1432,4 +1490,7 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.addbmm.default: addbmm,
     aten.trace.default: trace,
     aten.dist.default: dist,
+    aten.max_pool3d_with_indices_backward.default: max_pool3d_backward,
+    aten.avg_pool3d.default: avg_pool3d,
+    aten.avg_pool3d_backward.default: avg_pool3d_backward,
 }

@@ -124,7 +124,8 @@ _EXACT = _names(
     aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default, aten.clamp.Tensor, aten.clamp_min.Tensor,
     aten.clamp_min_.Tensor, aten.clamp_max.Tensor, aten.clamp_max_.Tensor, aten.clamp_.default, aten.clamp_.Tensor,
     aten.clamp_min_.default, aten.clamp_max_.default, aten.floor.default, aten.ceil.default, aten.trunc.default,
-    aten.round.default, aten.max_pool2d_with_indices.default, aten.adaptive_max_pool2d.default, aten.argmax.default,
+    aten.round.default, aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
+    aten.adaptive_max_pool2d.default, aten.argmax.default,
     aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,
     aten.amin.default, aten.threshold.default, aten.threshold_.default, aten.diagonal_copy.default,
     # comparisons and boolean logic (no floating output)

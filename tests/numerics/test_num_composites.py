@@ -266,6 +266,8 @@ def _written_margins(x: torch.Tensor, p: int, weight: torch.Tensor | None, reduc
 
 
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
+_BOX2, _BOX3 = (torch.ones(1, 1, k, k, k, dtype=torch.float64) for k in (2, 3))
+_COUNTS = F.conv3d(torch.ones(1, 1, 4, 6, 5, dtype=torch.float64), _BOX3, stride=2, padding=1)  # (inside the input)
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), lambda x: torch.where(x > 0, x, x * 0.2)),
@@ -322,6 +324,13 @@ DEFINITIONS = {
                 lambda x: _TARGET[:, :, :1] * 0.5 + (x @ x.transpose(1, 2)) * 2),
     "baddbmm-no-input": (lambda x: torch.baddbmm(_NAN, x, x.transpose(1, 2), beta=0),
                          lambda x: x @ x.transpose(1, 2)),
+    "max-pool-3d": (lambda x: F.max_pool3d(x.reshape(1, 1, 4, 6, 5), 2, 1),
+                    lambda x: x.reshape(1, 1, 4, 6, 5).unfold(2, 2, 1).unfold(3, 2, 1).unfold(4, 2, 1)
+                    .amax((-3, -2, -1))),
+    "avg-pool-3d": (lambda x: F.avg_pool3d(x.reshape(1, 2, 2, 6, 5), 2),
+                    lambda x: F.conv3d(x.reshape(2, 1, 2, 6, 5), _BOX2, stride=2).reshape(1, 2, 1, 3, 2) / 8),
+    "avg-pool-3d-counted": (lambda x: F.avg_pool3d(x.reshape(1, 1, 4, 6, 5), 3, 2, 1, count_include_pad=False),
+                            lambda x: F.conv3d(x.reshape(1, 1, 4, 6, 5), _BOX3, stride=2, padding=1) / _COUNTS),
     "addmv": (lambda x: torch.addmv(_TARGET[0, :, 0], x[0], x[1, 0], beta=0.5, alpha=2),
               lambda x: _TARGET[0, :, 0] * 0.5 + torch.mv(x[0], x[1, 0]) * 2),
     "addbmm": (lambda x: torch.addbmm(_TARGET[0], x, x.transpose(1, 2)[:, :, :5], alpha=0.5),
