@@ -4,9 +4,9 @@ ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
 divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the scatter
 additions of gather's and index_select's backward passes and of padding's (reflected, replicated), linear,
-bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-
-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, 3-d pooling, and torch's foreach
-ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
+bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
+cross-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, 3-d pooling, and torch's
+foreach ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
