@@ -2,11 +2,11 @@
 vector norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus,
 ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
 the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
-divergence), adaptive pooling over windows that tile the input, nearest upsampling's backward passes, the scatter
-additions of gather's and index_select's backward passes and of padding's (reflected, replicated), linear,
-bilinear, trilinear and bicubic upsampling, fold (col2im), embedding bags, GLU, the soft margin loss,
-cross-entropy over pixels, cumulative sums and products, addmv, addbmm, trace, dist, 3-d pooling, and torch's
-foreach ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
+divergence), adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and
+index_select's backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic
+upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums
+and products, addmv, addbmm, trace, dist, 3-d pooling, and torch's foreach ops (gradient clipping's by default,
+torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -769,35 +769,50 @@ def prelu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, weight: torc
             call(aten.masked_fill.Scalar, call(aten.mul.Tensor, x, grad), positive, 0.0))
 
 
-def _pool_window(op: Any, size: Sequence[int], output_size: Sequence[int]) -> list[int]:
-    """An adaptive pooling's window where it tiles the input (each size a whole multiple of the output's), as a
-    plain pooling's kernel and stride; otherwise refused (windows of varying size, overlapping)."""
-    window = _multiples(size, output_size)
-    if 0 in window:
-        raise UnsupportedOpError(str(op), f"output {list(output_size)} from input {list(size)}: the registry has "
-                                 "windows that tile the input only (vtrain.composites)")
-    return window
+def _adaptive_windows(size: Sequence[int], output_size: Sequence[int]) -> list[tuple[slice, slice, int]]:
+    """An adaptive pooling's windows where they do not tile the input, in row-major order of the outputs: rows
+    floor(i H / OH) to ceil((i + 1) H / OH), columns alike (torch's), with each window's count of values."""
+    (h, w), (oh, ow) = size, output_size
+    rows = [slice(i * h // oh, -(-(i + 1) * h // oh)) for i in range(oh)]
+    cols = [slice(j * w // ow, -(-(j + 1) * w // ow)) for j in range(ow)]
+    return [(r, c, (r.stop - r.start) * (c.stop - c.start)) for r in rows for c in cols]
 
 
 def adaptive_avg_pool2d(call: Call, x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
-    """aten._adaptive_avg_pool2d where its windows tile the input: avg_pool2d with them as kernel and stride."""
-    window = _pool_window(aten._adaptive_avg_pool2d.default, x.shape[-2:], output_size)
-    return call(aten.avg_pool2d.default, x, window, window, [0, 0], False, True, None)
+    """aten._adaptive_avg_pool2d: where its windows tile the input, avg_pool2d with them as kernel and stride;
+    elsewhere (windows of varying size, overlapping) each window's mean, the device's, one op a window."""
+    window = _multiples(x.shape[-2:], output_size)
+    if 0 not in window:
+        return call(aten.avg_pool2d.default, x, window, window, [0, 0], False, True, None)
+    means = [call(aten.mean.dim, x[..., r, c], [-2, -1]) for r, c, _ in _adaptive_windows(x.shape[-2:], output_size)]
+    return torch.stack(means, -1).unflatten(-1, tuple(output_size))
 
 
 def adaptive_avg_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """aten._adaptive_avg_pool2d_backward: avg_pool2d's backward pass over the forward's windows."""
-    window = _pool_window(aten._adaptive_avg_pool2d_backward.default, x.shape[-2:], grad.shape[-2:])
-    return call(aten.avg_pool2d_backward.default, grad, x, window, window, [0, 0], False, True, None)
+    """aten._adaptive_avg_pool2d_backward: where the windows tile the input, avg_pool2d's backward pass over them;
+    elsewhere each output's gradient divided by its window's count (one IEEE division) and added to the window's
+    inputs (one IEEE addition each), window after window in the outputs' order."""
+    window = _multiples(x.shape[-2:], grad.shape[-2:])
+    if 0 not in window:
+        return call(aten.avg_pool2d_backward.default, grad, x, window, window, [0, 0], False, True, None)
+    out = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
+    for k, (r, c, count) in enumerate(_adaptive_windows(x.shape[-2:], grad.shape[-2:])):
+        share = call(aten.div.Tensor, grad.flatten(-2)[..., k, None, None], count)
+        out[..., r, c] = call(aten.add.Tensor, out[..., r, c], share)  # (a copy of grid values: exact)
+    return out
 
 
 def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor,
                                  indices: torch.Tensor) -> torch.Tensor:
-    """aten.adaptive_max_pool2d_backward where the windows tile the input: max_pool2d's backward pass with them
-    (each input value takes at most one gradient). The forward pass is exact (class 1)."""
-    window = _pool_window(aten.adaptive_max_pool2d_backward.default, x.shape[-2:], grad.shape[-2:])
-    return call(aten.max_pool2d_with_indices_backward.default, grad, x, window, window, [0, 0], [1, 1], False,
-                indices)
+    """aten.adaptive_max_pool2d_backward: where the windows tile the input, max_pool2d's backward pass with them
+    (each input value takes at most one gradient); elsewhere each gradient added at its window's maximum as
+    `scatter_add` (overlapping windows may choose one value). The forward pass is exact (class 1)."""
+    window = _multiples(x.shape[-2:], grad.shape[-2:])
+    if 0 not in window:
+        return call(aten.max_pool2d_with_indices_backward.default, grad, x, window, window, [0, 0], [1, 1], False,
+                    indices)
+    zeros = torch.zeros(x.flatten(-2).shape, dtype=grad.dtype, device=grad.device)
+    return scatter_add(call, zeros, -1, indices.flatten(-2), grad.flatten(-2)).reshape(x.shape)
 
 
 def max_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],

@@ -268,6 +268,15 @@ def _written_margins(x: torch.Tensor, p: int, weight: torch.Tensor | None, reduc
 # (the composite, its definition in registry ops) on x of shape (4, 6, 5)
 _BOX2, _BOX3 = (torch.ones(1, 1, k, k, k, dtype=torch.float64) for k in (2, 3))
 _COUNTS = F.conv3d(torch.ones(1, 1, 4, 6, 5, dtype=torch.float64), _BOX3, stride=2, padding=1)  # (inside the input)
+def _uneven(x: torch.Tensor, reduce: Any) -> torch.Tensor:
+    # adaptive pooling from 6 x 5 to 4 x 3: windows of rows [floor(6 i / 4), ceil(6 (i + 1) / 4)) = 0:2, 1:3, 3:5, 4:6
+    # and of columns 0:2, 1:4, 3:5, which overlap and vary in size
+    x = x.reshape(2, 2, 6, 5)
+    rows = [slice(math.floor(6 * i / 4), math.ceil(6 * (i + 1) / 4)) for i in range(4)]
+    cols = [slice(math.floor(5 * j / 3), math.ceil(5 * (j + 1) / 3)) for j in range(3)]
+    return torch.stack([torch.stack([reduce(x[..., r, c]) for c in cols], -1) for r in rows], -2)
+
+
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), lambda x: torch.where(x > 0, x, x * 0.2)),
@@ -345,6 +354,10 @@ DEFINITIONS = {
                           lambda x: F.avg_pool2d(x.reshape(2, 2, 6, 5), (2, 1))),
     "adaptive-max-pool": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (2, 1)),
                           lambda x: F.max_pool2d(x.reshape(2, 2, 6, 5), (3, 5))),
+    "adaptive-avg-pool-uneven": (lambda x: F.adaptive_avg_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
+                                 lambda x: _uneven(x, lambda w: w.mean((-2, -1)))),
+    "adaptive-max-pool-uneven": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
+                                 lambda x: _uneven(x, lambda w: w.amax((-2, -1)))),
     "upsample-1d": (lambda x: F.interpolate(x, scale_factor=3),
                     lambda x: x.reshape(4, 6, 5, 1).expand(4, 6, 5, 3).reshape(4, 6, 15)),
     "upsample-3d": (lambda x: F.interpolate(x.reshape(1, 4, 6, 5, 1), scale_factor=2),
@@ -489,14 +502,6 @@ def test_nearest_upsampling_by_a_fraction_is_refused_by_name_in_the_backward_pas
     x = _grid(1, 2, 4, 5, seed=1).requires_grad_()
     with pytest.raises(UnsupportedOpError, match=r"upsample_nearest2d_backward.*output \[6, 7\]"):
         _rounded(lambda: F.interpolate(x, size=(6, 7)).sum().backward())
-
-
-@pytest.mark.parametrize("pool", [F.adaptive_avg_pool2d, F.adaptive_max_pool2d])
-def test_adaptive_pooling_over_windows_that_do_not_tile_the_input_is_refused_by_name(pool: Any) -> None:
-    # (windows of varying size, which overlap: each value's share of the gradients would vary)
-    x = _grid(1, 2, 5, 6, seed=1).requires_grad_()
-    with pytest.raises(UnsupportedOpError, match=r"adaptive_(avg|max)_pool2d.*output \[2, 3\] from input \[5, 6\]"):
-        _rounded(lambda: pool(x, (2, 3))[0].sum().backward())
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])
