@@ -5,8 +5,8 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and
 index_select's backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic
 upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums
-and products, addmv, addbmm, trace, dist, 3-d pooling, and torch's foreach ops (gradient clipping's by default,
-torch.optim's with foreach=True): each tensor's op in turn.
+and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, and torch's foreach ops (gradient clipping's by
+default, torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -1367,7 +1367,11 @@ def cdist_forward(call: Call, x1: torch.Tensor, x2: torch.Tensor, p: float,
     for p = 2, sum |d| for 1, max |d| for inf, the count of d != 0 for 0, else (sum |d|^p)^(1/p); each operation
     rounded, the sums the device's. One formula whatever `compute_mode` asks: torch's matrix product form for
     p = 2 (|x1|^2 + |x2|^2 - 2 x1 x2) cancels where rows lie close, the differences do not."""
-    d = _differences(call, x1, x2)
+    return _p_norms(call, _differences(call, x1, x2), p)
+
+
+def _p_norms(call: Call, d: torch.Tensor, p: float) -> torch.Tensor:
+    """`cdist_forward`'s p-norm of differences d along their last dim."""
     if p == 0:
         return call(aten.sum.dim_IntList, (d != 0).to(d.dtype), [-1])  # (a count: exact)
     if p == math.inf:
@@ -1403,6 +1407,23 @@ def cdist_backward(call: Call, grad: torch.Tensor, x1: torch.Tensor, x2: torch.T
                          call(aten.pow.Tensor_Scalar, safe, p - 1).unsqueeze(-1))
         terms = call(aten.mul.Tensor, g, torch.where(zero.unsqueeze(-1), torch.zeros_like(ratio), ratio))
     return call(aten.sum.dim_IntList, terms, [-2])
+
+
+def pdist_forward(call: Call, x: torch.Tensor, p: float = 2) -> torch.Tensor:
+    """aten._pdist_forward (`F.pdist`): the p-norm (`_p_norms`) of x[i] - x[j] for each pair i < j, in row-major
+    order, one rounded subtraction each."""
+    i, j = torch.triu_indices(len(x), len(x), 1)
+    return _p_norms(call, call(aten.sub.Tensor, x[i], x[j]), p)
+
+
+def pdist_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
+    """aten._pdist_backward: `cdist_backward` of x against itself, with each pair's gradient and distance at
+    (i, j) and (j, i): row i's gradient sums every pair it is in (the difference x_i - x_j's, which a pair (j, i)
+    gives with its sign turned), zeros elsewhere (the diagonal's distance 0 gives nothing)."""
+    i, j = torch.triu_indices(len(x), len(x), 1)
+    g, dist = (torch.zeros(len(x), len(x), dtype=x.dtype, device=x.device) for _ in range(2))
+    g[i, j], g[j, i], dist[i, j], dist[j, i] = grad, grad, pdist, pdist  # (copies of grid values: exact)
+    return cdist_backward(call, g, x, x, p, dist)
 
 
 # aten op -> its sequence (the aten schema's arguments after `call`)
@@ -1489,6 +1510,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.multilabel_margin_loss_backward.default: multilabel_margin_loss_backward,
     aten.multi_margin_loss_backward.default: multi_margin_loss_backward,
     aten._cdist_backward.default: cdist_backward,
+    aten._pdist_forward.default: pdist_forward,
+    aten._pdist_backward.default: pdist_backward,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,
     aten.prod.default: prod,

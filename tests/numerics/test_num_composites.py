@@ -277,6 +277,14 @@ def _uneven(x: torch.Tensor, reduce: Any) -> torch.Tensor:
     return torch.stack([torch.stack([reduce(x[..., r, c]) for c in cols], -1) for r in rows], -2)
 
 
+_ROWS_I, _ROWS_J = torch.triu_indices(24, 24, 1)  # (pdist's pairs i < j of 24 rows, row-major)
+
+
+def _pair_differences(x: torch.Tensor) -> torch.Tensor:
+    x = x.reshape(24, 5)
+    return x[_ROWS_I] - x[_ROWS_J]
+
+
 DEFINITIONS = {
     "silu": (F.silu, lambda x: x * torch.sigmoid(x)),
     "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), lambda x: torch.where(x > 0, x, x * 0.2)),
@@ -354,6 +362,11 @@ DEFINITIONS = {
                           lambda x: F.avg_pool2d(x.reshape(2, 2, 6, 5), (2, 1))),
     "adaptive-max-pool": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (2, 1)),
                           lambda x: F.max_pool2d(x.reshape(2, 2, 6, 5), (3, 5))),
+    "pdist": (lambda x: F.pdist(x.reshape(24, 5)),
+              lambda x: torch.sqrt((_pair_differences(x) * _pair_differences(x)).sum(-1))),
+    "pdist-1": (lambda x: F.pdist(x.reshape(24, 5), 1), lambda x: _pair_differences(x).abs().sum(-1)),
+    "pdist-3": (lambda x: F.pdist(x.reshape(24, 5), 3),
+                lambda x: torch.pow(torch.pow(_pair_differences(x).abs(), 3).sum(-1), 1 / 3)),
     "adaptive-avg-pool-uneven": (lambda x: F.adaptive_avg_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
                                  lambda x: _uneven(x, lambda w: w.mean((-2, -1)))),
     "adaptive-max-pool-uneven": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
