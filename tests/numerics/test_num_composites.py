@@ -544,6 +544,56 @@ def test_gradient_clipping_by_default_computes_the_loops_bits_and_log(clip: str,
     assert all(torch.equal(g, round_to_grid(g, 32)) for g in got)
 
 
+def _lists(*seeds: int) -> list[list[torch.Tensor]]:
+    return [[_grid(3, 4, seed=s), _grid(5, seed=s + 1), _grid(2, 2, 2, seed=s + 2)] for s in seeds]
+
+
+_SCALARS = [0.5, -1.5, 0.1]
+_FOREACH = {  # name -> (the foreach call on three lists a, b, c, the loop it stands for)
+    "add_.Scalar": (lambda a, b, c: torch._foreach_add_(a, 0.3), lambda a, b, c: [t.add_(0.3) for t in a]),
+    "add_.List": (lambda a, b, c: torch._foreach_add_(a, b, alpha=-0.5),
+                  lambda a, b, c: [t.add_(u, alpha=-0.5) for t, u in zip(a, b)]),
+    "add_.ScalarList": (lambda a, b, c: torch._foreach_add_(a, [0.1, 2.0, -3.0]),
+                        lambda a, b, c: [t.add_(s) for t, s in zip(a, [0.1, 2.0, -3.0])]),
+    "add_.Tensor": (lambda a, b, c: torch._foreach_add_(a, torch.tensor(0.7, dtype=torch.float64)),
+                    lambda a, b, c: [t.add_(torch.tensor(0.7, dtype=torch.float64)) for t in a]),
+    "addcmul_.Scalar": (lambda a, b, c: torch._foreach_addcmul_(a, b, c, 0.25),
+                        lambda a, b, c: [t.addcmul_(u, v, value=0.25) for t, u, v in zip(a, b, c)]),
+    "addcdiv_.ScalarList": (lambda a, b, c: torch._foreach_addcdiv_(a, b, c, _SCALARS),
+                            lambda a, b, c: [t.addcdiv_(u, v, value=s) for t, u, v, s in zip(a, b, c, _SCALARS)]),
+    "addcmul_.Tensor": (lambda a, b, c: torch._foreach_addcmul_(a, b, c, torch.tensor(_SCALARS, dtype=torch.float64)),
+                        lambda a, b, c: [t.addcmul_(u, v, value=s) for t, u, v, s in zip(a, b, c, _SCALARS)]),
+    "lerp_.List": (lambda a, b, c: torch._foreach_lerp_(a, b, c),
+                   lambda a, b, c: [t.lerp_(u, v) for t, u, v in zip(a, b, c)]),
+    "lerp.ScalarList": (lambda a, b, c: torch._foreach_lerp(a, b, [0.1, 0.9, 0.3]),
+                        lambda a, b, c: [t.lerp(u, s) for t, u, s in zip(a, b, [0.1, 0.9, 0.3])]),
+    "div.ScalarList": (lambda a, b, c: torch._foreach_div(a, [3.0, 7.0, 0.1]),
+                       lambda a, b, c: [t / s for t, s in zip(a, [3.0, 7.0, 0.1])]),
+    "sqrt": (lambda a, b, c: torch._foreach_sqrt(torch._foreach_abs(b)), lambda a, b, c: [t.abs().sqrt() for t in b]),
+    "exp_": (lambda a, b, c: torch._foreach_exp_(a), lambda a, b, c: [t.exp_() for t in a]),
+    "maximum_.List": (lambda a, b, c: torch._foreach_maximum_(a, c),
+                      lambda a, b, c: [torch.maximum(t, v, out=t) for t, v in zip(a, c)]),
+    "copy_": (lambda a, b, c: torch._foreach_copy_(a, c), lambda a, b, c: [t.copy_(v) for t, v in zip(a, c)]),
+}
+
+
+@pytest.mark.parametrize("name", list(_FOREACH))
+def test_a_foreach_op_is_its_per_tensor_op_in_turn(name: str) -> None:
+    # every form of argument the mapping reads: a scalar, a second list, a list of scalars, one tensor, a tensor of
+    # scalars, keyword-only ones (alpha; addcmul's value), and an in-place op aten has no in-place form of
+    foreach, loop = _FOREACH[name]
+    results = []
+    for fn in (foreach, loop):
+        a, b, c = _lists(1, 10, 20)
+        out, log = _rounded(lambda: fn(a, b, c))
+        results.append((out, a, log))
+    (out, a, log), (want_out, want_a, want_log) = results
+    if out is not None:  # (the in-place ops return nothing; their lists hold the results)
+        a, want_a = out, want_out
+    assert all(torch.equal(x, y) for x, y in zip(a, want_a)) and log == want_log
+    assert all(torch.equal(x, round_to_grid(x, 32)) for x in a)
+
+
 _OPTIMIZERS = {
     "adam": lambda ps, f: torch.optim.Adam(ps, lr=1e-2, foreach=f),
     "adamw": lambda ps, f: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, foreach=f),
