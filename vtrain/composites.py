@@ -5,8 +5,8 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and
 index_select's backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic
 upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums
-and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, and torch's foreach ops (gradient clipping's by
-default, torch.optim's with foreach=True): each tensor's op in turn.
+and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, grid sampling, and torch's foreach ops (gradient
+clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -873,6 +873,119 @@ def avg_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_
     return out.reshape(x.shape)
 
 
+def _source_index(call: Call, coord: torch.Tensor, size: int, padding: int,
+                  align: bool) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+    """torch's grid_sampler_compute_source_index for zeros (0) and border (1) padding: the coordinate from [-1, 1]
+    to pixels, ((coord + 1) / 2) (size - 1) with `align` (corners), ((coord + 1) size - 1) / 2 without, each
+    operation rounded; border padding clamps it into the image (exact). (the index, its derivative's factor, where
+    border padding left it unclamped or None)"""
+    one = call(aten.add.Tensor, coord, 1)
+    if align:
+        ix, scale = call(aten.mul.Tensor, call(aten.div.Tensor, one, 2), size - 1), (size - 1) / 2
+    else:
+        ix, scale = call(aten.div.Tensor, call(aten.sub.Tensor, call(aten.mul.Tensor, one, size), 1), 2), size / 2
+    if padding == 0:
+        return ix, scale, None
+    return ix.clamp(0, size - 1), scale, (ix > 0) & (ix < size - 1)
+
+
+def _grid_corner(x: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                              torch.Tensor]:
+    """x's values at whole pixel coordinates (xs, ys) (N, Ho, Wo), 0 outside the image (exact): (the values (N, C,
+    Ho, Wo), whether inside, the flat pixel index clamped into the image)."""
+    n, _, h, w = x.shape
+    inside = (xs >= 0) & (xs <= w - 1) & (ys >= 0) & (ys <= h - 1)
+    xi, yi = xs.clamp(0, w - 1).long(), ys.clamp(0, h - 1).long()
+    values = x[torch.arange(n).view(n, 1, 1).expand_as(xi), :, yi, xi].movedim(-1, 1)
+    return torch.where(inside.unsqueeze(1), values, 0), inside, yi * w + xi
+
+
+def _bilinear_weights(call: Call, ix: torch.Tensor, iy: torch.Tensor) -> tuple[list, tuple]:
+    """torch's vectorised CPU kernel's bilinear weights: w = ix - floor(ix), e = 1 - w, n = iy - floor(iy),
+    s = 1 - n, and nw = s e, ne = s w, sw = n e, se = n w, each operation rounded: ([(xs, ys, weight) of the four
+    corners nw, ne, sw, se], (w, e, n, s))."""
+    x0, y0 = torch.floor(ix), torch.floor(iy)
+    one = torch.ones_like(ix)
+    wx = call(aten.sub.Tensor, ix, x0)
+    ex = call(aten.sub.Tensor, one, wx)
+    ny = call(aten.sub.Tensor, iy, y0)
+    sy = call(aten.sub.Tensor, one, ny)
+    weights = [call(aten.mul.Tensor, a, b) for a, b in ((sy, ex), (sy, wx), (ny, ex), (ny, wx))]
+    return list(zip((x0, x0 + 1, x0, x0 + 1), (y0, y0, y0 + 1, y0 + 1), weights)), (wx, ex, ny, sy)
+
+
+def _grid_checked(op: Any, interpolation: int, padding: int) -> None:
+    if interpolation not in (0, 1) or padding not in (0, 1):
+        raise UnsupportedOpError(str(op), f"interpolation mode {interpolation}, padding mode {padding}: the registry "
+                                 "has bilinear and nearest sampling with zeros and border padding (vtrain.composites)")
+
+
+def grid_sampler_2d(call: Call, x: torch.Tensor, grid: torch.Tensor, interpolation: int, padding: int,
+                    align: bool) -> torch.Tensor:
+    """aten.grid_sampler_2d (`F.grid_sample` on 4-d input), bilinear or nearest, zeros or border padding: each
+    grid point's source index (`_source_index`); nearest takes the value at its rounding (half to even, as
+    nearbyint), bilinear adds its four corners' values times their weights (`_bilinear_weights`) in torch's order
+    nw, ne, sw, se, each product and sum rounded. Corners outside the image give 0."""
+    _grid_checked(aten.grid_sampler_2d.default, interpolation, padding)
+    ix = _source_index(call, grid[..., 0], x.shape[-1], padding, align)[0]
+    iy = _source_index(call, grid[..., 1], x.shape[-2], padding, align)[0]
+    if interpolation == 1:
+        return _grid_corner(x, torch.round(ix), torch.round(iy))[0]
+    out = None
+    for xs, ys, weight in _bilinear_weights(call, ix, iy)[0]:
+        term = call(aten.mul.Tensor, _grid_corner(x, xs, ys)[0], weight.unsqueeze(1))
+        out = term if out is None else call(aten.add.Tensor, out, term)
+    return out
+
+
+def grid_sampler_2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, grid: torch.Tensor,
+                             interpolation: int, padding: int, align: bool,
+                             output_mask: Sequence[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """aten.grid_sampler_2d_backward: the input's gradient adds each output's gradient times each corner's weight
+    at that corner, as `scatter_add` (per output the corners nw, ne, sw, se, outputs in order; a corner outside
+    the image adds 0); the grid's, torch's vectorised kernel's ((ne - nw) s + (se - sw) n) g and ((sw - nw) e +
+    (se - ne) w) g (corner values), summed over channels by the device, times the index's derivative (0 where
+    border padding clamped it); nearest sampling's is 0."""
+    _grid_checked(aten.grid_sampler_2d_backward.default, interpolation, padding)
+    n, c, h, w = x.shape
+    ix, scale_x, free_x = _source_index(call, grid[..., 0], w, padding, align)
+    iy, scale_y, free_y = _source_index(call, grid[..., 1], h, padding, align)
+    if interpolation == 1:
+        corners, parts = [(torch.round(ix), torch.round(iy), None)], None
+    else:
+        corners, parts = _bilinear_weights(call, ix, iy)
+    grad_input = grad_grid = None
+    sampled = [_grid_corner(x, xs, ys) for xs, ys, _ in corners]
+    if output_mask[0]:
+        srcs, targets = [], []
+        for (_, inside, flat), (_, _, weight) in zip(sampled, corners):
+            value = grad if weight is None else call(aten.mul.Tensor, grad, weight.unsqueeze(1))
+            srcs.append(torch.where(inside.unsqueeze(1), value, 0))
+            targets.append(flat.unsqueeze(1).expand_as(value))
+        zeros = torch.zeros(n, c, h * w, dtype=grad.dtype, device=grad.device)
+        grad_input = scatter_add(call, zeros, 2, torch.stack(targets, -1).flatten(2),
+                                 torch.stack(srcs, -1).flatten(2)).reshape(x.shape)
+    if output_mask[1]:
+        if parts is None:
+            grad_grid = torch.zeros_like(grid)
+        else:
+            (nw, _, _), (ne, _, _), (sw, _, _), (se, _, _) = sampled
+            wx, ex, ny, sy = (t.unsqueeze(1) for t in parts)
+
+            def along(a: torch.Tensor, b: torch.Tensor, fa: torch.Tensor, c_: torch.Tensor, d: torch.Tensor,
+                      fb: torch.Tensor, scale: float, free: torch.Tensor | None) -> torch.Tensor:
+                # ((a - b) fa + (c_ - d) fb) g summed over channels, times the index's derivative
+                term = call(aten.add.Tensor, call(aten.mul.Tensor, call(aten.sub.Tensor, a, b), fa),
+                            call(aten.mul.Tensor, call(aten.sub.Tensor, c_, d), fb))
+                total = call(aten.sum.dim_IntList, call(aten.mul.Tensor, term, grad), [1])
+                total = call(aten.mul.Tensor, total, scale)
+                return total if free is None else torch.where(free, total, 0)
+
+            grad_grid = torch.stack([along(ne, nw, sy, se, sw, ny, scale_x, free_x),
+                                     along(sw, nw, ex, se, ne, wx, scale_y, free_y)], -1)
+    return grad_input, grad_grid
+
+
 def _occurrences(keys: torch.Tensor) -> torch.Tensor:
     """Each key's rank among the equal keys before it in flat order (0 for a first occurrence): integer work,
     exact on any device, done natively."""
@@ -1512,6 +1625,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten._cdist_backward.default: cdist_backward,
     aten._pdist_forward.default: pdist_forward,
     aten._pdist_backward.default: pdist_backward,
+    aten.grid_sampler_2d.default: grid_sampler_2d,
+    aten.grid_sampler_2d_backward.default: grid_sampler_2d_backward,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,
     aten.prod.default: prod,

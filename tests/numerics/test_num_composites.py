@@ -906,6 +906,83 @@ def _cubic_taps(size: int, out_size: int, align_corners: bool,
     return taps
 
 
+def _grid_sampled(x: torch.Tensor, grid: torch.Tensor, mode: str, padding: str, align: bool) -> list:
+    """F.grid_sample written out in Python floats, each operation rounded onto the FP32 grid (`_f32`): torch's
+    source index, then the nearest value or the four corners' weighted values in the order nw, ne, sw, se."""
+    n, c, h, w = x.shape
+    out = [[[[0.0] * grid.shape[2] for _ in range(grid.shape[1])] for _ in range(c)] for _ in range(n)]
+
+    def index(v: float, size: int) -> float:
+        i = _f32(_f32(_f32(v + 1) / 2) * (size - 1)) if align else _f32(_f32(_f32(_f32(v + 1) * size) - 1) / 2)
+        return min(max(i, 0.0), size - 1.0) if padding == "border" else i
+
+    def at(b: int, ch: int, yy: float, xx: float) -> float:
+        return float(x[b, ch, int(yy), int(xx)]) if 0 <= yy <= h - 1 and 0 <= xx <= w - 1 else 0.0
+
+    for b, i, j in itertools.product(range(n), range(grid.shape[1]), range(grid.shape[2])):
+        ix, iy = index(float(grid[b, i, j, 0]), w), index(float(grid[b, i, j, 1]), h)
+        for ch in range(c):
+            if mode == "nearest":
+                out[b][ch][i][j] = at(b, ch, round(iy), round(ix))  # (half to even)
+                continue
+            x0, y0 = math.floor(ix), math.floor(iy)
+            wx, ny = _f32(ix - x0), _f32(iy - y0)
+            ex, sy = _f32(1 - wx), _f32(1 - ny)
+            corners = [(y0, x0, _f32(sy * ex)), (y0, x0 + 1, _f32(sy * wx)), (y0 + 1, x0, _f32(ny * ex)),
+                       (y0 + 1, x0 + 1, _f32(ny * wx))]
+            total = None
+            for yy, xx, weight in corners:
+                term = _f32(at(b, ch, yy, xx) * weight)
+                total = term if total is None else _f32(total + term)
+            out[b][ch][i][j] = total
+    return out
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_grid_sample_rounds_each_operation_of_torchs_formula(mode: str, padding: str, align: bool) -> None:
+    # points inside, on the edges and outside the image (where zeros and border padding differ); the forward pass
+    # is IEEE operations only (no site in the log); the gradients agree with torch's kernel, and train to the
+    # same bits on every device under `exact` (the grid's gradient sums over channels: a device op)
+    x = _grid(2, 3, 5, 6, seed=70)
+    grid = round_to_grid(torch.rand(2, 4, 7, 2, generator=torch.Generator().manual_seed(71), dtype=torch.float64)
+                         * 2.5 - 1.25, 32)
+    grid[0, 0, :3] = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [0.0, 0.25]], dtype=torch.float64)
+    got, log = _rounded(lambda: F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=align))
+    assert got.tolist() == _grid_sampled(x, grid, mode, padding, align) and not StepLog.from_bytes(log).sites
+
+    def gradients(device: str, resolution: str) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, gs = x.clone().requires_grad_(), grid.clone().requires_grad_()
+
+        def run() -> None:
+            y = F.grid_sample(xs, gs, mode=mode, padding_mode=padding, align_corners=align)
+            (y * y).sum().backward()
+
+        _rounded(run, resolution, device)
+        return xs.grad, gs.grad
+
+    xs, gs = x.clone().requires_grad_(), grid.clone().requires_grad_()
+    y = F.grid_sample(xs, gs, mode=mode, padding_mode=padding, align_corners=align)
+    (y * y).sum().backward()
+    for got_grad, want in zip(gradients("cpu", "log"), (xs.grad, gs.grad)):
+        assert torch.allclose(got_grad, want, rtol=1e-5, atol=1e-5 * want.abs().max())
+    exact = gradients("cpu", "exact")
+    for device in EMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(exact, gradients(device, "exact"))), device
+
+
+def test_grid_sample_by_bicubic_or_reflection_is_refused_by_name() -> None:
+    x, grid = _grid(1, 1, 3, 3, seed=1), torch.zeros(1, 2, 2, 2, dtype=torch.float64)
+    for kw in ({"mode": "bicubic"}, {"padding_mode": "reflection"}):
+        with pytest.raises(UnsupportedOpError, match="grid_sampler_2d.*bilinear and nearest"):
+            _rounded(lambda: F.grid_sample(x, grid, align_corners=False, **kw))
+
+
 _RESAMPLED = [((8, 12), False, 2.0), ((5, 7), True, None), ((7, 3), False, None), ((3, 4), False, None),
               ((6, 9), False, 1.5)]  # (size, align_corners, scale)
 
