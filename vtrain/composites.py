@@ -5,8 +5,8 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and
 index_select's backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic
 upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums
-and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, grid sampling, and torch's foreach ops (gradient
-clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
+and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspace, and
+torch's foreach ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -986,6 +986,42 @@ def grid_sampler_2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, gr
     return grad_input, grad_grid
 
 
+def linspace(call: Call, start: float, end: float, steps: int, *, dtype: torch.dtype | None = None,
+             layout: Any = None, device: Any = None, pin_memory: bool | None = None) -> torch.Tensor:
+    """aten.linspace (F.affine_grid's base grid): torch's CPU kernel's formula, start + i step for the first half
+    and end - (steps - 1 - i) step for the rest, step = (end - start) / (steps - 1) in float64, each product and
+    sum rounded; integer dtypes as torch gives them (exact)."""
+    dtype = dtype or torch.get_default_dtype()
+    if not dtype.is_floating_point or steps <= 1:
+        return torch.linspace(start, end, steps, dtype=dtype, device=device)
+    step = (float(end) - float(start)) / (steps - 1)
+    i = torch.arange(steps, dtype=dtype, device=device)
+    lower = call(aten.add.Tensor, call(aten.mul.Tensor, i, step), float(start))
+    upper = call(aten.sub.Tensor, torch.full_like(i, float(end)), call(aten.mul.Tensor, (steps - 1) - i, step))
+    return torch.where(i < steps // 2, lower, upper)
+
+
+def affine_grid_generator(call: Call, theta: torch.Tensor, size: Sequence[int], align: bool) -> torch.Tensor:
+    """aten.affine_grid_generator (`F.affine_grid`, 2-d): torch's base grid, rows (x, y, 1) over the pixels with
+    coordinates `linspace(-1, 1, n)` (times (n - 1), over n, without `align`), times theta's transpose, a bmm. Its
+    backward pass is torch's decomposition: the same base grid (this module's linspace), a bmm."""
+    if len(size) != 4:
+        raise UnsupportedOpError(str(aten.affine_grid_generator.default), f"size {list(size)}: the registry has 2-d "
+                                 "grids (a 4-d size) only (vtrain.composites)")
+    n, _, h, w = size
+
+    def coords(count: int) -> torch.Tensor:
+        if count <= 1:
+            return torch.zeros(count, dtype=theta.dtype, device=theta.device)
+        line = call(aten.linspace.default, -1, 1, count, dtype=theta.dtype, device=theta.device)
+        return line if align else call(aten.div.Tensor, call(aten.mul.Tensor, line, count - 1), count)
+
+    base = torch.stack([coords(w).expand(h, w), coords(h).unsqueeze(1).expand(h, w),
+                        torch.ones(h, w, dtype=theta.dtype, device=theta.device)], -1)
+    grid = call(aten.bmm.default, base.reshape(1, h * w, 3).expand(n, h * w, 3), theta.transpose(1, 2))
+    return grid.reshape(n, h, w, 2)
+
+
 def _occurrences(keys: torch.Tensor) -> torch.Tensor:
     """Each key's rank among the equal keys before it in flat order (0 for a first occurrence): integer work,
     exact on any device, done natively."""
@@ -1627,6 +1663,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten._pdist_backward.default: pdist_backward,
     aten.grid_sampler_2d.default: grid_sampler_2d,
     aten.grid_sampler_2d_backward.default: grid_sampler_2d_backward,
+    aten.linspace.default: linspace,
+    aten.affine_grid_generator.default: affine_grid_generator,
     aten.glu.default: glu,
     aten.glu_backward.default: glu_backward,
     aten.prod.default: prod,

@@ -93,7 +93,7 @@ _EXACT = _names(
     aten.lift_fresh_copy.default, aten.clone.default, aten.contiguous.default, aten._local_scalar_dense.default,
     aten.unfold.default, aten.flip.default, aten.roll.default, aten.transpose_.default, aten.unsafe_split.Tensor,
     aten.unsafe_split_with_sizes.default, aten.repeat.default, aten.pixel_shuffle.default,
-    aten.pixel_unshuffle.default, aten.diagonal.default,
+    aten.pixel_unshuffle.default, aten.diagonal.default, aten.unsqueeze_.default, aten.squeeze_.dim,
     # gathers and joins of existing values
     aten.index_select.default, aten.gather.default, aten.index.Tensor, aten.cat.default, aten.stack.default,
     aten.embedding.default, aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.scatter.value,

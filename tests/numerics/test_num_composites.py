@@ -976,6 +976,44 @@ def test_grid_sample_rounds_each_operation_of_torchs_formula(mode: str, padding:
         assert all(torch.equal(a, b) for a, b in zip(exact, gradients(device, "exact"))), device
 
 
+@pytest.mark.parametrize("start,end,steps", [(-1.0, 1.0, 7), (-1.0, 1.0, 6), (0.0, 10.0, 4), (2.5, -0.3, 5)])
+def test_linspace_is_torchs_formula_each_operation_rounded(start: float, end: float, steps: int) -> None:
+    step = (end - start) / (steps - 1)
+    want = [_f32(start + _f32(i * step)) if i < steps // 2 else _f32(end - _f32((steps - 1 - i) * step))
+            for i in range(steps)]
+    got, log = _rounded(lambda: torch.linspace(start, end, steps, dtype=torch.float64))
+    assert got.tolist() == want and not StepLog.from_bytes(log).sites
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_a_spatial_transformer_trains_to_the_same_bits_on_every_device(align: bool) -> None:
+    # F.affine_grid (torch's base grid from linspace, a bmm) into F.grid_sample, theta's gradient through both:
+    # close to torch's own kernels (theta puts no grid point on a whole pixel coordinate, where sampling's gradient
+    # jumps and the roundings may pick either side), and under `exact` the same bits on every device
+    x = _grid(2, 3, 5, 6, seed=80)
+    theta0 = round_to_grid(torch.tensor([[[0.93, 0.17, 0.11], [-0.13, 1.07, 0.05]],
+                                         [[1.13, 0.03, -0.21], [0.29, 0.83, 0.01]]], dtype=torch.float64), 32)
+
+    def gradient(device: str | None, resolution: str = "log") -> tuple[torch.Tensor, torch.Tensor]:
+        theta = theta0.clone().requires_grad_()
+
+        def run() -> torch.Tensor:
+            grid = F.affine_grid(theta, (2, 3, 4, 7), align_corners=align)
+            y = F.grid_sample(x, grid, align_corners=align)
+            (y * y).sum().backward()
+            return grid.detach()
+
+        grid = run() if device is None else _rounded(run, resolution, device)[0]
+        return grid, theta.grad
+
+    want_grid, want = gradient(None)
+    grid, got = gradient("cpu")
+    assert torch.allclose(grid, want_grid, rtol=0, atol=1e-6) and torch.allclose(got, want, rtol=1e-5)
+    exact = gradient("cpu", "exact")
+    for device in EMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(exact, gradient(device, "exact"))), device
+
+
 def test_grid_sample_by_bicubic_or_reflection_is_refused_by_name() -> None:
     x, grid = _grid(1, 1, 3, 3, seed=1), torch.zeros(1, 2, 2, 2, dtype=torch.float64)
     for kw in ({"mode": "bicubic"}, {"padding_mode": "reflection"}):
