@@ -990,12 +990,14 @@ def linspace(call: Call, start: float, end: float, steps: int, *, dtype: torch.d
              layout: Any = None, device: Any = None, pin_memory: bool | None = None) -> torch.Tensor:
     """aten.linspace (F.affine_grid's base grid): torch's CPU kernel's formula, start + i step for the first half
     and end - (steps - 1 - i) step for the rest, step = (end - start) / (steps - 1) in float64, each product and
-    sum rounded; integer dtypes as torch gives them (exact)."""
+    sum rounded (one value: start, rounded); integer dtypes as torch gives them (exact)."""
     dtype = dtype or torch.get_default_dtype()
-    if not dtype.is_floating_point or steps <= 1:
+    if not dtype.is_floating_point or steps < 1:
         return torch.linspace(start, end, steps, dtype=dtype, device=device)
-    step = (float(end) - float(start)) / (steps - 1)
     i = torch.arange(steps, dtype=dtype, device=device)
+    if steps == 1:
+        return call(aten.add.Tensor, i, float(start))
+    step = (float(end) - float(start)) / (steps - 1)
     lower = call(aten.add.Tensor, call(aten.mul.Tensor, i, step), float(start))
     upper = call(aten.sub.Tensor, torch.full_like(i, float(end)), call(aten.mul.Tensor, (steps - 1) - i, step))
     return torch.where(i < steps // 2, lower, upper)

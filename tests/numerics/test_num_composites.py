@@ -976,10 +976,11 @@ def test_grid_sample_rounds_each_operation_of_torchs_formula(mode: str, padding:
         assert all(torch.equal(a, b) for a, b in zip(exact, gradients(device, "exact"))), device
 
 
-@pytest.mark.parametrize("start,end,steps", [(-1.0, 1.0, 7), (-1.0, 1.0, 6), (0.0, 10.0, 4), (2.5, -0.3, 5)])
+@pytest.mark.parametrize("start,end,steps", [(-1.0, 1.0, 7), (-1.0, 1.0, 6), (0.0, 10.0, 4), (2.5, -0.3, 5),
+                                             (0.1, 2.0, 1)])
 def test_linspace_is_torchs_formula_each_operation_rounded(start: float, end: float, steps: int) -> None:
-    step = (end - start) / (steps - 1)
-    want = [_f32(start + _f32(i * step)) if i < steps // 2 else _f32(end - _f32((steps - 1 - i) * step))
+    step = (end - start) / max(steps - 1, 1)
+    want = [_f32(start + _f32(i * step)) if i < steps // 2 or steps == 1 else _f32(end - _f32((steps - 1 - i) * step))
             for i in range(steps)]
     got, log = _rounded(lambda: torch.linspace(start, end, steps, dtype=torch.float64))
     assert got.tolist() == want and not StepLog.from_bytes(log).sites
