@@ -690,18 +690,23 @@ def logsumexp(call: Call, x: torch.Tensor, dim: Sequence[int] | int, keepdim: bo
     return call(aten.add.Tensor, call(aten.log.default, total), top if keepdim else top.squeeze(dims))
 
 
+def _plus_scaled(call: Call, x: torch.Tensor, product: torch.Tensor, beta: float) -> torch.Tensor:
+    """beta x + product (x not read at beta 0, as torch's fused products do): the tail of baddbmm, addmv, addbmm."""
+    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+
+
 def baddbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
             alpha: float = 1) -> torch.Tensor:
     """aten.baddbmm: beta x + alpha (batch1 @ batch2), the product a bmm (x not read at beta 0, as torch)."""
     product = _times(call, call(aten.bmm.default, batch1, batch2), alpha)
-    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+    return _plus_scaled(call, x, product, beta)
 
 
 def addmv(call: Call, x: torch.Tensor, mat: torch.Tensor, vec: torch.Tensor, *, beta: float = 1,
           alpha: float = 1) -> torch.Tensor:
     """aten.addmv (nn.Linear on one sample): beta x + alpha (mat @ vec), the product an mv, as `baddbmm`."""
     product = _times(call, call(aten.mv.default, mat, vec), alpha)
-    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+    return _plus_scaled(call, x, product, beta)
 
 
 def addbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
@@ -710,7 +715,7 @@ def addbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tens
     the device's, then as `baddbmm`."""
     total = call(aten.sum.dim_IntList, call(aten.bmm.default, batch1, batch2), [0])
     product = _times(call, total, alpha)
-    return product if beta == 0 else call(aten.add.Tensor, _times(call, x, beta), product)
+    return _plus_scaled(call, x, product, beta)
 
 
 def dist(call: Call, x: torch.Tensor, other: torch.Tensor, p: float = 2) -> torch.Tensor:
@@ -802,6 +807,14 @@ def adaptive_avg_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor
     return out
 
 
+def _add_at_indices(call: Call, grad: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, dims: int) -> torch.Tensor:
+    """A max pooling's input gradient over its last `dims` dims: each output's gradient added at the input position
+    its window's maximum came from (`indices`, flat over those dims), as `scatter_add` (a position several windows
+    chose gets their gradients in the outputs' order)."""
+    zeros = torch.zeros(x.flatten(-dims).shape, dtype=grad.dtype, device=grad.device)
+    return scatter_add(call, zeros, -1, indices.flatten(-dims), grad.flatten(-dims)).reshape(x.shape)
+
+
 def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor,
                                  indices: torch.Tensor) -> torch.Tensor:
     """aten.adaptive_max_pool2d_backward: where the windows tile the input, max_pool2d's backward pass with them
@@ -811,8 +824,7 @@ def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor
     if 0 not in window:
         return call(aten.max_pool2d_with_indices_backward.default, grad, x, window, window, [0, 0], [1, 1], False,
                     indices)
-    zeros = torch.zeros(x.flatten(-2).shape, dtype=grad.dtype, device=grad.device)
-    return scatter_add(call, zeros, -1, indices.flatten(-2), grad.flatten(-2)).reshape(x.shape)
+    return _add_at_indices(call, grad, x, indices, 2)
 
 
 def max_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
@@ -821,16 +833,15 @@ def max_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_
     """aten.max_pool3d_with_indices_backward: each output's gradient added at the input position its window's
     maximum came from (`indices`, flat over the volume), as `scatter_add` (a position that overlapping windows
     chose gets their gradients in the outputs' order). The forward pass is exact (class 1)."""
-    zeros = torch.zeros(x.flatten(-3).shape, dtype=grad.dtype, device=grad.device)
-    return scatter_add(call, zeros, -1, indices.flatten(-3), grad.flatten(-3)).reshape(x.shape)
+    return _add_at_indices(call, grad, x, indices, 3)
 
 
 def _box3d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int],
            ceil_mode: bool, count_include_pad: bool,
-           divisor_override: int | None) -> tuple[torch.Tensor, list, list, list, torch.Tensor, torch.Tensor | int]:
-    """avg_pool3d's terms as a convolution: (x as (N C, 1, D, H, W), the kernel, stride and padding as lists, a box
-    of ones, each window's divisor: the override, the kernel's volume, or without the padding its count of input
-    values, small integers exact on any device, counted natively)."""
+           divisor_override: int | None) -> tuple[torch.Tensor, list, list, torch.Tensor, torch.Tensor | int]:
+    """avg_pool3d's terms as a convolution: (x as (N C, 1, D, H, W), the stride and padding as lists, a box of
+    ones the kernel's size, each window's divisor: the override, the kernel's volume, or without the padding its
+    count of input values, small integers exact on any device, counted natively)."""
     k = [kernel_size[0]] * 3 if len(kernel_size) == 1 else list(kernel_size)
     s = k if not stride else [stride[0]] * 3 if len(stride) == 1 else list(stride)
     p = [padding[0]] * 3 if len(padding) == 1 else list(padding)
@@ -845,7 +856,7 @@ def _box3d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], p
         divisor = math.prod(k)
     else:
         divisor = torch.nn.functional.conv3d(torch.ones_like(flat[:1]), box, None, s, p)
-    return flat, k, s, p, box, divisor
+    return flat, s, p, box, divisor
 
 
 def avg_pool3d(call: Call, x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
@@ -853,7 +864,7 @@ def avg_pool3d(call: Call, x: torch.Tensor, kernel_size: Sequence[int], stride: 
                divisor_override: int | None = None) -> torch.Tensor:
     """aten.avg_pool3d: each window's sum, a convolution of x with a box of ones (the device's sum), divided by
     its divisor (one IEEE division)."""
-    flat, k, s, p, box, divisor = _box3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+    flat, s, p, box, divisor = _box3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                          divisor_override)
     total = call(aten.convolution.default, flat, box, None, s, p, [1, 1, 1], False, [0, 0, 0], 1)
     out = call(aten.div.Tensor, total, divisor)
@@ -865,7 +876,7 @@ def avg_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_
                         divisor_override: int | None) -> torch.Tensor:
     """aten.avg_pool3d_backward: each output's gradient divided by its divisor (one IEEE division), then summed
     into the inputs its window covers by the box convolution's input gradient (the device's sum)."""
-    flat, k, s, p, box, divisor = _box3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+    flat, s, p, box, divisor = _box3d(x, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                          divisor_override)
     g = call(aten.div.Tensor, grad.reshape(-1, 1, *grad.shape[-3:]), divisor)
     out = call(aten.convolution_backward.default, g, flat, box, None, s, p, [1, 1, 1], False, [0, 0, 0], 1,

@@ -784,7 +784,7 @@ def test_multilabel_margin_loss_and_its_gradient_are_torchs_terms_each_rounded_a
                            [1, 3, 0, -1, 4]])
 
     def r(v: float | Fraction) -> float:
-        return ref_round_q(v, 23) if isinstance(v, Fraction) else float(np.float32(v))
+        return ref_round_q(v, 23) if isinstance(v, Fraction) else _f32(v)
 
     per, gains, xs = [], np.zeros((6, 5)), x.detach()
     for n in range(6):
@@ -1040,13 +1040,10 @@ def test_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
                                                              generator=torch.Generator().manual_seed(57))
     hs, ws = taps(4, size[0], align_corners, scale), taps(6, size[1], align_corners, scale)
 
-    def r(v: float) -> float:
-        return float(np.float32(v))
-
     def tap_sum(values: list[float], weights: list[float]) -> float:
-        out = r(weights[0] * values[0])
+        out = _f32(weights[0] * values[0])
         for v, w in zip(values[1:], weights[1:]):
-            out = r(out + r(w * v))
+            out = _f32(out + _f32(w * v))
         return out
 
     want_y, want_g = np.zeros((2, 3, *size)), np.zeros((2, 3, 4, 6))
@@ -1055,7 +1052,7 @@ def test_upsampling_and_its_gradient_round_each_operation_of_torchs_formula(
         want_y[n, c, i, j] = tap_sum([tap_sum([float(xs[h, w]) for w in cols], ww) for h in rows], hw)
         for h, a in zip(rows, hw):
             for w, b in zip(cols, ww):
-                want_g[n, c, h, w] = r(want_g[n, c, h, w] + r(float(g[n, c, i, j]) * (a * b)))
+                want_g[n, c, h, w] = _f32(want_g[n, c, h, w] + _f32(float(g[n, c, i, j]) * (a * b)))
     kw = {"size": size} if scale is None else {"scale_factor": scale}
 
     def both() -> tuple:
