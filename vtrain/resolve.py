@@ -1111,9 +1111,9 @@ def _min_lsb(x: torch.Tensor, idx: np.ndarray, dim: int) -> np.ndarray:
     if layout is None:
         ix = torch.from_numpy(idx).to(x.device)
         return (lsb(x[ix]).amin(1) if dim == 0 else lsb(x[:, ix]).amin(0)).cpu().numpy()
-    bits, mant, emask = layout
+    bits, mant = layout
     out = np.empty(idx.size)
-    _min_lsb_lines(bits if dim == 0 else bits.T, idx, mant, emask, _LSB_SCALE[mant], out)
+    _min_lsb_lines(bits if dim == 0 else bits.T, idx, mant, out)
     return out
 
 
@@ -1139,41 +1139,41 @@ def _lsb_np(t: torch.Tensor) -> np.ndarray:
     return _min_lsb(flat, np.arange(flat.shape[0]), 0)
 
 
-# per exponent field e: 2^(max(e, 1) - bias - mant), the weight of the significand's last bit (float64, exact)
-_LSB_SCALE = {mant: np.array([2.0**(max(e, 1) - emask // 2 - mant) for e in range(emask + 1)])
-              for mant, emask in ((52, 0x7FF), (23, 0xFF))}
-
 
 _INF_BITS = np.float64(np.inf).view(np.int64)
+_ABS_BITS = (1 << 63) - 1
+_FRAC_BITS = (1 << 52) - 1
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _lsb_key(b: int, mant: int, emask: int, scale: np.ndarray) -> int:
-    # The lsb of a value from its bit pattern, as the bits of a float64, without branches. A normal value is
-    # (2^mant + frac) scale[e], a subnormal frac scale[0], so the lowest set bit is (frac & -frac) scale[e],
-    # or 2^mant scale[e] (the value itself) for a power of two; inf for zeros (a zero term is a multiple of
-    # anything) and infinities (they add nothing to a minimum). Non-negative floats order as their bit
-    # patterns, so the minimum of the keys is the key of the minimum; a NaN's key is -1, below them all.
-    frac = b & ((1 << mant) - 1)
-    e = (b >> mant) & emask
-    special = (e == emask) | ((e == 0) & (frac == 0))
-    # (a zero's key is computed with a normal scale, then replaced: the subnormal scale[0] in a product costs
-    # a microcode assist, ~100 cycles, and relu outputs are half zeros)
-    scaled = np.float64((frac & -frac) | ((frac == 0) << mant)) * scale[emask // 2 if special else e]
-    key = _INF_BITS if special else np.float64(scaled).view(np.int64)
-    return -1 if (e == emask) & (frac != 0) else key
+def _lsb_key(b: int, mant: int) -> int:
+    # The lsb of a value from its bit pattern (float32's, mant 23, or float64's), as the bits of a float64, in
+    # integer operations and one subtraction that LLVM vectorises (as `lsb` does it: clearing the lowest set
+    # bit of |x|'s significand leaves the next value below |x| in its binade, so the difference is the lsb,
+    # exactly; a power of two has none set and is its own lsb). A float32 is widened first, exactly, with the
+    # same lsb. Zeros (a zero term is a multiple of anything) and infinities (they add nothing to a minimum)
+    # key inf, NaN -1, below them all; non-negative floats order as their bit patterns, so the minimum of the
+    # keys is the key of the minimum. (A table of each exponent's lsb weight, gathered per value, cost 2.9 ns
+    # a value on a line of a million against 0.5 for this.)
+    if mant != 52:
+        b = np.float64(np.int32(b).view(np.float32)).view(np.int64)
+    a = b & _ABS_BITS
+    cleared = a & (a - 1) & -np.int64((a & _FRAC_BITS) != 0)
+    low = np.float64(np.int64(a).view(np.float64) - np.int64(cleared).view(np.float64)).view(np.int64)
+    key = _INF_BITS if (a == 0) | (a >= _INF_BITS) else low
+    return -1 if a > _INF_BITS else key
+
 
 
 _LINES = 64  # lines per chunk of the transposed path: 64 x K values in a buffer
 
 
 @njit(cache=True, nogil=True)
-def _min_lsb_lines(bits: np.ndarray, idx: np.ndarray, mant: int, emask: int, scale: np.ndarray,
-                   out: np.ndarray) -> None:
+def _min_lsb_lines(bits: np.ndarray, idx: np.ndarray, mant: int, out: np.ndarray) -> None:
     """out[t] = min over k of the lsb of bits[idx[t], k]; NaN if any is NaN."""
     if bits.strides[1] <= bits.strides[0]:
         for t in range(idx.size):
-            out[t] = _line_min_lsb(bits[idx[t]], mant, emask, scale)
+            out[t] = _line_min_lsb(bits[idx[t]], mant)
         return
     # A transposed operand's lines run across memory. Read one at a time they cost a cache miss a value and
     # do not vectorise (6.8 ns a value on 600 columns of a 2048 x 2048 matrix); copied a chunk of lines at a
@@ -1184,16 +1184,16 @@ def _min_lsb_lines(bits: np.ndarray, idx: np.ndarray, mant: int, emask: int, sca
         c1 = min(idx.size, c0 + _LINES)
         exactdot.copy_lines(bits[None], batch[:c1 - c0], idx[c0:c1], buf)
         for t in range(c0, c1):
-            out[t] = _line_min_lsb(buf[t - c0], mant, emask, scale)
+            out[t] = _line_min_lsb(buf[t - c0], mant)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _line_min_lsb(line: np.ndarray, mant: int, emask: int, scale: np.ndarray) -> float:
+def _line_min_lsb(line: np.ndarray, mant: int) -> float:
     # A branch-free integer minimum of `_lsb_key` along a contiguous line, which LLVM vectorises (3x faster
     # than comparing the lsb's floats one by one).
     low = _INF_BITS
     for k in range(line.size):
-        low = min(low, _lsb_key(line[k], mant, emask, scale))
+        low = min(low, _lsb_key(line[k], mant))
     return np.nan if low < 0 else np.int64(low).view(np.float64)
 
 
@@ -1333,18 +1333,17 @@ def _ruled_out(held: np.ndarray, e: torch.Tensor, k: int, out: torch.Tensor) -> 
         s_upper, p, _ = bound
         if s_upper.shape != held.shape:  # (the kernel reads both by index, unchecked)
             raise ValueError(f"{len(held)} values for {s_upper.size} bounds")
-        bits, mant, emask, _ = fused._layout(np.ascontiguousarray(held))
-        _below_sums(bits, mant, emask, _LSB_SCALE[mant], s_upper, 2.0**p, ruled)
+        bits, mant, _, _ = fused._layout(np.ascontiguousarray(held))
+        _below_sums(bits, mant, s_upper, 2.0**p, ruled)
     return ruled
 
 
 @njit(cache=True, nogil=True)
-def _below_sums(bits: np.ndarray, mant: int, emask: int, scale: np.ndarray, s_upper: np.ndarray, top: float,
-                out: np.ndarray) -> None:
+def _below_sums(bits: np.ndarray, mant: int, s_upper: np.ndarray, top: float, out: np.ndarray) -> None:
     """out[t] = s_upper[t] >= top * lsb(value t) (`_ruled_out`; a NaN's lsb, key -1, rules nothing out; 2^p lsb
     past float64's range is infinite and rules nothing out)."""
     for t in range(bits.size):
-        key = _lsb_key(bits[t], mant, emask, scale)
+        key = _lsb_key(bits[t], mant)
         out[t] = key >= 0 and s_upper[t] >= np.int64(key).view(np.float64) * top
 
 
@@ -1371,9 +1370,9 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, ou
     lines = _strided_bits(a), _strided_bits(b)
     if None in lines:
         return ruled
-    (abits, am, ae), (bbits, bm, be) = lines
+    (abits, am), (bbits, bm) = lines
     ruled = ruled.copy()
-    _refuse_sampled(abits, am, ae, _LSB_SCALE[am], *a.stride(), bbits, bm, be, _LSB_SCALE[bm], *b.stride(),
+    _refuse_sampled(abits, am, *a.stride(), bbits, bm, *b.stride(),
                     pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE), bound[0], 2.0**bound[1], ruled)
     return ruled
 
@@ -1390,19 +1389,19 @@ def _addmm_products(kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return kw["mat1"][None], kw["mat2"][None]
 
 
-def _strided_bits(t: torch.Tensor) -> tuple[np.ndarray, int, int] | None:
-    """(the bits of t's memory from its first value to its last as a flat integer array, mantissa bits, exponent
-    mask) for a non-empty float64/float32 CPU tensor, else None: one compiled signature per dtype whatever the
-    layout (a transposed operand's too)."""
+def _strided_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
+    """(the bits of t's memory from its first value to its last as a flat integer array, mantissa bits) for a
+    non-empty float64/float32 CPU tensor, else None: one compiled signature per dtype whatever the layout (a
+    transposed operand's too)."""
     if not t.is_cpu or t.dtype not in (torch.float64, torch.float32) or t.numel() == 0:
         return None
-    bits, mant, emask, _ = fused._layout(fused.memory(t, fused.span(t.shape, t.stride())))
-    return bits, mant, emask
+    bits, mant, _, _ = fused._layout(fused.memory(t, fused.span(t.shape, t.stride())))
+    return bits, mant
 
 
 @njit(cache=True, nogil=True)
-def _refuse_sampled(abits: np.ndarray, am: int, ae: int, ascale: np.ndarray, an: int, ar: int, ak: int,
-                    bbits: np.ndarray, bm: int, be: int, bscale: np.ndarray, bn: int, bk: int, bc: int,
+def _refuse_sampled(abits: np.ndarray, am: int, an: int, ar: int, ak: int, bbits: np.ndarray, bm: int, bn: int,
+                    bk: int, bc: int,
                     pos: np.ndarray, m: int, n: int, sample: int, s_upper: np.ndarray, top: float,
                     ruled: np.ndarray) -> None:
     """ruled[t] |= s_upper[t] >= top * (min lsb of a[i, r, :sample]) (min lsb of b[i, :sample, c]) at flat
@@ -1414,8 +1413,8 @@ def _refuse_sampled(abits: np.ndarray, am: int, ae: int, ascale: np.ndarray, an:
         at, bt = i * an + r * ar, i * bn + c * bc
         qa, qb = _INF_BITS, _INF_BITS
         for j in range(sample):
-            qa = min(qa, _lsb_key(abits[at + j * ak], am, ae, ascale))
-            qb = min(qb, _lsb_key(bbits[bt + j * bk], bm, be, bscale))
+            qa = min(qa, _lsb_key(abits[at + j * ak], am))
+            qb = min(qb, _lsb_key(bbits[bt + j * bk], bm))
         if qa >= 0 and qb >= 0:
             ruled[t] |= s_upper[t] >= np.int64(qa).view(np.float64) * np.int64(qb).view(np.float64) * top
 
@@ -1511,9 +1510,9 @@ def _grain(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, adden
     """min_lsb(a[r]) min_lsb(b[:, c]), and at most the addend's grain."""
     bits = (_lsb_bits(a), _lsb_bits(b)) if a.numel() + b.numel() <= _PAIR_ELEMENTS else None
     if bits is not None and None not in bits:
-        (ab, am, ae), (bb, bm, be) = bits
+        (ab, am), (bb, bm) = bits
         q = np.empty(r.size)
-        _pair_grains(ab, bb, r, c, am, ae, _LSB_SCALE[am], bm, be, _LSB_SCALE[bm], q)
+        _pair_grains(ab, bb, r, c, am, bm, q)
     else:
         q = _per_key(r, lambda u: _min_lsb(a, u, 0)) * _per_key(c, lambda u: _min_lsb(b, u, 1))
     return q if addend is None else np.minimum(q, addend)
@@ -1526,27 +1525,27 @@ _PAIR_ELEMENTS = 1 << 16
 _SAMPLED_LINES = _PAIR_ELEMENTS
 
 
-def _lsb_bits(t: torch.Tensor) -> tuple[np.ndarray, int, int] | None:
-    """(t's bit patterns as integers, mantissa bits, exponent mask) for a 2-d float64/float32 CPU tensor, or
-    None (the torch path of `_min_lsb` takes it)."""
+def _lsb_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
+    """(t's bit patterns as integers, mantissa bits) for a 2-d float64/float32 CPU tensor, or None (the torch
+    path of `_min_lsb` takes it)."""
     if not t.is_cpu or t.dim() != 2 or t.dtype not in (torch.float64, torch.float32):
         return None
-    bits, mant, emask, _ = fused._layout(t.detach().numpy())
-    return bits, mant, emask
+    bits, mant, _, _ = fused._layout(t.detach().numpy())
+    return bits, mant
 
 
 @njit(cache=True, nogil=True)
-def _pair_grains(abits: np.ndarray, bbits: np.ndarray, r: np.ndarray, c: np.ndarray, am: int, ae: int,
-                 ascale: np.ndarray, bm: int, be: int, bscale: np.ndarray, out: np.ndarray) -> None:
+def _pair_grains(abits: np.ndarray, bbits: np.ndarray, r: np.ndarray, c: np.ndarray, am: int, bm: int,
+                 out: np.ndarray) -> None:
     """out[t] = min_lsb(a[r[t], :]) * min_lsb(b[:, c[t]]), each row and column read once, when first asked."""
     qa, qb = np.empty(abits.shape[0]), np.empty(bbits.shape[1])
     seen_a, seen_b = np.zeros(abits.shape[0], np.bool_), np.zeros(bbits.shape[1], np.bool_)
     for t in range(r.size):
         i, j = r[t], c[t]
         if not seen_a[i]:
-            qa[i], seen_a[i] = _line_min_lsb(abits[i], am, ae, ascale), True
+            qa[i], seen_a[i] = _line_min_lsb(abits[i], am), True
         if not seen_b[j]:
-            qb[j], seen_b[j] = _line_min_lsb(bbits[:, j], bm, be, bscale), True
+            qb[j], seen_b[j] = _line_min_lsb(bbits[:, j], bm), True
         out[t] = qa[i] * qb[j]
 
 
