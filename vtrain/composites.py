@@ -5,8 +5,9 @@ the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on 
 divergence), adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and
 index_select's backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic
 upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums
-and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspace, and
-torch's foreach ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn.
+and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspace,
+torch's foreach ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn,
+and torch.optim's fused kernels (fused=True): each parameter's update as its single-tensor loop's.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -281,6 +282,94 @@ def _foreach_ops() -> dict[Any, Call]:
         if per is not None:
             table[op] = _foreach(op, per, into)
     return table
+
+
+# torch.optim's fused kernels (fused=True): each parameter's update as the optimizer's single-tensor code
+# (foreach=False) computes it, op for op, so the loop's bits and log. The kernels take the step counters already
+# advanced (torch.optim adds 1 with a foreach op first). A kernel's own arithmetic (an update in one expression, in
+# float64 registers) is no device's to share.
+
+def _no_scaler(op: Any, grad_scale: torch.Tensor | None, found_inf: torch.Tensor | None) -> None:
+    if grad_scale is not None or found_inf is not None:
+        raise UnsupportedOpError(str(op), "grad_scale and found_inf (a GradScaler's, for float16 work) are not in the "
+                                 "registry: float64 work needs no loss scaling, step the optimizer without a scaler")
+
+
+def _rate(call: Call, lr: float | torch.Tensor, divisor: float | None = None) -> float:
+    """-lr / divisor (or -lr), the loops' scale of an update, computed as they compute it: in Python floats, or for
+    a learning rate given as a tensor (a 0-d float32 one, as a rule) in that tensor's ops, read at the end."""
+    if isinstance(lr, torch.Tensor):
+        return call(aten.neg.default, lr if divisor is None else call(aten.div.Tensor, lr, divisor)).item()
+    return -lr if divisor is None else -(lr / divisor)
+
+
+def _gradient(call: Call, grad: torch.Tensor, param: torch.Tensor, weight_decay: float,
+              maximize: bool) -> torch.Tensor:
+    """The gradient the loops step by: negated to maximise, plus weight_decay times the parameter."""
+    grad = call(aten.neg.default, grad) if maximize else grad
+    return call(aten.add.Tensor, grad, param, alpha=weight_decay) if weight_decay != 0 else grad
+
+
+def _fused_adam(op: Any, call: Call, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                exp_avgs: Sequence[torch.Tensor], exp_avg_sqs: Sequence[torch.Tensor],
+                max_exp_avg_sqs: Sequence[torch.Tensor], state_steps: Sequence[torch.Tensor], *,
+                lr: float | torch.Tensor, beta1: float, beta2: float, weight_decay: float, eps: float, amsgrad: bool,
+                maximize: bool, grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+    """aten._fused_adam_ and _fused_adamw_ (`op`; AdamW's weight decay scales the parameter first) as
+    torch.optim.adam's single-tensor loop."""
+    _no_scaler(op, grad_scale, found_inf)
+    decoupled = op in (aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)
+    for i, param in enumerate(params):
+        if decoupled and weight_decay != 0:
+            call(aten.mul_.Tensor, param, call(aten.rsub.Scalar, call(aten.mul.Tensor, lr, weight_decay), 1)
+                 if isinstance(lr, torch.Tensor) else 1 - lr * weight_decay)
+        grad = _gradient(call, grads[i], param, 0 if decoupled else weight_decay, maximize)
+        call(aten.lerp_.Scalar, exp_avgs[i], grad, 1 - beta1)
+        call(aten.mul_.Tensor, exp_avg_sqs[i], beta2)
+        call(aten.addcmul_.default, exp_avg_sqs[i], grad, grad, value=1 - beta2)
+        step = state_steps[i].item()
+        bias_correction1, bias_correction2 = 1 - beta1**step, 1 - beta2**step
+        value = _rate(call, lr, bias_correction1)
+        second = exp_avg_sqs[i]
+        if amsgrad:
+            second = call(aten.maximum.out, max_exp_avg_sqs[i], second, out=max_exp_avg_sqs[i])
+        denom = call(aten.div.Tensor, call(aten.sqrt.default, second), bias_correction2**0.5)
+        call(aten.add_.Tensor, denom, eps)
+        call(aten.addcdiv_.default, param, exp_avgs[i], denom, value=value)
+
+
+def fused_sgd(call: Call, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+              momentum_buffer_list: Sequence[torch.Tensor], *, weight_decay: float, momentum: float,
+              lr: float | torch.Tensor, dampening: float, nesterov: bool, maximize: bool, is_first_step: bool,
+              grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+    """aten._fused_sgd_ as torch.optim.sgd's single-tensor loop (its first step's momentum buffer a copy of the
+    gradient: torch.optim hands the kernel empty buffers then)."""
+    _no_scaler(aten._fused_sgd_.default, grad_scale, found_inf)
+    for i, param in enumerate(params):
+        grad = _gradient(call, grads[i], param, weight_decay, maximize)
+        if momentum != 0:
+            buf = momentum_buffer_list[i]
+            if is_first_step:
+                call(aten.copy_.default, buf, grad)
+            else:
+                call(aten.mul_.Tensor, buf, momentum)
+                call(aten.add_.Tensor, buf, grad, alpha=1 - dampening)
+            grad = call(aten.add.Tensor, grad, buf, alpha=momentum) if nesterov else buf
+        call(aten.add_.Tensor, param, grad, alpha=_rate(call, lr))
+
+
+def fused_adagrad(call: Call, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                  state_sums: Sequence[torch.Tensor], state_steps: Sequence[torch.Tensor], *,
+                  lr: float | torch.Tensor, lr_decay: float, weight_decay: float, eps: float, maximize: bool,
+                  grad_scale: torch.Tensor | None = None, found_inf: torch.Tensor | None = None) -> None:
+    """aten._fused_adagrad_ as torch.optim.adagrad's single-tensor loop."""
+    _no_scaler(aten._fused_adagrad_.default, grad_scale, found_inf)
+    for i, param in enumerate(params):
+        grad = _gradient(call, grads[i], param, weight_decay, maximize)
+        value = _rate(call, lr, 1 + (state_steps[i].item() - 1) * lr_decay)
+        call(aten.addcmul_.default, state_sums[i], grad, grad)
+        std = call(aten.add_.Tensor, call(aten.sqrt.default, state_sums[i]), eps)
+        call(aten.addcdiv_.default, param, grad, std, value=value)
 
 
 def _variance(call: Call, x: torch.Tensor, dim: Sequence[int] | int | None, correction: float | None,
@@ -1690,6 +1779,12 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.cumprod.default: functools.partial(_cumulative, aten.cumprod.default, aten.mul.Tensor),
     aten._foreach_norm.Scalar: foreach_norm,
     **_foreach_ops(),
+    **{op: functools.partial(_fused_adam, op) for op in (aten._fused_adam_.default, aten._fused_adam_.tensor_lr,
+                                                          aten._fused_adamw_.default, aten._fused_adamw_.tensor_lr)},
+    aten._fused_sgd_.default: fused_sgd,
+    aten._fused_sgd_.tensor_lr: fused_sgd,
+    aten._fused_adagrad_.default: fused_adagrad,
+    aten._fused_adagrad_.tensor_lr: fused_adagrad,
     aten.addmv.default: addmv,
     aten.addbmm.default: addbmm,
     aten.trace.default: trace,

@@ -27,5 +27,5 @@ class UnsupportedOpError(VtrainError):
         super().__init__(
             f"unsupported op {op} under rounded execution: "
             + (detail or "it is in no class of vtrain.ops (exact, IEEE, device-dependent, composite). Add it to "
-               "the registry with its error bound, or avoid it in the model (optimizers need fused=False)")
+               "the registry with its error bound, or avoid it in the model")
         )

@@ -25,9 +25,8 @@ An op in no class raises UnsupportedOpError naming it: nothing passes through si
 ops are computed out of place (through their functional overload) so that the error bound sees the
 original inputs, then copied into `self`.
 
-torch.optim optimizers must be built with fused=False: the fused kernels are not in the registry on purpose
-(one opaque site for many parameters). Their multi-tensor (foreach) ops are composites (vtrain.composites):
-each tensor's op in turn.
+torch.optim's multi-tensor (foreach) ops are composites (vtrain.composites): each tensor's op in turn; and so are
+its fused kernels (fused=True): each parameter's update as the single-tensor loop computes it.
 """
 
 from __future__ import annotations

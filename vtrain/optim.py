@@ -1,8 +1,8 @@
 """Optimizer and learning-rate schedule builders (the only optimisation code that reads the spec).
 
-Optimizers are torch.optim's single-tensor algorithms (foreach=False, fused=False: the fused kernels are
-device-specific fused ops the rounded execution does not model), whose rounded update runs as one fused
-pass per parameter on CPU (vtrain.fused_optim: the single-tensor code's values). The learning rate of each
+Optimizers are torch.optim's single-tensor algorithms (foreach=False, fused=False: the definition every
+device computes), whose rounded update runs as one fused pass per parameter on CPU (vtrain.fused_optim: the
+single-tensor code's values). The learning rate of each
 step is a pure function of (spec, step), so a referee replaying one step needs no scheduler state; it is
 rounded to the grid so every device uses the same value.
 """

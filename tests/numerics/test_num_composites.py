@@ -642,6 +642,45 @@ def test_torch_optimizers_foreach_ops_train_to_the_same_bits_on_every_device(nam
         assert all(torch.equal(a, b) for a, b in zip(exact, _optimized(make, True, device, "exact")[0])), device
 
 
+_FUSED = {  # torch.optim's fused kernels, with every option their loops read (maximize, amsgrad, nesterov, ...)
+    "adam": lambda ps, **k: torch.optim.Adam(ps, lr=1e-2, **k),
+    "adam-decay-tensor-lr": lambda ps, **k: torch.optim.Adam(ps, lr=torch.tensor(1e-2), weight_decay=0.1, **k),
+    "adamw-amsgrad-maximize": lambda ps, **k: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, amsgrad=True,
+                                                                  maximize=True, **k),
+    "adamw-tensor-lr": lambda ps, **k: torch.optim.AdamW(ps, lr=torch.tensor(1e-2), weight_decay=0.1, **k),
+    "sgd": lambda ps, **k: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=1e-3, **k),
+    "sgd-nesterov-maximize-tensor-lr": lambda ps, **k: torch.optim.SGD(ps, lr=torch.tensor(1e-2), momentum=0.9,
+                                                                      nesterov=True, maximize=True, **k),
+    "sgd-no-momentum": lambda ps, **k: torch.optim.SGD(ps, lr=1e-2, **k),
+    "adagrad": lambda ps, **k: torch.optim.Adagrad(ps, lr=1e-2, lr_decay=0.01, weight_decay=0.1, **k),
+    "adagrad-tensor-lr": lambda ps, **k: torch.optim.Adagrad(ps, lr=torch.tensor(1e-2), maximize=True, **k),
+}
+
+
+@pytest.mark.parametrize("name", list(_FUSED))
+def test_torch_optimizers_fused_kernels_train_to_the_loops_bits_and_log(name: str) -> None:
+    # fused=True dispatches one kernel for all parameters (aten._fused_adam_ and its like): each parameter's update
+    # is the single-tensor loop's (foreach=False) op for op, so its bits and log, and the same on every device
+    def make(fused: bool) -> Any:
+        return lambda ps, _: _FUSED[name](ps, **({"fused": True} if fused else {"foreach": False}))
+
+    got, logs = _optimized(make(True), True, "cpu")
+    want, want_logs = _optimized(make(False), False, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(got, want)) and logs == want_logs
+    exact = _optimized(make(True), True, "cpu", "exact")[0]
+    for device in EMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(exact, _optimized(make(True), True, device, "exact")[0])), device
+
+
+def test_a_fused_optimizer_step_with_a_gradient_scaler_is_refused_by_name() -> None:
+    p = nn.Parameter(_grid(3, seed=1))
+    p.grad = _grid(3, seed=2)
+    opt = torch.optim.Adam([p], lr=1e-2, fused=True)
+    opt.grad_scale = torch.tensor(2.0, dtype=torch.float64)  # (as torch.amp.GradScaler hands it to the step)
+    with pytest.raises(UnsupportedOpError, match=r"aten._fused_adam_.*GradScaler"):
+        _rounded(lambda: opt.step())
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):

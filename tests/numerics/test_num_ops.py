@@ -24,8 +24,9 @@ def test_classes_of_representative_ops() -> None:
         assert spec.cls is OpClass.IEEE and spec.decomposed is not None and spec.inplace
     assert registry()["aten.mm.default"] is OpClass.DEVICE
     assert classify(aten._foreach_add_.List, (), {}).cls is OpClass.COMPOSITE  # (each tensor's add_ in turn)
-    with pytest.raises(UnsupportedOpError, match="aten._fused_adam_"):
-        classify(aten._fused_adam_.default, (), {})
+    assert classify(aten._fused_adam_.default, (), {}).cls is OpClass.COMPOSITE  # (each parameter's loop in turn)
+    with pytest.raises(UnsupportedOpError, match="aten._cudnn_rnn"):
+        classify(aten._cudnn_rnn.default, (), {})
 
 
 @pytest.mark.parametrize("mode", ["record", "plain"])
