@@ -2,7 +2,8 @@
 
 1. Time per step, in one process, modes interleaved step by step: plain32 and plain64 (native torch,
    no dispatch mode), trainer (rounded, bound log recorded), auditor (replaying the trainer's log on
-   an emulated device). Ratios are to plain64 and plain32 of the same run.
+   an emulated device). Medians of --steps steps after --warmup untimed ones (default 2, every mode);
+   ratios are to plain64 and plain32 of the same run.
 2. Log bytes per step: the bound sparse log (what the run commits to), the paper's dense ternary
    code over every rounded value, and dense + zip; entries and corrections per step.
 3. The paper's divergence figure: l2 distance between the trainer's (cpu) and the auditor's
@@ -43,28 +44,34 @@ FAMILIES = ("gpt2-tiny", "resnet-tiny")
 AUDITOR = "emu:splitk8-tree"
 
 
-def timing(spec, steps: int, auditor: str = AUDITOR) -> dict:
+def timing(spec, steps: int, auditor: str = AUDITOR, warmup: int = 2) -> dict:
+    """Medians over `steps` steps after `warmup` untimed ones (every mode runs those too: a process's first steps
+    load the compiled kernels from their cache and grow the heap, which later steps reuse)."""
     # (the plain sessions round nothing: their spec's resolution is moot, and float32 work's exact needs bits <= 19)
     sessions = {"plain32": TrainingSession(dataclasses.replace(spec, dtype="float32", resolution="log")),
                 "plain64": TrainingSession(spec), "trainer": TrainingSession(spec),
                 "auditor": TrainingSession(spec, auditor)}
     secs = {k: [] for k in sessions}
     stats, replay = [], []
-    for t in range(1, steps + 1):
+    timed = range(warmup + 1, warmup + steps + 1)
+    for t in range(1, warmup + steps + 1):
         for name, s in sessions.items():   # interleaved: machine load hits every mode alike
             if name == "auditor":  # (resolution exact: no log, the auditor computes what the trainer did)
                 r = s.step(t, "replay", replay_log=StepLog.from_bytes(trainer_log) if trainer_log else None)
-                replay.append(r.stats)
             else:
                 r = s.step(t, "record" if name == "trainer" else "none")
             if name == "trainer":
                 trainer_log = r.log_bytes
-                stats.append({**r.stats, "log_file_bytes": len(r.log_bytes)})
-            secs[name].append(r.seconds)
+            if t in timed:
+                secs[name].append(r.seconds)
+                if name == "auditor":
+                    replay.append(r.stats)
+                elif name == "trainer":
+                    stats.append({**r.stats, "log_file_bytes": len(r.log_bytes)})
     ms = {k: 1000 * statistics.median(v) for k, v in secs.items()}
     storage = TrainingSession(spec)
     storage.measure_storage = True  # the dense baselines: a second trainer, outside the timed ones
-    dense = [storage.step(t, "record").stats for t in range(1, steps + 1)]
+    dense = [r.stats for r in (storage.step(t, "record") for t in range(1, warmup + steps + 1)) if r.step in timed]
 
     def mean(rows: list[dict], key: str) -> float:
         return statistics.fmean(float(x.get(key, 0)) for x in rows)
@@ -148,6 +155,8 @@ def plot(curves: dict[str, dict[str, list[float]]], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20, help="steps timed per family")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="steps run before the timed ones, untimed, in every mode (default 2)")
     ap.add_argument("--fig-steps", type=int, default=50, help="steps of the divergence figure")
     ap.add_argument("--png", type=Path, default=ROOT / "docs" / "families-divergence.png")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
@@ -176,10 +185,10 @@ def main() -> None:
         for family in args.family or FAMILIES:
             for changes in sizes:
                 name = family + "".join(f" {k}={v}" for k, v in changes.items())
-                spec = family_spec(family, data, steps=max(args.steps, 10), **changes)
+                spec = family_spec(family, data, steps=max(args.warmup + args.steps, 10), **changes)
                 if args.exact:
                     spec, name = dataclasses.replace(spec, resolution="exact"), name + " exact"
-                results[name] = timing(spec, args.steps, args.auditor)
+                results[name] = timing(spec, args.steps, args.auditor, args.warmup)
             if not args.no_figure:
                 curves[family] = divergence(family_spec(f"scale/{family}", data, steps=args.fig_steps),
                                             args.fig_steps)
