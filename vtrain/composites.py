@@ -807,9 +807,86 @@ def addbmm(call: Call, x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tens
     return _plus_scaled(call, x, product, beta)
 
 
+def addr(call: Call, x: torch.Tensor, vec1: torch.Tensor, vec2: torch.Tensor, *, beta: float = 1,
+         alpha: float = 1) -> torch.Tensor:
+    """aten.addr: beta x + alpha (vec1 vec2^T), each product vec1_i vec2_j one rounded multiplication, then as
+    `baddbmm`."""
+    product = _times(call, call(aten.mul.Tensor, vec1.unsqueeze(1), vec2.unsqueeze(0)), alpha)
+    return _plus_scaled(call, x, product, beta)
+
+
+def logaddexp(call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """aten.logaddexp: max(x, other) + log1p(exp(-|x - other|)) (torch's formula), each operation rounded. An
+    infinite operand leaves the grid in the subtraction and stops the step, naming it."""
+    spread = call(aten.abs.default, call(aten.sub.Tensor, x, other))
+    tail = call(aten.log1p.default, call(aten.exp.default, call(aten.neg.default, spread)))
+    return call(aten.add.Tensor, call(aten.maximum.default, x, other), tail)
+
+
+def hypot(call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """aten.hypot: sqrt(x x + other other), each operation rounded (torch's kernel is the C library's hypot, which
+    each library computes to within an ulp in its own way)."""
+    squares = call(aten.add.Tensor, call(aten.mul.Tensor, x, x), call(aten.mul.Tensor, other, other))
+    return call(aten.sqrt.default, squares)
+
+
+def _all_but(x: torch.Tensor, dim: int) -> list[int]:
+    return [d for d in range(x.dim()) if d != dim % x.dim()]
+
+
+def renorm(call: Call, x: torch.Tensor, p: float, dim: int, maxnorm: float) -> torch.Tensor:
+    """aten.renorm: each slice along `dim` whose p-norm (`vector_norm`, over the other dims) exceeds maxnorm, times
+    maxnorm / (norm + 1e-7) (torch's factor: its sum and quotient rounded), one product a value."""
+    norm = vector_norm(call, x, p, _all_but(x, dim), True)
+    factor = call(aten.div.Tensor, call(aten.full_like.default, norm, maxnorm), call(aten.add.Tensor, norm, 1e-7))
+    return call(aten.mul.Tensor, x, torch.where(norm > maxnorm, factor, 1.0))
+
+
+def weight_norm(call: Call, v: torch.Tensor, g: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten._weight_norm_interface (nn.utils.weight_norm and its parametrization, on the first or last dim): (v times
+    g / ||v||, ||v||), the norm over every dim but `dim` (`vector_norm`, in g's shape), g / ||v|| one rounded
+    division, then one product a value."""
+    norms = vector_norm(call, v, 2, _all_but(v, dim), True)
+    return call(aten.mul.Tensor, v, call(aten.div.Tensor, g, norms)), norms
+
+
+def weight_norm_backward(call: Call, grad_w: torch.Tensor, v: torch.Tensor, g: torch.Tensor, norms: torch.Tensor,
+                         dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten._weight_norm_interface_backward: with s = sum(grad_w v) over the other dims (rounded products, the
+    device's sum), grad_g = s / ||v|| and grad_v = (g / ||v||) (grad_w - v (grad_g / ||v||)), each operation
+    rounded (the closed form of w = g v / ||v||'s gradients)."""
+    s = call(aten.sum.dim_IntList, call(aten.mul.Tensor, grad_w, v), _all_but(v, dim), True)
+    grad_g = call(aten.div.Tensor, s, norms)
+    along = call(aten.sub.Tensor, grad_w, call(aten.mul.Tensor, v, call(aten.div.Tensor, grad_g, norms)))
+    return call(aten.mul.Tensor, call(aten.div.Tensor, g, norms), along), grad_g
+
+
+def embedding_renorm_(call: Call, weight: torch.Tensor, indices: torch.Tensor, max_norm: float,
+                      norm_type: float) -> torch.Tensor:
+    """aten.embedding_renorm_ (F.embedding's max_norm): each row the indices name once, whose norm (`vector_norm`
+    of order norm_type, row by row) exceeds max_norm, times max_norm / (norm + 1e-7), that factor in float64
+    (torch's kernel computes it in doubles), one rounded product a value; in place."""
+    rows = torch.unique(indices.reshape(-1))  # (sorted, as torch's kernel takes them; a copy: exact)
+    if not rows.numel():
+        return weight
+    selected = weight[rows]
+    norms = vector_norm(call, selected, norm_type, [1])
+    over = norms > max_norm
+    scaled = call(aten.mul.Tensor, selected, (max_norm / (norms + 1e-7)).unsqueeze(1))
+    weight[rows[over]] = scaled[over]
+    return weight
+
+
 def dist(call: Call, x: torch.Tensor, other: torch.Tensor, p: float = 2) -> torch.Tensor:
     """aten.dist: `vector_norm` of order p of x - other (one rounded subtraction a pair)."""
     return vector_norm(call, call(aten.sub.Tensor, x, other), p)
+
+
+def vdot(call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """aten.vdot (spectral_norm's power iteration) of real vectors: their dot product, the device's."""
+    if x.is_complex():
+        raise UnsupportedOpError(str(aten.vdot.default), "complex vectors: the registry is real (vtrain.ops)")
+    return call(aten.dot.default, x, other)
 
 
 def trace(call: Call, x: torch.Tensor) -> torch.Tensor:
@@ -863,37 +940,49 @@ def prelu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, weight: torc
             call(aten.masked_fill.Scalar, call(aten.mul.Tensor, x, grad), positive, 0.0))
 
 
-def _adaptive_windows(size: Sequence[int], output_size: Sequence[int]) -> list[tuple[slice, slice, int]]:
-    """An adaptive pooling's windows where they do not tile the input, in row-major order of the outputs: rows
-    floor(i H / OH) to ceil((i + 1) H / OH), columns alike (torch's), with each window's count of values."""
-    (h, w), (oh, ow) = size, output_size
-    rows = [slice(i * h // oh, -(-(i + 1) * h // oh)) for i in range(oh)]
-    cols = [slice(j * w // ow, -(-(j + 1) * w // ow)) for j in range(ow)]
-    return [(r, c, (r.stop - r.start) * (c.stop - c.start)) for r in rows for c in cols]
+def _adaptive_windows(size: Sequence[int], output_size: Sequence[int]) -> list[tuple[tuple[slice, ...], int]]:
+    """An adaptive pooling's windows where they do not tile the input, in row-major order of the outputs: along
+    each dim, floor(i H / OH) to ceil((i + 1) H / OH) (torch's), with each window's count of values."""
+    axes = [[slice(i * n // o, -(-(i + 1) * n // o)) for i in range(o)] for n, o in zip(size, output_size)]
+    return [(window, math.prod(a.stop - a.start for a in window)) for window in itertools.product(*axes)]
 
 
-def adaptive_avg_pool2d(call: Call, x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
-    """aten._adaptive_avg_pool2d: where its windows tile the input, avg_pool2d with them as kernel and stride;
-    elsewhere (windows of varying size, overlapping) each window's mean, the device's, one op a window."""
-    window = _multiples(x.shape[-2:], output_size)
-    if 0 not in window:
-        return call(aten.avg_pool2d.default, x, window, window, [0, 0], False, True, None)
-    means = [call(aten.mean.dim, x[..., r, c], [-2, -1]) for r, c, _ in _adaptive_windows(x.shape[-2:], output_size)]
-    return torch.stack(means, -1).unflatten(-1, tuple(output_size))
+# the average poolings an adaptive one over 2 or 3 dims takes where its windows tile the input
+_AVG_POOLS = {2: (aten.avg_pool2d.default, aten.avg_pool2d_backward.default),
+              3: (aten.avg_pool3d.default, aten.avg_pool3d_backward.default)}
 
 
-def adaptive_avg_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """aten._adaptive_avg_pool2d_backward: where the windows tile the input, avg_pool2d's backward pass over them;
-    elsewhere each output's gradient divided by its window's count (one IEEE division) and added to the window's
-    inputs (one IEEE addition each), window after window in the outputs' order."""
-    window = _multiples(x.shape[-2:], grad.shape[-2:])
-    if 0 not in window:
-        return call(aten.avg_pool2d_backward.default, grad, x, window, window, [0, 0], False, True, None)
-    out = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
-    for k, (r, c, count) in enumerate(_adaptive_windows(x.shape[-2:], grad.shape[-2:])):
-        share = call(aten.div.Tensor, grad.flatten(-2)[..., k, None, None], count)
-        out[..., r, c] = call(aten.add.Tensor, out[..., r, c], share)  # (a copy of grid values: exact)
-    return out
+def _adaptive_avg_pool(dims: int) -> Call:
+    def pool(call: Call, x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
+        """aten._adaptive_avg_pool2d and 3d: where its windows tile the input, avg_pool2d (3d) with them as kernel
+        and stride; elsewhere (windows of varying size, overlapping) each window's mean, the device's, one op a
+        window."""
+        window = _multiples(x.shape[-dims:], output_size)
+        if 0 not in window:
+            return call(_AVG_POOLS[dims][0], x, window, window, [0] * dims, False, True, None)
+        axes = list(range(-dims, 0))
+        means = [call(aten.mean.dim, x[(..., *w)], axes) for w, _ in _adaptive_windows(x.shape[-dims:], output_size)]
+        return torch.stack(means, -1).unflatten(-1, tuple(output_size))
+
+    return pool
+
+
+def _adaptive_avg_pool_backward(dims: int) -> Call:
+    def backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """aten._adaptive_avg_pool2d_backward and 3d: where the windows tile the input, avg_pool2d's (3d's) backward
+        pass over them; elsewhere each output's gradient divided by its window's count (one IEEE division) and
+        added to the window's inputs (one IEEE addition each), window after window in the outputs' order."""
+        window = _multiples(x.shape[-dims:], grad.shape[-dims:])
+        if 0 not in window:
+            return call(_AVG_POOLS[dims][1], grad, x, window, window, [0] * dims, False, True, None)
+        out = torch.zeros(x.shape, dtype=grad.dtype, device=grad.device)
+        shares = grad.flatten(-dims)
+        for k, (w, count) in enumerate(_adaptive_windows(x.shape[-dims:], grad.shape[-dims:])):
+            share = call(aten.div.Tensor, shares[..., k].reshape(*shares.shape[:-1], *[1] * dims), count)
+            out[(..., *w)] = call(aten.add.Tensor, out[(..., *w)], share)  # (a copy of grid values: exact)
+        return out
+
+    return backward
 
 
 def _add_at_indices(call: Call, grad: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, dims: int) -> torch.Tensor:
@@ -914,6 +1003,13 @@ def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor
         return call(aten.max_pool2d_with_indices_backward.default, grad, x, window, window, [0, 0], [1, 1], False,
                     indices)
     return _add_at_indices(call, grad, x, indices, 2)
+
+
+def _add_at_indices_of(dims: int, call: Call, grad: torch.Tensor, x: torch.Tensor,
+                       indices: torch.Tensor) -> torch.Tensor:
+    """aten.adaptive_max_pool3d_backward: `_add_at_indices` over the volume (windows of any size; the forward pass
+    is exact, class 1)."""
+    return _add_at_indices(call, grad, x, indices, dims)
 
 
 def max_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
@@ -1734,8 +1830,10 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.binary_cross_entropy_backward.default: binary_cross_entropy_backward,
     aten._prelu_kernel.default: prelu,
     aten._prelu_kernel_backward.default: prelu_backward,
-    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
-    aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
+    aten._adaptive_avg_pool2d.default: _adaptive_avg_pool(2),
+    aten._adaptive_avg_pool2d_backward.default: _adaptive_avg_pool_backward(2),
+    aten._adaptive_avg_pool3d.default: _adaptive_avg_pool(3),
+    aten._adaptive_avg_pool3d_backward.default: _adaptive_avg_pool_backward(3),
     aten.adaptive_max_pool2d_backward.default: adaptive_max_pool2d_backward,
     aten.scatter_add.default: scatter_add,
     aten.index_add.default: index_add,
@@ -1788,6 +1886,15 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.addmv.default: addmv,
     aten.addbmm.default: addbmm,
     aten.trace.default: trace,
+    aten.addr.default: addr,
+    aten.vdot.default: vdot,
+    aten.logaddexp.default: logaddexp,
+    aten.hypot.default: hypot,
+    aten.renorm.default: renorm,
+    aten._weight_norm_interface.default: weight_norm,
+    aten._weight_norm_interface_backward.default: weight_norm_backward,
+    aten.embedding_renorm_.default: embedding_renorm_,
+    aten.adaptive_max_pool3d_backward.default: functools.partial(_add_at_indices_of, 3),
     aten.dist.default: dist,
     aten.max_pool3d_with_indices_backward.default: max_pool3d_backward,
     aten.avg_pool3d.default: avg_pool3d,

@@ -1,17 +1,18 @@
 """Random draws under rounded execution: from a seed, the same on every device, instead of the device's generator.
 
 `nn.Dropout`, `nn.Dropout2d` and `nn.AlphaDropout` draw their masks with `bernoulli_` on the CPU (torch's
-native_dropout on a GPU), each from the generator of the device it runs on: another device or another process
-draws other masks, and no replay could match the trainer's. Given a seed (`RoundedExecution(seed=...)`), the
-rounded execution draws them here instead. The k-th draw of step t reads uniform float64 values from a CPU
-generator keyed by (seed, t, k) (vtrain.data.keyed_generator: torch's CPU Mersenne Twister, the same stream on
-every machine), one per element in row-major order, and an element is 1 where its value is below the
-probability p. The masks then meet the activations in registered ops (dropout's division by 1 - p and its
-product, alpha dropout's affine steps), rounded as any. Noise (`randn_like`, a VAE's reparameterisation;
-`rand_like`, `randn`, `rand`, `normal_`, `uniform_`) reads standard normal or uniform float64 values the same way,
-rounded onto the grid (a uniform value that would round up to 1 held at the grid's largest value below it), then
-scaled and shifted in rounded operations. Without a seed these ops stay refused, and so does a call that brings a
-generator of its own (the seed decides every draw).
+native_dropout on a GPU), each from the generator of the device it runs on: another device or another process draws
+other masks, and no replay could match the trainer's. Given a seed (`RoundedExecution(seed=...)`), the rounded
+execution draws them here instead. The k-th draw of step t reads uniform float64 values from a CPU generator keyed
+by (seed, t, k) (vtrain.data.keyed_generator: torch's CPU Mersenne Twister, the same stream on every machine), one
+per element in row-major order, and an element is 1 where its value is below the probability p. The masks then meet
+the activations in registered ops (dropout's division by 1 - p and its product, alpha dropout's affine steps),
+rounded as any. Noise (`randn_like`, a VAE's reparameterisation; `rand_like`, `randn`, `rand`, `normal_`,
+`uniform_`) reads standard normal or uniform float64 values the same way, rounded onto the grid (a uniform value
+that would round up to 1 held at the grid's largest value below it), then scaled and shifted in rounded operations;
+exponential noise (`exponential_`, F.gumbel_softmax's) is -log1p(-u) / lambda of such a uniform u, each operation
+rounded. Without a seed these ops stay refused, and so does a call that brings a generator of its own (the seed
+decides every draw).
 
 The k in the key is the draw's place in the step's sequence of draws: the trainer and the auditor run the same
 program, so they draw in the same order. (A program that splits a step's batch across processes gives each part
@@ -145,11 +146,20 @@ def _uniform_(call: Call, stream: Stream, x: torch.Tensor, *bounds: float, **nam
     return x.copy_(call(aten.add.Scalar, call(aten.mul.Scalar, u, high - low), low))
 
 
+def _exponential_(call: Call, stream: Stream, x: torch.Tensor, lambd: float = 1.0) -> torch.Tensor:
+    """-log1p(-u) / lambd, u a uniform draw on the grid in [0, 1), each operation rounded, written into x
+    (F.gumbel_softmax's noise)."""
+    u = _like(stream.grid_uniform(x.shape), x, {})
+    logged = call(aten.log1p.default, call(aten.neg.default, u))
+    return x.copy_(call(aten.div.Tensor, call(aten.neg.default, logged), lambd))
+
+
 DRAWS: dict[Any, Callable[..., Any]] = {
     aten.bernoulli_.float: _bernoulli_, aten.bernoulli_.Tensor: _bernoulli_, aten.bernoulli.default: _bernoulli,
     aten.bernoulli.p: _bernoulli_p, aten.native_dropout.default: _native_dropout,
     aten.rand.default: _rand, aten.randn.default: _randn, aten.rand_like.default: _rand_like,
     aten.randn_like.default: _randn_like, aten.normal_.default: _normal_, aten.uniform_.default: _uniform_,
+    aten.exponential_.default: _exponential_,
 }
 
 

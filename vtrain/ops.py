@@ -127,6 +127,11 @@ _EXACT = _names(
     aten.adaptive_max_pool2d.default, aten.argmax.default,
     aten.argmin.default, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default, aten.amax.default,
     aten.amin.default, aten.threshold.default, aten.threshold_.default, aten.diagonal_copy.default,
+    aten.adaptive_max_pool3d.default, aten.cummax.default, aten.cummin.default, aten.nan_to_num.default,
+    aten.take.default, aten.masked_select.default, aten.masked_scatter.default, aten.masked_scatter_.default,
+    # x - n y exactly (IEEE's fmod is exact, and of two grid values a grid value: a multiple of the smaller lsb
+    # below |y|)
+    aten.fmod.Scalar, aten.fmod.Tensor, aten.fmod_.Scalar, aten.fmod_.Tensor,
     # comparisons and boolean logic (no floating output)
     aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt.Tensor, aten.lt.Scalar,
     aten.le.Tensor, aten.le.Scalar, aten.gt.Tensor, aten.gt.Scalar, aten.ge.Tensor, aten.ge.Scalar,
@@ -139,7 +144,8 @@ _EXACT = _names(
 )
 
 # Class 1 ops that write their number arguments (a Python number, or a one-value tensor torch made of one) into
-# the output: exact only where those are grid values, as a mask's -128 or a clamp's 0 and 1. The rounded
+# the output, or compute it from them exactly (fmod by a number): exact only where those are grid
+# values, as a mask's -128 or a clamp's 0 and 1. The rounded
 # execution rounds their output where one is off the grid (clamp(x, 0.1)); values beyond the grid's range stay,
 # as infinities do (a mask of -inf or finfo.min before a softmax); a NaN fails there, naming the op.
 _CONSTANTS = frozenset(_names(
@@ -149,7 +155,8 @@ _CONSTANTS = frozenset(_names(
     aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.masked_fill.Tensor, aten.masked_fill_.Tensor,
     aten.scalar_tensor.default, aten.constant_pad_nd.default, aten.where.self, aten.scatter.value,
     aten.scatter_.value, aten.index_put.default, aten.index_put_.default, aten.threshold.default,
-    aten.threshold_.default, aten.index_fill.int_Scalar,
+    aten.threshold_.default, aten.index_fill.int_Scalar, aten.nan_to_num.default, aten.fmod.Scalar, aten.fmod.Tensor,
+    aten.fmod_.Scalar, aten.fmod_.Tensor,
 ))
 
 _IEEE = _names(
@@ -163,6 +170,8 @@ _IEEE = _names(
     aten.arange.default, aten.arange.start, aten.arange.start_step,
     # x - lambda above lambda, x + lambda below -lambda, 0 between: one operation a value
     aten.softshrink.default,
+    # fmod (exact), plus y where the signs differ (torch's kernels, CPU and CUDA): one rounded addition
+    aten.remainder.Scalar, aten.remainder.Tensor, aten.remainder_.Scalar, aten.remainder_.Tensor,
 )
 
 # Fused ops as fixed sequences of IEEE primitives (each torch op below is one correctly rounded
@@ -206,6 +215,20 @@ def _div(x: torch.Tensor, other: Any) -> torch.Tensor:
     if x.is_cuda and (not isinstance(other, torch.Tensor) or (other.dim() == 0 and not other.is_cuda)):
         other = torch.full_like(x, float(other))
     return torch.div(x, other)
+
+
+def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    # put (take's backward, with accumulate) as index_put over x's flat values: the same refusal of a repeated
+    # position where it accumulates
+    flat = [index.reshape(-1)]
+    if accumulate:
+        return _index_add(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
+    return aten.index_put.default(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
+
+
+def _div_out(x: torch.Tensor, other: Any, *, out: torch.Tensor) -> torch.Tensor:
+    # (spectral_norm's power iteration normalises into its vectors with out=)
+    return out.copy_(_div(x, other))
 
 
 def _sqrt(x: torch.Tensor) -> torch.Tensor:
@@ -264,7 +287,8 @@ _DECOMPOSED = {
     aten.lerp.Scalar: (_lerp, False), aten.lerp_.Scalar: (_lerp, True),
     aten.lerp.Tensor: (_lerp, False), aten.lerp_.Tensor: (_lerp, True),
     aten.div.Tensor: (_div, False), aten.div_.Tensor: (_div, True),
-    aten.div.Scalar: (_div, False), aten.div_.Scalar: (_div, True),
+    aten.div.Scalar: (_div, False), aten.div_.Scalar: (_div, True), aten.div.out: (_div_out, False),
+    aten.put.default: (_put, False), aten.put_.default: (_put, True),
     aten.sqrt.default: (_sqrt, False), aten.sqrt_.default: (_sqrt, True),
 }
 

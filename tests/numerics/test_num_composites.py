@@ -277,6 +277,25 @@ def _uneven(x: torch.Tensor, reduce: Any) -> torch.Tensor:
     return torch.stack([torch.stack([reduce(x[..., r, c]) for c in cols], -1) for r in rows], -2)
 
 
+def _uneven3(x: torch.Tensor, reduce: Any) -> torch.Tensor:
+    # 3-d adaptive pooling from 4 x 3 x 5 to 3 x 2 x 4: windows 0:2, 1:3, 2:4 (depth), 0:2, 1:3 (rows), 0:2, 1:3, 2:4,
+    # 3:5 (columns), overlapping
+    x = x.reshape(1, 2, 4, 3, 5)
+    windows = [[slice(math.floor(n * i / o), math.ceil(n * (i + 1) / o)) for i in range(o)]
+               for n, o in ((4, 3), (3, 2), (5, 4))]
+    pooled = [reduce(x[..., a, b, c]) for a, b, c in itertools.product(*windows)]
+    return torch.stack(pooled, -1).unflatten(-1, (3, 2, 4))
+
+
+def _renormed(x: torch.Tensor, p: int, maxnorm: float) -> torch.Tensor:
+    # slices along dim 1 (norms over dims 0 and 2) beyond maxnorm times maxnorm / (norm + 1e-7)
+    norm = torch.sqrt((x * x).sum((0, 2), keepdim=True)) if p == 2 else x.abs().sum((0, 2), keepdim=True)
+    return x * torch.where(norm > maxnorm, torch.full_like(norm, maxnorm) / (norm + 1e-7), 1.0)
+
+
+_G_FIRST, _G_LAST = _grid(4, 1, 1, seed=35), _grid(1, 1, 5, seed=36)
+
+
 _ROWS_I, _ROWS_J = torch.triu_indices(24, 24, 1)  # (pdist's pairs i < j of 24 rows, row-major)
 
 
@@ -367,6 +386,27 @@ DEFINITIONS = {
     "pdist-1": (lambda x: F.pdist(x.reshape(24, 5), 1), lambda x: _pair_differences(x).abs().sum(-1)),
     "pdist-3": (lambda x: F.pdist(x.reshape(24, 5), 3),
                 lambda x: torch.pow(torch.pow(_pair_differences(x).abs(), 3).sum(-1), 1 / 3)),
+    "adaptive-avg-pool-3d": (lambda x: F.adaptive_avg_pool3d(x.reshape(1, 2, 4, 3, 5), (2, 3, 5)),
+                             lambda x: F.avg_pool3d(x.reshape(1, 2, 4, 3, 5), (2, 1, 1))),
+    "adaptive-avg-pool-3d-uneven": (lambda x: F.adaptive_avg_pool3d(x.reshape(1, 2, 4, 3, 5), (3, 2, 4)),
+                                    lambda x: _uneven3(x, lambda w: w.mean((-3, -2, -1)))),
+    "adaptive-max-pool-3d-uneven": (lambda x: F.adaptive_max_pool3d(x.reshape(1, 2, 4, 3, 5), (3, 2, 4)),
+                                    lambda x: _uneven3(x, lambda w: w.amax((-3, -2, -1)))),
+    "addr": (lambda x: torch.addr(x[0], x[1, :, 0], x[2, 0], beta=0.5, alpha=3.0),
+             lambda x: x[0] * 0.5 + (x[1, :, 0, None] * x[2, 0, None, :]) * 3.0),
+    "addr-beta-0": (lambda x: torch.addr(x[0], x[1, :, 0], x[2, 0], beta=0, alpha=0.5),
+                    lambda x: (x[1, :, 0, None] * x[2, 0, None, :]) * 0.5),
+    "logaddexp": (lambda x: torch.logaddexp(x * 4, _TARGET),
+                  lambda x: torch.maximum(x * 4, _TARGET) + torch.log1p(torch.exp(-(x * 4 - _TARGET).abs()))),
+    "hypot": (lambda x: torch.hypot(x, _TARGET), lambda x: torch.sqrt(x * x + _TARGET * _TARGET)),
+    "vdot": (lambda x: torch.vdot(x.reshape(-1), _TARGET.reshape(-1)),
+             lambda x: torch.dot(x.reshape(-1), _TARGET.reshape(-1))),
+    "renorm": (lambda x: torch.renorm(x, 2, 1, 4.5), lambda x: _renormed(x, 2, 4.5)),
+    "renorm-1": (lambda x: torch.renorm(x, 1, 1, 12.0), lambda x: _renormed(x, 1, 12.0)),
+    "weight-norm": (lambda x: torch._weight_norm(x, _G_FIRST, 0),
+                    lambda x: x * (_G_FIRST / torch.sqrt((x * x).sum((1, 2), keepdim=True)))),
+    "weight-norm-last": (lambda x: torch._weight_norm(x, _G_LAST, 2),
+                         lambda x: x * (_G_LAST / torch.sqrt((x * x).sum((0, 1), keepdim=True)))),
     "adaptive-avg-pool-uneven": (lambda x: F.adaptive_avg_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
                                  lambda x: _uneven(x, lambda w: w.mean((-2, -1)))),
     "adaptive-max-pool-uneven": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
@@ -681,6 +721,52 @@ def test_a_fused_optimizer_step_with_a_gradient_scaler_is_refused_by_name() -> N
         _rounded(lambda: opt.step())
 
 
+def test_embedding_max_norm_scales_each_named_row_beyond_it_in_place() -> None:
+    # embedding_renorm_: each row the indices name (once, however often named) whose norm exceeds max_norm times
+    # max_norm / (norm + 1e-7) in float64, one rounded product a value; under `exact` the norm is the correctly
+    # rounded sqrt of the correctly rounded sum of rounded squares, written out here in fractions
+    table, idx = _grid(6, 4, seed=70) * 2, torch.tensor([[4, 0, 4], [2, 5, 0]])
+    table[2] *= 2.0**-5  # (a named row within max_norm: kept)
+    want = table.clone()
+    for r in sorted(set(idx.reshape(-1).tolist())):
+        squares = [Fraction(float(np.float32(v * v))) for v in table[r].tolist()]
+        norm = float(np.float32(np.sqrt(ref_round_q(sum(squares), 23))))
+        if norm > 2.5:
+            want[r] = torch.tensor([float(np.float32(v * (2.5 / (norm + 1e-7)))) for v in table[r].tolist()],
+                                   dtype=torch.float64)
+    # (named rows scaled, but the one within max_norm; unnamed rows kept)
+    assert not torch.equal(want[[0, 4, 5]], table[[0, 4, 5]]) and torch.equal(want[[1, 2, 3]], table[[1, 2, 3]])
+    with torch.no_grad():
+        weight = table.clone()
+        out, _ = _rounded(lambda: F.embedding(idx, weight, max_norm=2.5), "exact")
+    assert torch.equal(weight, want) and torch.equal(out, want[idx])
+
+
+def _normed_steps(device: str) -> list[torch.Tensor]:
+    """Two SGD steps under `exact` of a tanh MLP whose layers carry torch's weight_norm and spectral_norm
+    parametrizations (the latter's power iteration normalises into its vectors with out= and takes a vdot)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.utils.parametrizations.weight_norm(nn.Linear(5, 7)), nn.Tanh(),
+                          nn.utils.parametrizations.spectral_norm(nn.Linear(7, 3))).double()
+    with torch.no_grad():
+        for t in (*model.parameters(), *model.buffers()):
+            t.copy_(round_to_grid(t, 32))
+    opt, xs = torch.optim.SGD(model.parameters(), lr=0.1), [_grid(4, 5, seed=t) for t in range(2)]
+    for t, x in enumerate(xs):
+        with RoundedExecution(bits=32, device=get_device(device), step=t, resolution="exact"):
+            opt.zero_grad()
+            (model(x) ** 2).sum().backward()
+            opt.step()
+    return [t.detach().clone() for t in (*model.parameters(), *model.buffers())]
+
+
+def test_weight_and_spectral_norm_parametrizations_train_to_the_same_bits_on_every_device() -> None:
+    want = _normed_steps("cpu")
+    assert all(torch.equal(t, round_to_grid(t, 32)) for t in want)
+    for device in EMULATED:
+        assert all(torch.equal(a, b) for a, b in zip(want, _normed_steps(device))), device
+
+
 def test_vector_norms_of_other_orders_are_refused_by_name() -> None:
     x = _grid(4, seed=1)
     with pytest.raises(UnsupportedOpError, match=r"linalg_vector_norm.*ord=3"):
@@ -770,6 +856,10 @@ _FUNCTIONS["cosine_similarity"] = lambda x: F.cosine_similarity(x, _TARGET, dim=
 _REPEATS = torch.tensor([[[0, 4, 0, 0, 2, 1, 0]]]).expand(4, 6, 7)  # (position 0 gathered four times a line)
 _FUNCTIONS["gather"] = lambda x: torch.gather(x, 2, _REPEATS) * _TARGET[:, :, :1]
 _FUNCTIONS["index_select"] = lambda x: x.index_select(1, torch.tensor([5, 0, 5, 2, 5])) * x[:, :5]
+_FUNCTIONS["cummax"] = lambda x: torch.cummax(x, 1).values + torch.cummin(x, 2).values
+_FUNCTIONS["take"] = lambda x: torch.take(x, torch.tensor([[7, 0, 119], [3, 64, 8]])) * x[0, :2, :3]
+_FUNCTIONS["nan_to_num"] = lambda x: torch.nan_to_num(x, nan=0.0) * x
+_FUNCTIONS["masked_select"] = lambda x: torch.masked_select(x, _MASK) * x[_MASK]
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])

@@ -98,3 +98,18 @@ def test_draws_without_a_seed_or_with_a_generator_of_their_own_are_refused_by_na
     with pytest.raises(UnsupportedOpError, match=r"aten.bernoulli.p.*a generator of its own"):
         with _seeded():
             torch.bernoulli(x, 0.5, generator=torch.Generator())
+
+
+def test_exponential_noise_is_minus_log1p_of_minus_a_grid_uniform_over_lambda_each_operation_rounded() -> None:
+    x = torch.empty(3, 4, dtype=torch.float64)
+    with _seeded(seed=9, step=4):
+        got = x.exponential_(2.5).clone()
+        gumbel = [torch.nn.functional.gumbel_softmax(torch.zeros(2, 5, dtype=torch.float64), tau=0.5)]
+    u = Stream(9, 4, 32).on_grid(_uniform(9, 4, 0, (3, 4)), below_one=True)
+    want = round_to_grid(-round_to_grid(torch.log1p(-u), 32) / 2.5, 32)
+    assert torch.equal(got, want) and (got >= 0).all()
+    for device in ("emu:splitk8-tree", "emu:lanes8-butterfly"):  # (F.gumbel_softmax's noise: the same on every device)
+        with RoundedExecution(bits=32, device=get_device(device), mode="record", step=4, seed=9):
+            torch.empty(3, 4, dtype=torch.float64).exponential_(2.5)
+            gumbel.append(torch.nn.functional.gumbel_softmax(torch.zeros(2, 5, dtype=torch.float64), tau=0.5))
+    assert all(torch.equal(g, gumbel[0]) for g in gumbel[1:])

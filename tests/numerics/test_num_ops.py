@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from vtrain.devices import get_device
+from vtrain.grid import round_to_grid
 from vtrain.ops import OpClass, UnsupportedOpError, classify, registry
 from vtrain.rounding import RoundedExecution
 
@@ -100,12 +102,45 @@ def test_ops_outside_the_registry_run_on_integers_and_stay_refused_elsewhere() -
     ids, mask = torch.tensor([[3, 7, 12], [5, 0, 9]]), torch.tensor([True, False, True])
     with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
         got = (ids % 5, torch.floor_divide(ids, 4), mask ^ torch.tensor([True, True, False]))
-        with pytest.raises(UnsupportedOpError, match="aten.remainder"):
-            torch.remainder(ids.double(), 5.0)
+        with pytest.raises(UnsupportedOpError, match="aten.floor_divide"):
+            torch.floor_divide(ids.double(), 4.0)
         with pytest.raises(UnsupportedOpError, match="aten.randint_like"):
             torch.randint_like(ids, 10)
         with pytest.raises(UnsupportedOpError, match="aten.lgamma.*floating values from integer operands"):
             torch.lgamma(ids)
     assert [t.tolist() for t in got] == [[[3, 2, 2], [0, 0, 4]], [[0, 1, 3], [1, 0, 2]], [False, True, True]]
-    for op in (aten.remainder.Scalar, aten.floor_divide.default, aten.bitwise_xor.Tensor):  # (the rule, not entries)
+    for op in (aten.floor_divide.default, aten.bitwise_xor.Tensor):  # (the rule, not entries)
         assert str(op) not in registry()
+
+
+def test_fmod_of_grid_values_is_exact_and_remainder_one_rounded_addition() -> None:
+    # IEEE's fmod is exact, and of two grid values a grid value (a multiple of the smaller lsb, below |y|): class 1;
+    # by a number off the grid (0.7) its exact float64 result is rounded onto the grid once, as for the other ops
+    # that take numbers. remainder adds y to it where the signs differ (torch's kernels): one rounded addition.
+    gen = torch.Generator().manual_seed(3)
+    x, y = (round_to_grid(torch.randn(4000, generator=gen, dtype=torch.float64)
+                          * 2.0 ** torch.randint(-30, 30, (4000,), generator=gen), 32) for _ in range(2))
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record") as rx:
+        got = [torch.fmod(x, y), torch.fmod(x, 0.7), torch.remainder(x, y), torch.remainder(x, -0.7),
+               torch.nan_to_num(x)]
+    xn, yn = x.numpy(), y.numpy()
+    assert torch.equal(got[0], torch.from_numpy(np.fmod(xn, yn))) and torch.equal(got[0], round_to_grid(got[0], 32))
+    for g, e in zip(got[1:4], (np.fmod(xn, 0.7), np.remainder(xn, yn), np.remainder(xn, -0.7))):
+        assert torch.equal(g, round_to_grid(torch.from_numpy(e), 32))
+    assert not torch.equal(got[2], torch.remainder(x, y))  # (some sums do round: a tiny x and a large y of other sign)
+    assert torch.equal(got[4], x) and not rx.log.sites
+    for op in (aten.fmod.Tensor, aten.nan_to_num.default, aten.cummax.default, aten.take.default,
+               aten.masked_select.default, aten.masked_scatter_.default):
+        assert classify(op, (), {}).cls is OpClass.EXACT
+    assert classify(aten.remainder.Tensor, (), {}).cls is OpClass.IEEE
+
+
+def test_take_backward_refuses_a_position_taken_twice_by_name() -> None:
+    # take's backward puts the gradients back with accumulate=True: one addition a position, refused where a
+    # position would get two (summed in the device's order)
+    x = torch.zeros(3, 4, dtype=torch.float64, requires_grad=True)
+    with RoundedExecution(bits=32, device=get_device("cpu")):
+        torch.take(x, torch.tensor([1, 5])).sum().backward()
+        assert x.grad.reshape(-1).tolist() == [0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
+        with pytest.raises(UnsupportedOpError, match="aten.index_put.*named twice"):
+            torch.take(x, torch.tensor([1, 1])).sum().backward()
