@@ -815,6 +815,20 @@ def addr(call: Call, x: torch.Tensor, vec1: torch.Tensor, vec2: torch.Tensor, *,
     return _plus_scaled(call, x, product, beta)
 
 
+def trilinear(call: Call, i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, expand1: Sequence[int],
+              expand2: Sequence[int], expand3: Sequence[int], sumdim: Sequence[int], unroll_dim: int = 1) -> torch.Tensor:
+    """aten._trilinear (F.bilinear, nn.Bilinear, and their backward passes): each operand with size-1 dims inserted
+    at its `expand` positions, the broadcast product (i1 i2) i3, each product rounded, summed over `sumdim` by the
+    device (`unroll_dim` only chooses torch's loop)."""
+    def grown(t: torch.Tensor, expand: Sequence[int]) -> torch.Tensor:
+        for d in sorted(expand):
+            t = t.unsqueeze(d)
+        return t
+
+    product = call(aten.mul.Tensor, call(aten.mul.Tensor, grown(i1, expand1), grown(i2, expand2)), grown(i3, expand3))
+    return call(aten.sum.dim_IntList, product, sorted(sumdim)) if len(sumdim) else product
+
+
 def logaddexp(call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """aten.logaddexp: max(x, other) + log1p(exp(-|x - other|)) (torch's formula), each operation rounded. An
     infinite operand leaves the grid in the subtraction and stops the step, naming it."""
@@ -1888,6 +1902,7 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.trace.default: trace,
     aten.addr.default: addr,
     aten.vdot.default: vdot,
+    aten._trilinear.default: trilinear,
     aten.logaddexp.default: logaddexp,
     aten.hypot.default: hypot,
     aten.renorm.default: renorm,

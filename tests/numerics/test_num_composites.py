@@ -399,6 +399,9 @@ DEFINITIONS = {
     "logaddexp": (lambda x: torch.logaddexp(x * 4, _TARGET),
                   lambda x: torch.maximum(x * 4, _TARGET) + torch.log1p(torch.exp(-(x * 4 - _TARGET).abs()))),
     "hypot": (lambda x: torch.hypot(x, _TARGET), lambda x: torch.sqrt(x * x + _TARGET * _TARGET)),
+    "bilinear-layer": (lambda x: F.bilinear(x[0, :, :3], x[1, :, :4], _TARGET[:3, :3, :4], _TARGET[3, 0, :3]),
+                       lambda x: (x[0, :, :3].reshape(6, 1, 3, 1) * _TARGET[:3, :3, :4].reshape(1, 3, 3, 4)
+                                  * x[1, :, :4].reshape(6, 1, 1, 4)).sum((2, 3)) + _TARGET[3, 0, :3]),
     "vdot": (lambda x: torch.vdot(x.reshape(-1), _TARGET.reshape(-1)),
              lambda x: torch.dot(x.reshape(-1), _TARGET.reshape(-1))),
     "renorm": (lambda x: torch.renorm(x, 2, 1, 4.5), lambda x: _renormed(x, 2, 4.5)),
