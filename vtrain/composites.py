@@ -432,6 +432,27 @@ def leaky_relu_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, negativ
     return call(aten.where.self, call(aten.gt.Scalar, x, 0), grad, call(aten.mul.Tensor, grad, negative_slope))
 
 
+def rrelu_with_noise_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, noise: torch.Tensor, lower: float,
+                              upper: float, training: bool, self_is_result: bool) -> torch.Tensor:
+    """aten.rrelu_with_noise_backward (torch's formula): in training with a range wider than 1e-6, grad times the
+    drawn slopes (one rounded product); else a leaky ReLU's backward with slope (lower + upper) / 2."""
+    if training and upper - lower > 1e-6:
+        return call(aten.mul.Tensor, grad, noise)
+    return leaky_relu_backward(call, grad, x, (lower + upper) / 2, self_is_result)
+
+
+def max_unpool2d(call: Call, x: torch.Tensor, indices: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
+    """aten.max_unpool2d: each value placed at its index in a plane of zeros (exact; its backward pass is a gather).
+    An index that repeats in a plane is refused: which value lands there is the device's kernel's choice."""
+    flat = indices.flatten(-2)
+    ordered = flat.sort(-1).values
+    if (ordered[..., 1:] == ordered[..., :-1]).any():
+        raise UnsupportedOpError(str(aten.max_unpool2d.default), "an index repeats within a plane (overlapping "
+                                 "pooling windows chose one value twice): the device decides which value lands there")
+    out = torch.zeros(*x.shape[:-2], output_size[0] * output_size[1], dtype=x.dtype, device=x.device)
+    return out.scatter_(-1, flat, x.flatten(-2)).unflatten(-1, tuple(output_size))
+
+
 def _no_dtype(op: Any, x: torch.Tensor, dtype: torch.dtype | None) -> None:
     if dtype not in (None, x.dtype):
         raise UnsupportedOpError(str(op), f"dtype={dtype} on a {x.dtype} input: the registry computes in the "
@@ -1804,6 +1825,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.silu_backward.default: silu_backward,
     aten.leaky_relu.default: leaky_relu,
     aten.leaky_relu_backward.default: leaky_relu_backward,
+    aten.rrelu_with_noise_backward.default: rrelu_with_noise_backward,
+    aten.max_unpool2d.default: max_unpool2d,
     aten._safe_softmax.default: safe_softmax,
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_backward,

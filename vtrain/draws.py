@@ -154,13 +154,32 @@ def _exponential_(call: Call, stream: Stream, x: torch.Tensor, lambd: float = 1.
     return x.copy_(call(aten.div.Tensor, call(aten.neg.default, logged), lambd))
 
 
+def _rrelu_with_noise(call: Call, stream: Stream | None, x: torch.Tensor, noise: torch.Tensor, lower: float = 0.125,
+                      upper: float = 1 / 3, training: bool = False) -> torch.Tensor:
+    """nn.RReLU: in training, where x <= 0 a slope lower + (upper - lower) u, u a uniform draw on the grid in [0, 1)
+    (each operation rounded), times x (one rounded product), and the slopes (1 elsewhere) written into `noise` for the
+    backward pass; in evaluation the slope (lower + upper) / 2 as a leaky ReLU's, no draw (torch's kernel)."""
+    if not training:
+        return call(aten.leaky_relu.default, x, (lower + upper) / 2)
+    u = _like(stream.grid_uniform(x.shape), x, {})
+    slopes = call(aten.add.Tensor, call(aten.mul.Tensor, u, upper - lower), lower)
+    negative = x <= 0
+    noise.copy_(torch.where(negative, slopes, 1.0))
+    return torch.where(negative, call(aten.mul.Tensor, x, slopes), x)
+
+
 DRAWS: dict[Any, Callable[..., Any]] = {
     aten.bernoulli_.float: _bernoulli_, aten.bernoulli_.Tensor: _bernoulli_, aten.bernoulli.default: _bernoulli,
     aten.bernoulli.p: _bernoulli_p, aten.native_dropout.default: _native_dropout,
     aten.rand.default: _rand, aten.randn.default: _randn, aten.rand_like.default: _rand_like,
     aten.randn_like.default: _randn_like, aten.normal_.default: _normal_, aten.uniform_.default: _uniform_,
-    aten.exponential_.default: _exponential_,
+    aten.exponential_.default: _exponential_, aten.rrelu_with_noise.default: _rrelu_with_noise,
 }
+
+
+def _seedless(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether this call draws nothing: nn.RReLU in evaluation."""
+    return func is aten.rrelu_with_noise.default and not (args[4] if len(args) > 4 else kwargs.get("training", False))
 
 
 def draw(func: Any, call: Call, stream: Stream | None, args: tuple, kwargs: dict) -> Any:
@@ -169,7 +188,7 @@ def draw(func: Any, call: Call, stream: Stream | None, args: tuple, kwargs: dict
     if kwargs.pop("generator", None) is not None:
         raise UnsupportedOpError(str(func), "a generator of its own: under rounded execution every draw comes from "
                                  "the seed given to RoundedExecution")
-    if stream is None:
+    if stream is None and not _seedless(func, args, kwargs):
         raise UnsupportedOpError(str(func), "it draws random numbers from the device's generator, which differ from "
                                  "device to device; give RoundedExecution a seed (seed=...) and it draws them from "
                                  "the seed, the same everywhere")

@@ -745,6 +745,21 @@ def test_embedding_max_norm_scales_each_named_row_beyond_it_in_place() -> None:
     assert torch.equal(weight, want) and torch.equal(out, want[idx])
 
 
+def test_max_unpooling_places_each_value_at_its_index_and_refuses_an_index_twice_in_a_plane() -> None:
+    x = _grid(2, 3, 6, 6, seed=71)
+    pooled, indices = F.max_pool2d(x, 2, return_indices=True)
+    leaf = pooled.clone().requires_grad_()
+    g = _grid(2, 3, 6, 6, seed=72)
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+        out = F.max_unpool2d(leaf, indices, 2)
+        (out * g).sum().backward()
+    assert torch.equal(out, F.max_unpool2d(pooled, indices, 2)) and out.count_nonzero() == pooled.numel()
+    assert torch.equal(leaf.grad, g.flatten(-2).gather(-1, indices.flatten(-2)).view_as(pooled))
+    _, overlapping = F.max_pool2d(x, 3, stride=1, return_indices=True)  # (windows that share their maximum)
+    with pytest.raises(UnsupportedOpError, match="aten.max_unpool2d.*repeats"):
+        _rounded(lambda: aten.max_unpool2d(x[..., :4, :4], overlapping, [6, 6]))
+
+
 def _normed_steps(device: str) -> list[torch.Tensor]:
     """Two SGD steps under `exact` of a tanh MLP whose layers carry torch's weight_norm and spectral_norm
     parametrizations (the latter's power iteration normalises into its vectors with out= and takes a vdot)."""

@@ -113,3 +113,21 @@ def test_exponential_noise_is_minus_log1p_of_minus_a_grid_uniform_over_lambda_ea
             torch.empty(3, 4, dtype=torch.float64).exponential_(2.5)
             gumbel.append(torch.nn.functional.gumbel_softmax(torch.zeros(2, 5, dtype=torch.float64), tau=0.5))
     assert all(torch.equal(g, gumbel[0]) for g in gumbel[1:])
+
+
+def test_rrelu_draws_its_slopes_from_the_seed_in_training_and_takes_their_mean_in_evaluation() -> None:
+    # training: where x <= 0 the slope lower + (upper - lower) u, each operation rounded, times x; the slopes (1
+    # elsewhere) kept for the backward pass, whose gradient is grad times them. Evaluation draws nothing: no seed
+    x = round_to_grid(torch.randn(4, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64), 32)
+    x[0, 0] = 0.0
+    leaf = x.clone().requires_grad_()
+    with _seeded(seed=6, step=1):
+        out = torch.nn.functional.rrelu(leaf, 0.1, 0.3, training=True)
+        (out * 3.0).sum().backward()
+    u = Stream(6, 1, 32).on_grid(_uniform(6, 1, 0, (4, 5)), below_one=True)
+    slopes = round_to_grid(round_to_grid(u * (0.3 - 0.1), 32) + 0.1, 32)
+    assert torch.equal(out, torch.where(x <= 0, round_to_grid(x * slopes, 32), x))
+    assert torch.equal(leaf.grad, torch.where(x <= 0, round_to_grid(3.0 * slopes, 32), 3.0))
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+        mean = torch.nn.functional.rrelu(x, 0.1, 0.3, training=False)
+    assert torch.equal(mean, torch.where(x > 0, x, round_to_grid(x * 0.2, 32)))
