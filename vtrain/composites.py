@@ -1,13 +1,15 @@
-"""Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms,
-vector norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus,
-ELU, CELU, hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm,
-the regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL
-divergence), adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and
-index_select's backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic
-upsampling, fold (col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums
-and products, addmv, addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspace,
-torch's foreach ops (gradient clipping's by default, torch.optim's with foreach=True): each tensor's op in turn,
-and torch.optim's fused kernels (fused=True): each parameter's update as its single-tensor loop's.
+"""Ops run as fixed sequences of registry ops, under every policy (DESIGN.md §1.2, §1.3b): torch's fused norms, vector
+norms (gradient clipping, the legacy torch.norm), variances, the activations (SiLU, leaky ReLU, softplus, ELU, CELU,
+hard sigmoid and swish, log-sigmoid, Mish, PReLU), scaled dot-product attention, log-sum-exp, baddbmm, the
+regression and binary losses (MSE, Huber, smooth L1, BCE with logits and on probabilities), xlogy (KL divergence),
+adaptive pooling, nearest upsampling's backward passes, the scatter additions of gather's and index_select's
+backward passes and of padding's (reflected, replicated), linear, bilinear, trilinear and bicubic upsampling, fold
+(col2im), embedding bags, GLU, the soft margin loss, cross-entropy over pixels, cumulative sums and products, addmv,
+addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspace, torch's foreach ops (gradient
+clipping's by default, torch.optim's with foreach=True): each tensor's op in turn, torch.optim's fused kernels
+(fused=True): each parameter's update as its single-tensor loop's; and (session 41) addr, vdot, F.bilinear
+(_trilinear), logaddexp, hypot, renorm, weight normalisation, embedding max_norm, 3-d adaptive pooling, max
+unpooling and RReLU's backward.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -898,9 +900,9 @@ def weight_norm_backward(call: Call, grad_w: torch.Tensor, v: torch.Tensor, g: t
 
 def embedding_renorm_(call: Call, weight: torch.Tensor, indices: torch.Tensor, max_norm: float,
                       norm_type: float) -> torch.Tensor:
-    """aten.embedding_renorm_ (F.embedding's max_norm): each row the indices name once, whose norm (`vector_norm`
-    of order norm_type, row by row) exceeds max_norm, times max_norm / (norm + 1e-7), that factor in float64
-    (torch's kernel computes it in doubles), one rounded product a value; in place."""
+    """aten.embedding_renorm_ (F.embedding's max_norm): each row the indices name (once, however often named) whose
+    norm (`vector_norm` of order norm_type, row by row) exceeds max_norm, times max_norm / (norm + 1e-7), that factor
+    in float64 (torch's kernel computes it in doubles), one rounded product a value; in place."""
     rows = torch.unique(indices.reshape(-1))  # (sorted, as torch's kernel takes them; a copy: exact)
     if not rows.numel():
         return weight

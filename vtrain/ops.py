@@ -218,11 +218,13 @@ def _div(x: torch.Tensor, other: Any) -> torch.Tensor:
 
 
 def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
-    # put (take's backward, with accumulate) as index_put over x's flat values: the same refusal of a repeated
-    # position where it accumulates
+    # put (take's backward, with accumulate) as index_put over x's flat values: a repeated position refused
     flat = [index.reshape(-1)]
     if accumulate:
         return _index_add(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
+    if x.is_floating_point() and not _distinct(x.reshape(-1), flat):
+        raise UnsupportedOpError(str(aten.put.default), "a position named twice takes one of its values, and the "
+                                 "device's kernel chooses which")
     return aten.index_put.default(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
 
 

@@ -144,3 +144,6 @@ def test_take_backward_refuses_a_position_taken_twice_by_name() -> None:
         assert x.grad.reshape(-1).tolist() == [0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
         with pytest.raises(UnsupportedOpError, match="aten.index_put.*named twice"):
             torch.take(x, torch.tensor([1, 1])).sum().backward()
+    with pytest.raises(UnsupportedOpError, match="aten.put.*named twice"):  # (without accumulate: which value lands)
+        with RoundedExecution(bits=32, device=get_device("cpu")):
+            torch.zeros(4, dtype=torch.float64).put_(torch.tensor([2, 2]), torch.tensor([1.0, 2.0]).double())
