@@ -276,6 +276,21 @@ def _index_add(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate:
     return aten.index_put.default(x, indices, values, True)  # (the aten op: its indices may hold None)
 
 
+def _integer_indices(indices: list) -> bool:
+    """Whether index_put's indices are integer tensors only, which may name a position twice."""
+    given = [t for t in indices if t is not None]
+    return bool(given) and all(t.dtype != torch.bool for t in given)
+
+
+def _index_write(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    # index_put without accumulate by integer indices: a position named twice takes one of its values, and which
+    # one is the device's kernel's choice (the CPU's last, a GPU's any): refused. Distinct positions are copies.
+    if x.is_floating_point() and not _distinct(x, indices):
+        raise UnsupportedOpError(str(aten.index_put.default), "x[idx] = values at a position idx names twice keeps "
+                                 "one of its values, and the device's kernel chooses which; name each position once")
+    return aten.index_put.default(x, indices, values)
+
+
 _DECOMPOSED = {
     aten.tanh_backward.default: (_tanh_backward, False),
     aten.sigmoid_backward.default: (_sigmoid_backward, False),
@@ -329,6 +344,8 @@ _POW_SQUARE = OpSpec(str(aten.pow.Tensor_Scalar), OpClass.IEEE,
                      decomposed=lambda x, e: torch.mul(x, x) if e == 2 else x.clone())
 _INDEX_ADDS = {op: OpSpec(str(op), OpClass.IEEE, inplace=op is aten.index_put_.default, decomposed=_index_add)
                for op in (aten.index_put.default, aten.index_put_.default)}
+_INDEX_WRITES = {op: OpSpec(str(op), OpClass.IEEE, inplace=op is aten.index_put_.default, decomposed=_index_write)
+                 for op in (aten.index_put.default, aten.index_put_.default)}
 
 
 # Unregistered ops that a common model meets, and what to do instead (the error's detail)
@@ -362,8 +379,11 @@ def classify(func: Any, args: tuple, kwargs: dict) -> OpSpec:
         raise UnsupportedOpError(str(func), _INSTEAD.get(func))
     if func is aten.pow.Tensor_Scalar and args[1] in (1, 2):  # x*x: one rounding
         return _POW_SQUARE
-    if func in _INDEX_ADDS and (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
-        return _INDEX_ADDS[func]
+    if func in _INDEX_ADDS:
+        if args[3] if len(args) > 3 else kwargs.get("accumulate", False):
+            return _INDEX_ADDS[func]
+        if _integer_indices(args[1]):  # (x[idx] = v: a position idx names twice is checked; masks name each once)
+            return _INDEX_WRITES[func]
     return spec
 
 

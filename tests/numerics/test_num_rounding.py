@@ -376,6 +376,20 @@ def test_constants_beyond_the_grid_stay_and_integers_and_aranges_are_rounded(wor
     assert torch.equal(lowest, x.masked_fill(keep, torch.finfo(work).min))
 
 
+def test_an_index_put_that_writes_refuses_a_position_named_twice_by_integer_indices() -> None:
+    # x[idx] = v: the CPU's kernel keeps the last value written at a repeated position, a GPU's any one of them, so
+    # the step would depend on the device; distinct positions and boolean masks write as torch does
+    x, v = torch.zeros(6, dtype=torch.float64), torch.tensor([1.5, -2.0, 3.25], dtype=torch.float64)
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+        once = x.clone().index_put_((torch.tensor([4, 0, 2]),), v)
+        masked = x.clone().index_put_((torch.tensor([True, False, True, False, False, True]),), v)
+        scalar = x.clone().index_put_((torch.tensor([1, 3]),), torch.tensor(0.75, dtype=torch.float64))
+        with pytest.raises(UnsupportedOpError, match="index_put.*names twice"):
+            x.clone().index_put_((torch.tensor([4, 0, 4]),), v)
+    assert once.tolist() == [-2.0, 0, 3.25, 0, 1.5, 0] and masked.tolist() == [1.5, 0, -2.0, 0, 0, 3.25]
+    assert scalar.tolist() == [0, 0.75, 0, 0.75, 0, 0]
+
+
 def test_an_index_put_that_sums_is_rounded_and_refused_where_a_position_repeats() -> None:
     # x[idx]'s backward sums the gradients into zeros at idx (index_put with accumulate): one IEEE addition a
     # position where the positions differ, rounded like one; a sum in the device's order where one repeats
