@@ -284,7 +284,8 @@ def _integer_indices(indices: list) -> bool:
 
 def _index_write(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     # index_put without accumulate by integer indices: a position named twice takes one of its values, and which
-    # one is the device's kernel's choice (the CPU's last, a GPU's any): refused. Distinct positions are copies.
+    # one is the kernel's choice (in order on one CPU thread, any on parallel ones and on a GPU): refused.
+    # Distinct positions are copies.
     if x.is_floating_point() and not _distinct(x, indices):
         raise UnsupportedOpError(str(aten.index_put.default), "x[idx] = values at a position idx names twice keeps "
                                  "one of its values, and the device's kernel chooses which; name each position once")

@@ -377,8 +377,9 @@ def test_constants_beyond_the_grid_stay_and_integers_and_aranges_are_rounded(wor
 
 
 def test_an_index_put_that_writes_refuses_a_position_named_twice_by_integer_indices() -> None:
-    # x[idx] = v: the CPU's kernel keeps the last value written at a repeated position, a GPU's any one of them, so
-    # the step would depend on the device; distinct positions and boolean masks write as torch does
+    # x[idx] = v: at a repeated position the kernel keeps one of the values, which one its order decides (one CPU
+    # thread's last, any on parallel threads or a GPU), so the step would depend on the device; distinct positions
+    # and boolean masks write as torch does
     x, v = torch.zeros(6, dtype=torch.float64), torch.tensor([1.5, -2.0, 3.25], dtype=torch.float64)
     with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
         once = x.clone().index_put_((torch.tensor([4, 0, 2]),), v)
