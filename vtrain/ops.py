@@ -129,6 +129,8 @@ _EXACT = _names(
     aten.amin.default, aten.threshold.default, aten.threshold_.default, aten.diagonal_copy.default,
     aten.adaptive_max_pool3d.default, aten.cummax.default, aten.cummin.default, aten.nan_to_num.default,
     aten.take.default, aten.masked_select.default, aten.masked_scatter.default, aten.masked_scatter_.default,
+    aten.median.dim, aten.median.default, aten.kthvalue.default, aten.frac.default, aten.floor_.default,
+    aten.ceil_.default, aten.trunc_.default, aten.round_.default,
     # x - n y exactly (IEEE's fmod is exact, and of two grid values a grid value: a multiple of the smaller lsb
     # below |y|)
     aten.fmod.Scalar, aten.fmod.Tensor, aten.fmod_.Scalar, aten.fmod_.Tensor,
@@ -228,6 +230,14 @@ def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate:
     return aten.index_put.default(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
 
 
+def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    # copies, but an index named twice keeps one of its sources, the kernel's choice, as in `_index_write`: refused
+    if x.is_floating_point() and torch.unique(index).numel() != index.numel():
+        raise UnsupportedOpError(str(aten.index_copy.default), "an index named twice keeps one of its sources, and "
+                                 "the device's kernel chooses which; name each index once")
+    return aten.index_copy.default(x, dim, index, source)
+
+
 def _div_out(x: torch.Tensor, other: Any, *, out: torch.Tensor) -> torch.Tensor:
     # (spectral_norm's power iteration normalises into its vectors with out=)
     return out.copy_(_div(x, other))
@@ -307,6 +317,7 @@ _DECOMPOSED = {
     aten.div.Tensor: (_div, False), aten.div_.Tensor: (_div, True),
     aten.div.Scalar: (_div, False), aten.div_.Scalar: (_div, True), aten.div.out: (_div_out, False),
     aten.put.default: (_put, False), aten.put_.default: (_put, True),
+    aten.index_copy.default: (_index_copy, False), aten.index_copy_.default: (_index_copy, True),
     aten.sqrt.default: (_sqrt, False), aten.sqrt_.default: (_sqrt, True),
 }
 

@@ -878,6 +878,9 @@ _FUNCTIONS["cummax"] = lambda x: torch.cummax(x, 1).values + torch.cummin(x, 2).
 _FUNCTIONS["take"] = lambda x: torch.take(x, torch.tensor([[7, 0, 119], [3, 64, 8]])) * x[0, :2, :3]
 _FUNCTIONS["nan_to_num"] = lambda x: torch.nan_to_num(x, nan=0.0) * x
 _FUNCTIONS["masked_select"] = lambda x: torch.masked_select(x, _MASK) * x[_MASK]
+_FUNCTIONS["median"] = lambda x: torch.median(x, 1).values + torch.kthvalue(x, 2, 2).values[:, :1]
+_FUNCTIONS["quantile"] = lambda x: torch.quantile(x, 0.3, 1) * torch.frac(x[:, 0])
+_FUNCTIONS["index_copy"] = lambda x: x.index_copy(1, torch.tensor([4, 0]), _TARGET[:, :2] * x[:, 2:4])
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])

@@ -130,7 +130,8 @@ def test_fmod_of_grid_values_is_exact_and_remainder_one_rounded_addition() -> No
     assert not torch.equal(got[2], torch.remainder(x, y))  # (some sums do round: a tiny x and a large y of other sign)
     assert torch.equal(got[4], x) and not rx.log.sites
     for op in (aten.fmod.Tensor, aten.nan_to_num.default, aten.cummax.default, aten.take.default,
-               aten.masked_select.default, aten.masked_scatter_.default):
+               aten.masked_select.default, aten.masked_scatter_.default, aten.median.dim, aten.kthvalue.default,
+               aten.frac.default, aten.ceil_.default):
         assert classify(op, (), {}).cls is OpClass.EXACT
     assert classify(aten.remainder.Tensor, (), {}).cls is OpClass.IEEE
 
@@ -147,3 +148,12 @@ def test_take_backward_refuses_a_position_taken_twice_by_name() -> None:
     with pytest.raises(UnsupportedOpError, match="aten.put.*named twice"):  # (without accumulate: which value lands)
         with RoundedExecution(bits=32, device=get_device("cpu")):
             torch.zeros(4, dtype=torch.float64).put_(torch.tensor([2, 2]), torch.tensor([1.0, 2.0]).double())
+
+
+def test_index_copy_copies_and_refuses_an_index_named_twice() -> None:
+    x, src = torch.zeros(4, 3, dtype=torch.float64), torch.tensor([[1.5, 2, 3], [-4, 5, 6.25]], dtype=torch.float64)
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="record"):
+        got = x.index_copy(0, torch.tensor([3, 1]), src)
+        with pytest.raises(UnsupportedOpError, match="aten.index_copy.*named twice"):
+            x.clone().index_copy_(0, torch.tensor([1, 1]), src)
+    assert torch.equal(got, torch.zeros(4, 3, dtype=torch.float64).index_copy(0, torch.tensor([3, 1]), src))
