@@ -221,20 +221,18 @@ def _div(x: torch.Tensor, other: Any) -> torch.Tensor:
 
 def _put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
     # put (take's backward, with accumulate) as index_put over x's flat values: a repeated position refused
-    flat = [index.reshape(-1)]
+    flat, values = x.reshape(-1), source.reshape(-1)
     if accumulate:
-        return _index_add(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
-    if x.is_floating_point() and not _distinct(x.reshape(-1), flat):
-        raise UnsupportedOpError(str(aten.put.default), "a position named twice takes one of its values, and the "
-                                 "device's kernel chooses which")
-    return aten.index_put.default(x.reshape(-1), flat, source.reshape(-1)).view(x.shape)
+        return _index_add(flat, [index.reshape(-1)], values).view(x.shape)
+    _once(aten.put.default, flat, [index.reshape(-1)], "a position named twice takes one of its values, and the "
+          "device's kernel chooses which")
+    return aten.index_put.default(flat, [index.reshape(-1)], values).view(x.shape)
 
 
 def _index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     # copies, but an index named twice keeps one of its sources, the kernel's choice, as in `_index_write`: refused
-    if x.is_floating_point() and torch.unique(index).numel() != index.numel():
-        raise UnsupportedOpError(str(aten.index_copy.default), "an index named twice keeps one of its sources, and "
-                                 "the device's kernel chooses which; name each index once")
+    _once(aten.index_copy.default, x, [None] * (dim % x.dim()) + [index], "an index named twice keeps one of its "
+          "sources, and the device's kernel chooses which; name each index once")
     return aten.index_copy.default(x, dim, index, source)
 
 
@@ -276,13 +274,19 @@ def _distinct(x: torch.Tensor, indices: list) -> bool:
     return bool((keys[1:] != keys[:-1]).all())
 
 
+def _once(op: Any, x: torch.Tensor, indices: list, detail: str) -> None:
+    """UnsupportedOpError naming `op` (with `detail`) where a floating x's positions that `indices` name repeat
+    (`_distinct`): what lands there would be the device kernel's order's choice. (Integer writes are exact.)"""
+    if x.is_floating_point() and not _distinct(x, indices):
+        raise UnsupportedOpError(str(op), detail)
+
+
 def _index_add(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = True) -> torch.Tensor:
     # index_put with accumulate: each named position plus its values, which for distinct positions is one IEEE
     # addition each (an indexing's backward into zeros: exact). Repeated positions would sum floats in the order
     # the device's kernel chooses: refused. (Integer sums are the same in any order.)
-    if x.is_floating_point() and not _distinct(x, indices):
-        raise UnsupportedOpError(str(aten.index_put.default), "accumulate=True at a position named twice sums "
-                                 "in the device's order; gather with a one-hot matmul or an embedding instead")
+    _once(aten.index_put.default, x, indices, "accumulate=True at a position named twice sums in the device's "
+          "order; gather with a one-hot matmul or an embedding instead")
     return aten.index_put.default(x, indices, values, True)  # (the aten op: its indices may hold None)
 
 
@@ -296,9 +300,8 @@ def _index_write(x: torch.Tensor, indices: list, values: torch.Tensor, accumulat
     # index_put without accumulate by integer indices: a position named twice takes one of its values, and which
     # one is the kernel's choice (in order on one CPU thread, any on parallel ones and on a GPU): refused.
     # Distinct positions are copies.
-    if x.is_floating_point() and not _distinct(x, indices):
-        raise UnsupportedOpError(str(aten.index_put.default), "x[idx] = values at a position idx names twice keeps "
-                                 "one of its values, and the device's kernel chooses which; name each position once")
+    _once(aten.index_put.default, x, indices, "x[idx] = values at a position idx names twice keeps one of its "
+          "values, and the device's kernel chooses which; name each position once")
     return aten.index_put.default(x, indices, values)
 
 

@@ -1139,7 +1139,6 @@ def _lsb_np(t: torch.Tensor) -> np.ndarray:
     return _min_lsb(flat, np.arange(flat.shape[0]), 0)
 
 
-
 _INF_BITS = np.float64(np.inf).view(np.int64)
 _ABS_BITS = (1 << 63) - 1
 _FRAC_BITS = (1 << 52) - 1
@@ -1162,7 +1161,6 @@ def _lsb_key(b: int, mant: int) -> int:
     low = np.float64(np.int64(a).view(np.float64) - np.int64(cleared).view(np.float64)).view(np.int64)
     key = _INF_BITS if (a == 0) | (a >= _INF_BITS) else low
     return -1 if a > _INF_BITS else key
-
 
 
 _LINES = 64  # lines per chunk of the transposed path: 64 x K values in a buffer
@@ -1401,8 +1399,7 @@ def _strided_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
 
 @njit(cache=True, nogil=True)
 def _refuse_sampled(abits: np.ndarray, am: int, an: int, ar: int, ak: int, bbits: np.ndarray, bm: int, bn: int,
-                    bk: int, bc: int,
-                    pos: np.ndarray, m: int, n: int, sample: int, s_upper: np.ndarray, top: float,
+                    bk: int, bc: int, pos: np.ndarray, m: int, n: int, sample: int, s_upper: np.ndarray, top: float,
                     ruled: np.ndarray) -> None:
     """ruled[t] |= s_upper[t] >= top * (min lsb of a[i, r, :sample]) (min lsb of b[i, :sample, c]) at flat
     position pos[t] = (i, r, c) of the (B, m, n) output; a's and b's memory flat (`_lsb_key`'s layouts), with
