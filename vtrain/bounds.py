@@ -11,13 +11,17 @@ gamma_n = n*u / (1 - n*u):
   Cauchy-Schwarz norm bound, which relu-sparse operands make orders of magnitude looser);
 - softmax, log-softmax and their backward, the NLL loss: composed from the sum bound and the
   transcendental bound, written out per op below;
-- transcendental functions (exp, exp2, log, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin, cos, atan2):
-  TRANSCENDENTAL_ULPS ulps of the work dtype (sigmoid also the dtype's smallest normal, for a device whose
-  exp(-x) overflows); GELU and its backward a few of those ulps of (|y| + |x|), see below;
+- transcendental functions (exp, exp2, log, log2, log10, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin,
+  cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, atan2): TRANSCENDENTAL_ULPS ulps of the work
+  dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows); erfc ERFC_ULPS ulps
+  and as many units of the floor; GELU and its backward a few of those ulps of (|y| + |x|), see below;
 - embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|.
 
 We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all document <= 2 ulps for these
-functions in double precision (sin and cos over their whole range: their arguments are reduced exactly).
+functions in double precision (<= 3 for CUDA's asinh and acosh; sin, cos and tan over their whole range: their
+arguments are reduced exactly). erfc is the exception: glibc's table (sysdeps/x86_64/fpu/libm-test-ulps) and
+CUDA's list 5 ulps, and in the subnormal range those are units of the smallest subnormal, beyond float32 work's
+one-unit floor; hence ERFC_ULPS, twice that as for the others, in both terms.
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
 
 On a small step E's per-call cost matters more than its arithmetic: the log-softmax bounds run their
@@ -43,6 +47,7 @@ import torch
 aten = torch.ops.aten
 
 TRANSCENDENTAL_ULPS = 4.0
+ERFC_ULPS = 10.0
 
 Bound = Callable[[tuple, dict, Sequence["torch.Tensor | None"]], list["torch.Tensor | None"]]
 
@@ -338,8 +343,8 @@ def _numpy_work(v: torch.Tensor) -> bool:
 # -- softmax family and NLL loss --------------------------------------------------------------------
 
 
-def _t(dtype: torch.dtype) -> float:
-    return TRANSCENDENTAL_ULPS * 2 * unit_roundoff(dtype)  # relative error of exp/log in the work dtype
+def _t(dtype: torch.dtype, ulps: float = TRANSCENDENTAL_ULPS) -> float:
+    return ulps * 2 * unit_roundoff(dtype)  # relative error of exp/log (or of `ulps` ulps) in the work dtype
 
 
 def _shifted(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -515,9 +520,9 @@ def _few_roundings(k: int) -> Bound:
 Relative = Callable[[torch.dtype], tuple[float, float, float, float]]
 
 
-def _relative(absolute: Callable[[torch.dtype], float]) -> Relative:
+def _relative(absolute: Callable[[torch.dtype], float], ulps: float = TRANSCENDENTAL_ULPS) -> Relative:
     def terms(dtype: torch.dtype) -> tuple[float, float, float, float]:
-        return (_t(dtype), absolute(dtype), *_finish_factors(1, unit_roundoff(dtype), dtype))
+        return (_t(dtype, ulps), absolute(dtype), *_finish_factors(1, unit_roundoff(dtype), dtype))
 
     return terms
 
@@ -538,6 +543,7 @@ _TRANSCENDENTAL = _relative(lambda dtype: 0.0)
 # 2^-128, which a device computing e^x / (1 + e^x) returns as subnormals). Float64's floor covers this
 # already; float32's (one subnormal unit) does not.
 _SIGMOID = _relative(lambda dtype: torch.finfo(dtype).tiny)
+_ERFC = _relative(lambda dtype: ERFC_ULPS * _floor_unit(dtype), ERFC_ULPS)
 
 
 def _gelu(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
@@ -593,8 +599,12 @@ RELATIVE: dict[Any, Relative] = {
     **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.exp2.default, aten.log.default, aten.tanh.default,
                                       aten.expm1.default, aten.log1p.default, aten.rsqrt.default,
                                       aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar,
-                                      aten.erf.default, aten.sin.default, aten.cos.default, aten.atan2.default)},
+                                      aten.erf.default, aten.sin.default, aten.cos.default, aten.atan2.default,
+                                      aten.log2.default, aten.log10.default, aten.tan.default, aten.asin.default,
+                                      aten.acos.default, aten.atan.default, aten.sinh.default, aten.cosh.default,
+                                      aten.asinh.default, aten.acosh.default, aten.atanh.default)},
     aten.sigmoid.default: _SIGMOID,
+    aten.erfc.default: _ERFC,
 }
 
 BOUNDS: dict[Any, Bound] = {

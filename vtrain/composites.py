@@ -9,7 +9,8 @@ addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspac
 clipping's by default, torch.optim's with foreach=True): each tensor's op in turn, torch.optim's fused kernels
 (fused=True): each parameter's update as its single-tensor loop's; and (session 41) addr, vdot, F.bilinear
 (_trilinear), logaddexp, hypot, renorm, weight normalisation, embedding max_norm, 3-d adaptive pooling, max
-unpooling and RReLU's backward.
+unpooling and RReLU's backward; (session 42) logaddexp2, xlog1py, nearest-exact upsampling's backward passes and
+scatter_reduce.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -760,6 +761,12 @@ def xlogy(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y.expand_as(zero), zero, 1.0)))
 
 
+def xlog1py(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """aten.special_xlog1py: x log1p(y), 0 where x is 0 (as `xlogy`: log1p taken of 0 there)."""
+    zero = call(aten.eq.Scalar, x, 0)
+    return call(aten.mul.Tensor, x, call(aten.log1p.default, call(aten.masked_fill.Scalar, y.expand_as(zero), zero, 0.0)))
+
+
 def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
     return x if factor == 1 else call(aten.mul.Tensor, x, factor)
 
@@ -784,8 +791,8 @@ def _whole_scales(op: Any, output_size: Sequence[int], input_size: Sequence[int]
 
 def _upsample_nearest_backward(op: Any, call: Call, grad: torch.Tensor, output_size: Sequence[int],
                                input_size: Sequence[int], *scales: float | None) -> torch.Tensor:
-    """aten.upsample_nearest{1,2,3}d_backward at whole-number factors: each input pixel's gradient is the sum of its
-    block of the output's (factor_1 x ... values)."""
+    """aten.upsample_nearest{1,2,3}d_backward (and nearest-exact's) at whole-number factors: each input pixel's
+    gradient is the sum of its block of the output's (factor_1 x ... values)."""
     factors = _whole_scales(op, output_size, input_size[2:], scales)
     blocks = [d for size, f in zip(input_size[2:], factors) for d in (size, f)]  # (size, factor) per spatial dim
     return call(aten.sum.dim_IntList, grad.reshape(*input_size[:2], *blocks),
@@ -852,11 +859,12 @@ def trilinear(call: Call, i1: torch.Tensor, i2: torch.Tensor, i3: torch.Tensor, 
     return call(aten.sum.dim_IntList, product, sorted(sumdim)) if len(sumdim) else product
 
 
-def logaddexp(call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """aten.logaddexp: max(x, other) + log1p(exp(-|x - other|)) (torch's formula), each operation rounded. An
+def _logaddexp(power: Any, scale: float, call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """aten.logaddexp: max(x, other) + log1p(exp(-|x - other|)), and aten.logaddexp2: max(x, other) +
+    log1p(exp2(-|x - other|)) times 1 / log(2) (torch's formulas, its constant), each operation rounded. An
     infinite operand leaves the grid in the subtraction and stops the step, naming it."""
     spread = call(aten.abs.default, call(aten.sub.Tensor, x, other))
-    tail = call(aten.log1p.default, call(aten.exp.default, call(aten.neg.default, spread)))
+    tail = _times(call, call(aten.log1p.default, call(power, call(aten.neg.default, spread))), scale)
     return call(aten.add.Tensor, call(aten.maximum.default, x, other), tail)
 
 
@@ -1272,22 +1280,61 @@ def _occurrences(keys: torch.Tensor) -> torch.Tensor:
     return ranks.reshape(keys.shape)
 
 
-def scatter_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """aten.scatter_add (the backward pass of `gather`): x plus each src value at its index along dim, one IEEE
-    addition per value, a position's values added in src's flat order (torch's CPU kernel's; a GPU's atomics
-    take them in any order). Pass r adds every position's r-th value, all at distinct positions (index_put with
-    accumulate, class 2), so a position that n values reach is rounded after each of its n additions."""
+def _scattered(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> tuple:
+    """(src's values over index's shape, flat; each one's position in x, one row of coordinates per dim; each one's
+    rank among the values before it in flat order at its position) for the scatters along dim."""
     dim %= max(x.dim(), 1)
     src = src[tuple(slice(0, n) for n in index.shape)]  # (torch reads src over index's shape)
     coords = list(torch.meshgrid(*(torch.arange(n) for n in index.shape), indexing="ij"))
     coords[dim] = index
     target = torch.stack(coords).reshape(len(coords), -1)
-    ranks = _occurrences(sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target)))
+    return src.reshape(-1), target, _occurrences(sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target)))
+
+
+def scatter_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """aten.scatter_add (the backward pass of `gather`): x plus each src value at its index along dim, one IEEE
+    addition per value, a position's values added in src's flat order (torch's CPU kernel's; a GPU's atomics
+    take them in any order). Pass r adds every position's r-th value, all at distinct positions (index_put with
+    accumulate, class 2), so a position that n values reach is rounded after each of its n additions."""
+    values, target, ranks = _scattered(x, dim, index, src)
     out = x
     for r in range(int(ranks.max()) + 1 if ranks.numel() else 0):
         pick = ranks == r
-        out = call(aten.index_put.default, out, list(target[:, pick]), src.reshape(-1)[pick], True)
+        out = call(aten.index_put.default, out, list(target[:, pick]), values[pick], True)
     return out
+
+
+_SCATTER_REDUCTIONS = {"sum": aten.add.Tensor, "mean": aten.add.Tensor, "prod": aten.mul.Tensor,
+                       "amax": aten.maximum.default, "amin": aten.minimum.default}
+
+
+def scatter_reduce(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
+                   include_self: bool = True) -> torch.Tensor:
+    """aten.scatter_reduce.two: each src value combined into x at its index along dim, a position's values in src's
+    flat order as `scatter_add` takes them (torch's CPU kernel's), each combination one IEEE operation (sum, prod)
+    or an exact selection (amax, amin); mean is the sum divided by the count of values (x's own among them). Without
+    include_self a position that values reach starts from its first value (torch's kernels combine it with the
+    reduction's identity: the same value, but that a first -0 summed stays -0 here)."""
+    if reduce not in _SCATTER_REDUCTIONS:
+        raise UnsupportedOpError(str(aten.scatter_reduce.two), f"reduce={reduce!r} (torch knows sum, prod, mean, "
+                                 "amax and amin)")
+    values, target, ranks = _scattered(x, dim, index, src)
+    out = x
+    for r in range(int(ranks.max()) + 1 if ranks.numel() else 0):
+        at, here = list(target[:, ranks == r]), values[ranks == r]
+        if r or include_self:
+            here = call(_SCATTER_REDUCTIONS[reduce], call(aten.index.Tensor, out, at), here)
+        out = call(aten.index_put.default, out, at, here)
+    if reduce != "mean":
+        return out
+    counts = torch.zeros(x.numel(), dtype=x.dtype).index_add_(  # (whole numbers: exact)
+        0, sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target)), torch.ones(len(values), dtype=x.dtype))
+    counts = (counts + include_self).clamp_min_(1).reshape(x.shape)
+    return call(aten.div.Tensor, out, counts)
+
+
+def scatter_reduce_(call: Call, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return call(aten.copy_.default, x, scatter_reduce(call, x, *args, **kwargs))
 
 
 def index_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
@@ -1852,6 +1899,11 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
                                                                 aten.upsample_nearest2d_backward.default),
     aten.upsample_nearest3d_backward.default: functools.partial(_upsample_nearest_backward,
                                                                 aten.upsample_nearest3d_backward.default),
+    # (nearest-exact reads pixel floor((i + 1/2) / f), nearest floor(i / f): at a whole factor f the same, since
+    # i = q f + r with r + 1/2 < f)
+    **{op: functools.partial(_upsample_nearest_backward, op)
+       for op in (aten._upsample_nearest_exact1d_backward.default, aten._upsample_nearest_exact2d_backward.default,
+                  aten._upsample_nearest_exact3d_backward.default)},
     aten.hardsigmoid.default: hardsigmoid,
     aten.hardsigmoid_backward.default: hardsigmoid_backward,
     aten.hardswish.default: hardswish,
@@ -1861,6 +1913,9 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.mish.default: mish,
     aten.mish_backward.default: mish_backward,
     aten.xlogy.Tensor: xlogy,
+    aten.scatter_reduce.two: scatter_reduce,
+    aten.scatter_reduce_.two: scatter_reduce_,
+    aten.special_xlog1py.default: xlog1py,
     aten.logsumexp.default: logsumexp,
     aten.baddbmm.default: baddbmm,
     aten.norm.Scalar: norm,
@@ -1928,7 +1983,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.addr.default: addr,
     aten.vdot.default: vdot,
     aten._trilinear.default: trilinear,
-    aten.logaddexp.default: logaddexp,
+    aten.logaddexp.default: functools.partial(_logaddexp, aten.exp.default, 1.0),
+    aten.logaddexp2.default: functools.partial(_logaddexp, aten.exp2.default, 1 / math.log(2)),
     aten.hypot.default: hypot,
     aten.renorm.default: renorm,
     aten._weight_norm_interface.default: weight_norm,

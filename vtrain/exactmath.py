@@ -45,6 +45,7 @@ diverged; a value rounding beyond the largest grid value raises GridOverflowErro
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -389,8 +390,9 @@ def rounded_dots(
 # ---------------------------------------------------------------------------------------------------
 # Correctly rounded elementary and special functions
 
-FUNCTIONS = ("exp", "exp2", "log", "tanh", "sigmoid", "expm1", "log1p", "erf", "rsqrt", "sqrt", "pow", "sin", "cos",
-             "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
+FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid", "expm1", "log1p", "erf", "erfc", "rsqrt", "sqrt",
+             "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "atan2",
+             "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2, "atan2": 2}
 
@@ -506,6 +508,99 @@ def _ev_cos(x: float) -> _Value:
     return _Value(Fraction(0), c, _mag(c))
 
 
+def _ev_tan(x: float) -> _Value:
+    # tan 0 = 0 exactly, any other tangent of a rational transcendental (as `_ev_sin`); mpmath reduces the
+    # argument as for sin and cos, so near the poles (x by pi/2 + k pi) the value is still accurate to itself.
+    if x == 0.0:
+        return _Value(Fraction(0))
+    c = _MP.tan(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _inverse_trig(name: str, x: float) -> _Value:
+    # asin and acos take [-1, 1] (beyond it the device gives NaN). asin 0 = 0 and acos 1 = 0 exactly; any
+    # other value is transcendental (Lindemann: were asin x = a nonzero algebraic, x = sin a would not be
+    # algebraic), never a grid value or a tie. mpmath writes both as 2 atan(...) of a quotient of exact x x,
+    # 1 -+ x and a square root: no cancellation, acos near 1 and asin near 0 included.
+    if not -1.0 <= x <= 1.0:
+        raise ExactDomainError(f"{name}({x!r}): the argument must lie in [-1, 1] (the device gives NaN)")
+    if x == (0.0 if name == "asin" else 1.0):
+        return _Value(Fraction(0))
+    c = getattr(_MP, name)(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_atan(x: float) -> _Value:
+    # atan 0 = 0 exactly, any other value transcendental (as `_inverse_trig`); for huge |x| mpmath returns
+    # +-pi/2 within 2^-(prec + 20) relative, and pi/2 - atan(x) = atan(1/x) ~ 1/x is that small.
+    if x == 0.0:
+        return _Value(Fraction(0))
+    c = _MP.atan(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_sinh(x: float) -> _Value:
+    # sinh 0 = 0 exactly; sinh of another rational is transcendental (e^x would be algebraic otherwise).
+    # mpmath widens its working precision by the lost bits near 0, so c is accurate to itself.
+    if abs(x) > 1000.0:
+        raise GridOverflowError(f"sinh({x!r}) is beyond the largest grid value: the computation diverged")
+    if x == 0.0:
+        return _Value(Fraction(0))
+    c = _MP.sinh(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_cosh(x: float) -> _Value:
+    # cosh 0 = 1 exactly, else transcendental (as `_ev_sinh`). Near 0, cosh x = 1 + 2 sinh(x/2)^2 carries the
+    # small part in c relative to itself (x/2 is exact), so which side of 1's midpoints it lies on is known.
+    if abs(x) > 1000.0:
+        raise GridOverflowError(f"cosh({x!r}) is beyond the largest grid value: the computation diverged")
+    if x == 0.0:
+        return _Value(Fraction(1))
+    if abs(x) < 1.0:
+        c = 2 * _MP.sinh(_MP.mpf(x) / 2) ** 2
+        return _Value(Fraction(1), c, _mag(c))
+    c = _MP.cosh(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_asinh(x: float) -> _Value:
+    # asinh 0 = 0 exactly, else transcendental (sinh of a nonzero algebraic is not algebraic); mpmath takes
+    # log(|x| + sqrt(x^2 + 1)) with the precision widened by the bits lost near 0.
+    if x == 0.0:
+        return _Value(Fraction(0))
+    c = _MP.asinh(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_acosh(x: float) -> _Value:
+    # acosh takes x >= 1 (below, the device gives NaN); acosh 1 = 0 exactly, else transcendental. Near 1,
+    # log(x + sqrt(x^2 - 1)) is the log of a value near 1: log1p(t + sqrt(t (t + 2))) with t = x - 1 (exact by
+    # Sterbenz for x <= 2) keeps c accurate to itself.
+    if not x >= 1.0:
+        raise ExactDomainError(f"acosh({x!r}): the argument must be >= 1 (the device gives NaN)")
+    if x == 1.0:
+        return _Value(Fraction(0))
+    if x <= 2.0:
+        t = _MP.mpf(x) - 1
+        c = _MP.log1p(t + _MP.sqrt(t * (t + 2)))
+    else:
+        c = _MP.acosh(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_atanh(x: float) -> _Value:
+    # atanh takes (-1, 1) (+-inf at +-1, NaN beyond); atanh 0 = 0 exactly, else transcendental (as
+    # `_ev_asinh`). atanh x = log1p(2x / (1 - x)) / 2: 1 - x exact for x >= 1/2, so accurate near +-1 and 0.
+    if not -1.0 < x < 1.0:
+        raise ExactDomainError(f"atanh({x!r}): the argument must lie in (-1, 1) (the device gives inf/NaN)")
+    if x == 0.0:
+        return _Value(Fraction(0))
+    xm = _MP.mpf(x)
+    c = _MP.log1p(2 * xm / (1 - xm)) / 2
+    return _Value(Fraction(0), c, _mag(c))
+
+
 def _ev_atan2(y: float, x: float) -> _Value:
     # The angle of (x, y), signed zeros as IEEE's atan2 reads them (mpmath has none): +-0 exactly for y = +-0
     # and x >= +0, else +-pi for y = +-0. Any other angle is arctan of a nonzero rational, maybe plus a
@@ -526,6 +621,33 @@ def _ev_log(x: float) -> _Value:
     # Near 1, log1p(x - 1) keeps relative accuracy (x - 1 is exact by Sterbenz on 0.5 <= x <= 2).
     c = _MP.log1p(xm - 1) if 0.5 <= x <= 2.0 else _MP.log(xm)
     return _Value(Fraction(0), c, _mag(c))
+
+
+def _log_base(name: str, x: float, base: int) -> _Value:
+    # log2 and log10 of a dyadic rational x are rational only at whole powers of the base (log10: 10^k with
+    # k >= 0, since 5 divides no dyadic denominator), where they are integers: grid values, which Ziv's loop
+    # decides at once. Anywhere else they are irrational, never a grid value or a tie. Near 1,
+    # log1p(x - 1) / log(base) as `_ev_log` takes it.
+    if x <= 0.0:
+        raise ExactDomainError(f"{name}({x!r}): the argument must be > 0 (the device gives -inf/NaN)")
+    xm = _MP.mpf(x)
+    c = (_MP.log1p(xm - 1) if 0.5 <= x <= 2.0 else _MP.log(xm)) / _MP.log(base)
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_erfc(x: float) -> _Value:
+    # erfc 0 = 1 exactly. For x > 0 mpmath's erfc is accurate to itself (it raises its precision by the bits
+    # that 1 - erf(x) cancels, or sums the asymptotic series); for x < 0, erfc x = 2 - erfc(-x) keeps the
+    # small part apart, as `_ev_erf` does. erfc(40) < e^-1600 < 2^-2300: beyond, the saturated value.
+    if x == 0.0:
+        return _Value(Fraction(1))
+    if abs(x) > 40.0:
+        raise _Saturated(Fraction(0), 1) if x > 0 else _Saturated(Fraction(2), -1)
+    if x > 0:
+        c = _MP.erfc(_MP.mpf(x))
+        return _Value(Fraction(0), c, _mag(c))
+    c = -_MP.erfc(-_MP.mpf(x))
+    return _Value(Fraction(2), c, _mag(c))
 
 
 def _ev_tanh(x: float) -> _Value:
@@ -762,7 +884,10 @@ def _ev_gelu_tanh_backward(g: float, x: float) -> _Value:
 _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "exp": _ev_exp, "exp2": _ev_exp2, "log": _ev_log, "tanh": _ev_tanh, "sigmoid": _ev_sigmoid, "expm1": _ev_expm1,
     "log1p": _ev_log1p, "erf": _ev_erf, "rsqrt": _ev_rsqrt, "sqrt": _ev_sqrt, "pow": _ev_pow,
-    "sin": _ev_sin, "cos": _ev_cos, "atan2": _ev_atan2,
+    "sin": _ev_sin, "cos": _ev_cos, "tan": _ev_tan, "asin": functools.partial(_inverse_trig, "asin"),
+    "acos": functools.partial(_inverse_trig, "acos"), "atan": _ev_atan, "sinh": _ev_sinh, "cosh": _ev_cosh,
+    "asinh": _ev_asinh, "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
+    "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }
@@ -835,7 +960,8 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) where sqrt(2/pi) is the exact real
     number and 0.044715 the exact decimal (not their float64 roundings); gelu_backward(g, x) =
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
-    1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact). One input
+    1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others
+    are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf)). One input
     array per argument (two for the backward functions, g and x, and for atan2, y and x).
     """
     if fn not in _EVALUATORS:

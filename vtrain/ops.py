@@ -101,7 +101,8 @@ _EXACT = _names(
     aten.masked_fill_.Tensor, aten.tril.default, aten.triu.default, aten.tril_.default, aten.triu_.default,
     aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.replication_pad1d.default,
     aten.replication_pad2d.default, aten.reflection_pad3d.default, aten.replication_pad3d.default,
-    aten.upsample_nearest1d.default, aten.upsample_nearest3d.default, aten.im2col.default,
+    aten.upsample_nearest1d.default, aten.upsample_nearest3d.default, aten._upsample_nearest_exact1d.default,
+    aten._upsample_nearest_exact2d.default, aten._upsample_nearest_exact3d.default, aten.im2col.default,
     aten.channel_shuffle.default, aten.hardshrink.default, aten.hardshrink_backward.default,
     aten.softshrink_backward.default,
     # backward passes of views and selections: the gradient copied into zeros
@@ -330,6 +331,8 @@ _DEVICE_INPLACE = {
     aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.rsqrt_.default: aten.rsqrt.default,
     aten.erf_.default: aten.erf.default, aten.sin_.default: aten.sin.default, aten.cos_.default: aten.cos.default,
     aten.pow_.Tensor: aten.pow.Tensor_Tensor, aten.atan2_.default: aten.atan2.default,
+    **{getattr(aten, name + "_").default: getattr(aten, name).default
+       for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc")},
 }
 
 

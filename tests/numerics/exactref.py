@@ -66,6 +66,12 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             return mp.sin(x)
         if fn == "cos":
             return mp.cos(x)
+        if fn in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfc"):
+            return getattr(mp, fn)(x)
+        if fn == "log2":
+            return mp.log(x, 2)
+        if fn == "log10":
+            return mp.log(x, 10)
         if fn == "atan2":  # (IEEE's signed zeros, which mpmath has not: atan2(+-0, x) is +-pi for x < 0 and -0)
             y = args[0]
             if y == 0:

@@ -61,6 +61,13 @@ def _cases(bits, dtype):
         "tanh": (aten.tanh.default, (x,)),
         "sin": (aten.sin.default, (x,)),
         "cos": (aten.cos.default, (x,)),
+        "tan": (aten.tan.default, (x,)),
+        "asin": (aten.asin.default, (x * 2.0**-4,)),
+        "atanh": (aten.atanh.default, (x * 2.0**-4,)),
+        "sinh": (aten.sinh.default, (x,)),
+        "acosh": (aten.acosh.default, (q.abs() + 1,)),
+        "log10": (aten.log10.default, (q.abs() + 1,)),
+        "erfc": (aten.erfc.default, (x,)),
         "atan2": (aten.atan2.default, (x, q)),
         "pow": (aten.pow.Tensor_Tensor, (q.abs() + 1, x)),
         "gelu": (aten.gelu.default, (x,)),
@@ -168,3 +175,41 @@ def test_an_overflow_beside_an_ambiguous_value_in_an_output_rounded_in_place():
         assert total.tolist() == [0.0, up], device
         assert rx.stats["recomputed"] >= 1
         assert rx.stats["rounded"] == rx.stats["checked"] == 2, device  # (counted once, however computed)
+
+
+FUNCTIONS = {  # (name, inputs on the grid inside the function's domain)
+    "tan": lambda x: x, "asin": lambda x: x / 16, "acos": lambda x: x / 16, "atan": lambda x: x,
+    "sinh": lambda x: x, "cosh": lambda x: x, "asinh": lambda x: x, "acosh": lambda x: x.abs() + 1,
+    "atanh": lambda x: x / 16, "log2": lambda x: x.abs() + 1 / 64, "log10": lambda x: x.abs() + 1 / 64,
+    "erfc": lambda x: x,
+}
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_functions_train_to_the_same_bits_on_every_device(name):
+    # Forward and backward (autograd's formulas: cosh for sinh, rsqrt(1 - x^2) for asin, ...), and the in-place
+    # form, under `exact` on every device and under the log, its replay on every device.
+    from vtrain.roundlog import StepLog
+
+    x = round_to_grid(FUNCTIONS[name](_grid((64,), 32, 21)), 32)
+
+    def run(mode="record", **kw):
+        leaf = x.clone().requires_grad_(True)
+        with RoundedExecution(bits=32, mode=mode, **kw) as rx:
+            y = getattr(torch, name)(leaf)
+            (y * torch.linspace(-1, 1, 64, dtype=torch.float64)).sum().backward()
+            inplace = getattr(torch.Tensor, name + "_")(x.clone())
+        assert torch.equal(inplace, y.detach())
+        return (y.detach(), leaf.grad), rx
+
+    (want, rx) = run(device=get_device("cpu"), resolution="exact")
+    assert all(torch.equal(t, round_to_grid(t, 32)) and torch.isfinite(t).all() for t in want)
+    assert rx.stats["by_op"][f"aten.{name}.default"][0] == rx.stats["by_op"][f"aten.{name}_.default"][0] == 64
+    for device in DEVICES[1:]:
+        got, _ = run(device=get_device(device), resolution="exact")
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), device
+    logged, rx = run(device=get_device("cpu"))
+    log = StepLog.from_bytes(rx.log.to_bytes())
+    for device in DEVICES:
+        got, _ = run(mode="replay", device=get_device(device), replay_log=log)
+        assert all(torch.equal(a, b) for a, b in zip(got, logged)), device

@@ -299,6 +299,24 @@ _G_FIRST, _G_LAST = _grid(4, 1, 1, seed=35), _grid(1, 1, 5, seed=36)
 _ROWS_I, _ROWS_J = torch.triu_indices(24, 24, 1)  # (pdist's pairs i < j of 24 rows, row-major)
 
 
+_SCATTER_TO = [0, 3, 0, 0, 2]  # (along the last dim: position 0 reached three times, 1 never)
+_SCATTER_INDEX = torch.tensor(_SCATTER_TO).expand(4, 6, 5)
+
+
+def _scatter_reduced(x: torch.Tensor, src: torch.Tensor, reduce: str, include_self: bool) -> torch.Tensor:
+    # torch's documented scatter_reduce written out: src's values taken in order, each combined into its position
+    # (without include_self starting from the first value), a mean the sum over the count of values
+    combine = {"sum": torch.add, "mean": torch.add, "prod": torch.mul, "amax": torch.maximum, "amin": torch.minimum}
+    out, counts, seen = x.clone(), [1 if include_self else 0] * x.shape[-1], set()
+    for j, c in enumerate(_SCATTER_TO):
+        out[..., c] = combine[reduce](out[..., c], src[..., j]) if include_self or c in seen else src[..., j]
+        seen.add(c)
+        counts[c] += 1
+    if reduce != "mean":
+        return out
+    return out / torch.tensor([max(n, 1) for n in counts], dtype=x.dtype)
+
+
 def _pair_differences(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(24, 5)
     return x[_ROWS_I] - x[_ROWS_J]
@@ -398,7 +416,19 @@ DEFINITIONS = {
                     lambda x: (x[1, :, 0, None] * x[2, 0, None, :]) * 0.5),
     "logaddexp": (lambda x: torch.logaddexp(x * 4, _TARGET),
                   lambda x: torch.maximum(x * 4, _TARGET) + torch.log1p(torch.exp(-(x * 4 - _TARGET).abs()))),
+    "logaddexp2": (lambda x: torch.logaddexp2(x * 4, _TARGET),
+                   lambda x: torch.maximum(x * 4, _TARGET)
+                   + torch.log1p(torch.exp2(-(x * 4 - _TARGET).abs())) * (1 / math.log(2))),
+    "xlog1py": (lambda x: torch.special.xlog1py(x.clamp_min(0), _TARGET.abs()),
+                lambda x: x.clamp_min(0) * torch.log1p(_TARGET.abs().masked_fill(x.clamp_min(0) == 0, 0.0))),
     "hypot": (lambda x: torch.hypot(x, _TARGET), lambda x: torch.sqrt(x * x + _TARGET * _TARGET)),
+    **{f"scatter-reduce-{reduce}{'' if include_self else '-without-self'}": (
+        functools.partial(lambda r, i, x: torch.scatter_reduce(x, 2, _SCATTER_INDEX, _TARGET * 2, r, include_self=i),
+                          reduce, include_self),
+        functools.partial(lambda r, i, x: _scatter_reduced(x, _TARGET * 2, r, i), reduce, include_self))
+       for reduce in ("sum", "mean", "prod", "amax", "amin") for include_self in (True, False)},
+    "scatter-reduce-in-place": (lambda x: (x * 1.0).scatter_reduce_(2, _SCATTER_INDEX, _TARGET, "prod"),
+                                lambda x: _scatter_reduced(x * 1.0, _TARGET, "prod", True)),
     "bilinear-layer": (lambda x: F.bilinear(x[0, :, :3], x[1, :, :4], _TARGET[:3, :3, :4], _TARGET[3, 0, :3]),
                        lambda x: (x[0, :, :3].reshape(6, 1, 3, 1) * _TARGET[:3, :3, :4].reshape(1, 3, 3, 4)
                                   * x[1, :, :4].reshape(6, 1, 1, 4)).sum((2, 3)) + _TARGET[3, 0, :3]),
@@ -414,6 +444,15 @@ DEFINITIONS = {
                                  lambda x: _uneven(x, lambda w: w.mean((-2, -1)))),
     "adaptive-max-pool-uneven": (lambda x: F.adaptive_max_pool2d(x.reshape(2, 2, 6, 5), (4, 3)),
                                  lambda x: _uneven(x, lambda w: w.amax((-2, -1)))),
+    "nearest-exact": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), scale_factor=2, mode="nearest-exact"),
+                      lambda x: x.reshape(4, 1, 6, 1, 5, 1).expand(4, 1, 6, 2, 5, 2).reshape(4, 1, 12, 10)),
+    "nearest-exact-1d": (lambda x: F.interpolate(x, scale_factor=3, mode="nearest-exact"),
+                         lambda x: x.reshape(4, 6, 5, 1).expand(4, 6, 5, 3).reshape(4, 6, 15)),
+    "nearest-exact-3d": (lambda x: F.interpolate(x.reshape(1, 4, 6, 5, 1), scale_factor=(1, 2, 2), mode="nearest-exact"),
+                         lambda x: x.reshape(1, 4, 6, 5, 1, 1, 1).expand(1, 4, 6, 5, 2, 1, 2).reshape(1, 4, 6, 10, 2)),
+    # (pixel floor((i + 1/2) in / out): rows 0, 2, 3, 5 of 6; columns 0, 1, 1, 2, 3, 3, 4 of 5)
+    "nearest-exact-fraction": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), size=(4, 7), mode="nearest-exact"),
+                               lambda x: x.reshape(4, 1, 6, 5)[:, :, [0, 2, 3, 5]][..., [0, 1, 1, 2, 3, 3, 4]]),
     "upsample-1d": (lambda x: F.interpolate(x, scale_factor=3),
                     lambda x: x.reshape(4, 6, 5, 1).expand(4, 6, 5, 3).reshape(4, 6, 15)),
     "upsample-3d": (lambda x: F.interpolate(x.reshape(1, 4, 6, 5, 1), scale_factor=2),
@@ -553,11 +592,19 @@ def test_a_masked_softmax_under_the_exact_resolution_is_the_same_on_every_device
     assert (got[0] - torch.softmax(masked, -1)).abs().max() <= 2.0**-24
 
 
-def test_nearest_upsampling_by_a_fraction_is_refused_by_name_in_the_backward_pass() -> None:
+def test_scatter_reduce_by_an_unknown_reduction_is_refused_by_name() -> None:
+    x = _grid(4, 6, 5, seed=1)
+    with pytest.raises(UnsupportedOpError, match=r"scatter_reduce.*reduce='median'"):
+        _rounded(lambda: torch.scatter_reduce(x, 2, _SCATTER_INDEX, _TARGET, "median"))
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_nearest_upsampling_by_a_fraction_is_refused_by_name_in_the_backward_pass(mode: str) -> None:
     # (its forward pass copies values; its backward pass would sum a varying number of them per pixel)
     x = _grid(1, 2, 4, 5, seed=1).requires_grad_()
-    with pytest.raises(UnsupportedOpError, match=r"upsample_nearest2d_backward.*output \[6, 7\]"):
-        _rounded(lambda: F.interpolate(x, size=(6, 7)).sum().backward())
+    op = "upsample_nearest2d_backward" if mode == "nearest" else "_upsample_nearest_exact2d_backward"
+    with pytest.raises(UnsupportedOpError, match=rf"{op}.*output \[6, 7\]"):
+        _rounded(lambda: F.interpolate(x, size=(6, 7), mode=mode).sum().backward())
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])
@@ -866,7 +913,7 @@ class _Applied(nn.Module):
 # Not compared: saturated probabilities (where the grid's sigmoid is 1, torch's float64 one is not, and the gradient
 # there is (p - target) / max((1 - p) p, 1e-12)), and a masked log-sum-exp, whose backward pass (torch's
 # grad exp(x - result)) puts the mask's -inf into a subtraction
-_NO_GRADIENT = {"bce-probabilities-ends", "bce-backward-ends", "logsumexp-masked"}
+_NO_GRADIENT = {"bce-probabilities-ends", "bce-backward-ends", "logsumexp-masked", "nearest-exact-fraction"}
 _FUNCTIONS = {name: fns[0] for name, fns in DEFINITIONS.items() if name not in _NO_GRADIENT}
 # (torch's own compositions of the ops above: their gradients)
 _FUNCTIONS["kl_div"] = lambda x: F.kl_div(F.log_softmax(x, -1), torch.softmax(_TARGET, -1), reduction="batchmean")

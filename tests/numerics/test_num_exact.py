@@ -315,8 +315,13 @@ def _ref(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) ->
 
 
 def _domain_inputs(fn: str, x: np.ndarray) -> np.ndarray:
-    if fn in ("log", "sqrt", "rsqrt"):
+    if fn in ("log", "log2", "log10", "sqrt", "rsqrt"):
         return np.abs(x) + (x == 0)
+    # (grid values stay on the grid: |x| < 16 and |x| >= 2^-6 or 0 in the grid tests, wider in the slow one)
+    if fn in ("asin", "acos", "atanh"):
+        return np.where(np.abs(x) < 16, x / 16, 8 / x)
+    if fn == "acosh":
+        return np.where(np.abs(x) * 64 >= 1, np.abs(x) * 64, np.abs(x) + 1)
     if fn == "log1p":
         return np.where(x <= -1, -x / 4, x)
     if fn in ("exp", "expm1"):
@@ -366,6 +371,25 @@ HARD = {
     "cos": [0.0, 2.0**-149, 2.0**-12, -(2.0**-12), 0.5, math.pi / 2, math.pi, 3 * math.pi / 2, 1e30, -3e38],
     # atan2(g, x) for each g of the two-argument loop: x = +-0 (+-pi / 2), tiny and huge x (near 0 and +-pi)
     "atan2": [0.0, -0.0, 2.0**-149, -(2.0**-149), 1.0, -1.0, 3e38, -3e38, 1e-30, -1e30],
+    # near the poles (float32's pi / 2, 3 pi / 2, 50 pi + pi / 2), tiny and huge arguments
+    "tan": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 1.5707964, -1.5707964, 4.712389, 158.65042, 1e30, -3e38],
+    # the ends of the domain, tiny arguments (asin x ~ x), near the ends (acos 1 - 2^-24 ~ 2^-11.5)
+    "asin": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 0.5, -0.5, 1.0, -1.0, 1.0 - 2.0**-24, -(1.0 - 2.0**-24)],
+    "acos": [0.0, 2.0**-149, 2.0**-12, 0.5, -0.5, 1.0, -1.0, 1.0 - 2.0**-24, -(1.0 - 2.0**-24)],
+    "atan": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 1.0, -1.0, 2.0**24, 2.0**30, -1e30, 3e38],
+    # sinh 2^-12 = 2^-12 + 2^-36 / 6 + ...: a twelfth of a spacing above 2^-12, so 2^-12; overflow beyond ~89.4
+    "sinh": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 0.5, -20.0, 89.0, 89.5, -90.0, 1e30],
+    # cosh 2^-12 = 1 + 2^-25 + ...: below 1's midpoint above, so 1; cosh 0.00034526698 - 1 = (1 - 2.4e-8) 2^-24,
+    # a hair below that midpoint
+    "cosh": [0.0, 2.0**-149, 2.0**-12, -(2.0**-12), 0.00034526698, 0.5, -20.0, 89.0, 90.0, -1e30],
+    "asinh": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 1.0, -1.0, 1e30, -3e38],
+    "acosh": [1.0, 1.0 + 2.0**-23, 1.0 + 2.0**-22, 2.0, 1.5, 1e30, 3e38],
+    "atanh": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 0.5, -0.5, 1.0 - 2.0**-24, -(1.0 - 2.0**-24)],
+    # the exact values: whole powers of 2 (log2) and of 10 (log10) down to the subnormals; near 1
+    "log2": [1.0, 2.0, 0.5, 2.0**-149, 2.0**-130, 2.0**127, 3.0, 1.0 + 2.0**-23, 1.0 - 2.0**-24, 3e38],
+    "log10": [1.0, 10.0, 100.0, 1e10, 0.1, 2.0**-149, 1.0 + 2.0**-23, 1.0 - 2.0**-24, 3e38],
+    # the tie-free exact value at 0, near 1 and 2, the subnormal tail (erfc 9.2 ~ 1e-38) and saturation
+    "erfc": [0.0, 2.0**-149, -(2.0**-130), 0.5, -0.5, 4.0, -4.0, 9.2, 10.0, 10.5, 41.0, -41.0, 1e30],
     "rsqrt": [2.0**-149, 4.0, 2.0, 3e38, 0.25, 1.0 + 2.0**-23],
     "pow": [0.0, 1.0, -1.0, 1.5, -1.5, 2.0**-50, 5e12, -7e12, 2.0**-149],
     "gelu": [0.0, 2.0**-149, -(2.0**-149), -0.75, 5.0, 9.0, -5.0, -10.0, -38.0, -39.0, 41.0, -50.0, 1e30],
@@ -477,7 +501,9 @@ def test_correctly_rounded_broadcast_float32_and_context() -> None:
 @pytest.mark.parametrize(
     ("fn", "x", "kw"),
     [("log", 0.0, {}), ("log", -1.0, {}), ("log1p", -1.0, {}), ("rsqrt", 0.0, {}), ("rsqrt", -2.0, {}),
-     ("sqrt", -1e-30, {}), ("pow", -2.0, {"exponent": 0.5}), ("pow", 0.0, {"exponent": -1.0})],
+     ("sqrt", -1e-30, {}), ("pow", -2.0, {"exponent": 0.5}), ("pow", 0.0, {"exponent": -1.0}),
+     ("log2", 0.0, {}), ("log10", -2.0, {}), ("asin", 1.5, {}), ("acos", -1.0000001, {}), ("acosh", 0.5, {}),
+     ("atanh", 1.0, {}), ("atanh", -3.0, {})],
 )
 def test_domain_errors_name_the_function(fn: str, x: float, kw: dict) -> None:
     with pytest.raises(em.ExactDomainError, match=fn) as err:
@@ -487,15 +513,16 @@ def test_domain_errors_name_the_function(fn: str, x: float, kw: dict) -> None:
 
 def test_overflow_and_bad_calls() -> None:
     cr = em.correctly_rounded
-    for fn, x in (("exp", 89.0), ("exp", 1e30), ("expm1", 100.0), ("gelu", 3.5e38), ("pow", 1e20)):
+    for fn, x in (("exp", 89.0), ("exp", 1e30), ("expm1", 100.0), ("gelu", 3.5e38), ("pow", 1e20), ("sinh", 90.0),
+                  ("sinh", -1e30), ("cosh", -90.0), ("cosh", 1e30)):
         with pytest.raises(GridOverflowError, match=rf"^{fn}\("):
             cr(fn, 32, np.array([x]), exponent=2.0 if fn == "pow" else None)
     with pytest.raises(em.ExactDomainError, match="NaN or infinity"):
         cr("exp", 32, np.array([np.nan]))
     with pytest.raises(em.ExactDomainError, match="NaN or infinity"):
         cr("gelu_backward", 32, np.array([np.inf]), np.array([1.0]))
-    with pytest.raises(em.ExactMathError, match="unknown function 'cosh'"):
-        cr("cosh", 32, np.ones(1))
+    with pytest.raises(em.ExactMathError, match="unknown function 'lgamma'"):
+        cr("lgamma", 32, np.ones(1))
     with pytest.raises(em.ExactMathError, match="expected 2 input arrays"):
         cr("gelu_backward", 32, np.ones(1))
     with pytest.raises(em.ExactMathError, match="exponent"):

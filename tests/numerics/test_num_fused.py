@@ -180,9 +180,10 @@ def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, i
         assert 0 < got[0] < x.size  # the bands leave both candidates and others
 
 
-RELATIVE_OPS = [torch.ops.aten.tanh.default, torch.ops.aten.exp.default, torch.ops.aten.sigmoid.default,
-                torch.ops.aten.log.default, torch.ops.aten.exp2.default, torch.ops.aten.sin.default,
-                torch.ops.aten.cos.default]
+RELATIVE_OPS = [getattr(torch.ops.aten, name).default
+                for name in ("tanh", "exp", "sigmoid", "log", "exp2", "sin", "cos", "tan", "asin", "acos", "atan",
+                             "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc")]
+_POSITIVE = (torch.ops.aten.log.default, torch.ops.aten.log2.default, torch.ops.aten.log10.default)
 
 
 @pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)
@@ -194,8 +195,8 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
     from vtrain.bounds import BOUNDS, RELATIVE
 
     x = torch.from_numpy(_values(32, np.float64))
-    y = func(x.abs() if func is torch.ops.aten.log.default else x)
-    y = y[torch.isfinite(y) & (y.abs() <= grid_max(32))].contiguous()
+    y = func(x.abs() if func in _POSITIVE else x)
+    y = y[torch.isfinite(y) & (y.abs() <= grid_max(32))].contiguous()  # (and inside the domain: NaN beyond)
     k, a, c, f = RELATIVE[func](torch.float64)
     (e,) = BOUNDS[func]((x,), {}, [y])
     v, top = y.numpy(), grid_max(32)
@@ -214,7 +215,7 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
             assert 0 < got[0] < vv.size
     # the exact resolution's +0 for -0 (`plus`), added as each kernel rounds
     vz, ez = v.copy(), e.numpy().copy()
-    vz[:3] = -0.0  # (exp's and sigmoid's outputs hold none)
+    vz[:3] = -0.0  # (exp's, sigmoid's, cosh's and erfc's outputs hold none)
     ez[:3] = fused.relative_at(vz[:3], k, a, c, f)
     zeros = np.signbit(vz) & (vz == 0)
     for plus in (0.0, -0.0):
@@ -224,10 +225,11 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
         assert (np.signbit(got[2][zeros]) == np.signbit(plus)).all()
 
 
-INVERSES = {torch.ops.aten.tanh.default: torch.atanh, torch.ops.aten.exp.default: torch.log,
-            torch.ops.aten.sigmoid.default: torch.logit, torch.ops.aten.log.default: torch.exp,
-            torch.ops.aten.exp2.default: torch.log2, torch.ops.aten.sin.default: torch.asin,
-            torch.ops.aten.cos.default: torch.acos}
+# (inputs whose outputs are the float32 values of (0.1, 0.9) and the midpoints between them; cosh's times 16)
+INVERSES = dict(zip(RELATIVE_OPS, (
+    torch.atanh, torch.log, torch.logit, torch.exp, torch.log2, torch.asin, torch.acos, torch.atan, torch.sin,
+    torch.cos, torch.tan, torch.asinh, lambda y: torch.acosh(16 * y), torch.sinh, torch.cosh, torch.tanh,
+    torch.exp2, lambda y: torch.pow(10.0, y), lambda y: torch.erfinv(1 - y))))
 
 
 @pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)

@@ -639,6 +639,18 @@ FUNCTION_OPS: dict[Any, tuple[Callable, str]] = {  # op -> (reference, input dom
     aten.sin.default: (mpmath.sin, "any"),
     aten.cos.default: (mpmath.cos, "any"),
     aten.log.default: (mpmath.log, "positive"),
+    aten.log2.default: (lambda x: mpmath.log(x, 2), "positive"),
+    aten.log10.default: (lambda x: mpmath.log(x, 10), "positive"),
+    aten.tan.default: (mpmath.tan, "any"),
+    aten.asin.default: (mpmath.asin, "unit"),
+    aten.acos.default: (mpmath.acos, "unit"),
+    aten.atan.default: (mpmath.atan, "any"),
+    aten.sinh.default: (mpmath.sinh, "any"),
+    aten.cosh.default: (mpmath.cosh, "any"),
+    aten.asinh.default: (mpmath.asinh, "any"),
+    aten.acosh.default: (mpmath.acosh, "above 1"),
+    aten.atanh.default: (mpmath.atanh, "unit"),
+    aten.erfc.default: (mpmath.erfc, "any"),
     aten.tanh.default: (mpmath.tanh, "any"),
     aten.sigmoid.default: (lambda x: 1 / (1 + mpmath.exp(-x)), "any"),
     aten.expm1.default: (mpmath.expm1, "any"),
@@ -668,7 +680,9 @@ def test_functions_match_mpmath(op: Any, dtype: torch.dtype, bits: int) -> None:
     gen = torch.Generator().manual_seed(11)
     x = torch.cat([torch.randn(10, generator=gen, dtype=torch.float64) * 3,
                    torch.tensor([0.0, 2.0**-30, -2.0**-30, 9.5, -9.5, -0.75])])
-    x = round_to_grid(x.abs() + 2.0**-20 if domain == "positive" else x, bits).to(dtype)
+    x = {"positive": x.abs() + 2.0**-20, "unit": x / 16, "above 1": x.abs() + 1}.get(domain, x)
+    x = round_to_grid(x, bits).to(dtype)
+    assert domain != "unit" or (x.abs() < 1).all()
     if op in (aten.gelu_backward.default, aten.atan2.default, aten.pow.Tensor_Tensor):
         g = round_to_grid(torch.randn(len(x), generator=gen, dtype=torch.float64), bits).to(dtype)
         args = (x, g) if op is aten.pow.Tensor_Tensor else (g, x)
