@@ -756,15 +756,17 @@ def mish_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tens
 
 def xlogy(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """aten.xlogy.Tensor: x log(y), 0 where x is 0 (the log taken of 1 there, whatever y holds: torch's NaN for a
-    NaN y there would stop the step)."""
-    zero = call(aten.eq.Scalar, x, 0)
-    return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y.expand_as(zero), zero, 1.0)))
+    NaN y there would stop the step). x and y broadcast against each other."""
+    x, y = torch.broadcast_tensors(x, y)
+    return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y, call(aten.eq.Scalar, x, 0),
+                                                                1.0)))
 
 
 def xlog1py(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """aten.special_xlog1py: x log1p(y), 0 where x is 0 (as `xlogy`: log1p taken of 0 there)."""
-    zero = call(aten.eq.Scalar, x, 0)
-    return call(aten.mul.Tensor, x, call(aten.log1p.default, call(aten.masked_fill.Scalar, y.expand_as(zero), zero, 0.0)))
+    x, y = torch.broadcast_tensors(x, y)
+    return call(aten.mul.Tensor, x, call(aten.log1p.default, call(aten.masked_fill.Scalar, y, call(aten.eq.Scalar, x, 0),
+                                                                  0.0)))
 
 
 def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:

@@ -391,8 +391,8 @@ def rounded_dots(
 # Correctly rounded elementary and special functions
 
 FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid", "expm1", "log1p", "erf", "erfc", "rsqrt", "sqrt",
-             "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "atan2",
-             "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
+             "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma",
+             "digamma", "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2, "atan2": 2}
 
@@ -598,6 +598,27 @@ def _ev_atanh(x: float) -> _Value:
         return _Value(Fraction(0))
     xm = _MP.mpf(x)
     c = _MP.log1p(2 * xm / (1 - xm)) / 2
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_lgamma(x: float) -> _Value:
+    # x > 0 (the registry refuses the rest: vtrain.bounds). lgamma 1 = lgamma 2 = 0 exactly; at a whole x >= 3 it
+    # is the log of an integer > 1, transcendental, and elsewhere no boundary is known to be hit (were one, the
+    # cap precision's rounding would define it, the same on every machine). mpmath keeps it accurate to itself
+    # near its zeros 1 and 2.
+    if not x > 0.0:
+        raise ExactDomainError(f"lgamma({x!r}): the argument must be > 0 (the registry refuses the others)")
+    if x in (1.0, 2.0):
+        return _Value(Fraction(0))
+    c = _MP.loggamma(_MP.mpf(x))
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_digamma(x: float) -> _Value:
+    # x > 0 (as `_ev_lgamma`); mpmath's digamma is accurate to itself, at its root near 1.4616 too
+    if not x > 0.0:
+        raise ExactDomainError(f"digamma({x!r}): the argument must be > 0 (the registry refuses the others)")
+    c = _MP.digamma(_MP.mpf(x))
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -887,7 +908,8 @@ _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "sin": _ev_sin, "cos": _ev_cos, "tan": _ev_tan, "asin": functools.partial(_inverse_trig, "asin"),
     "acos": functools.partial(_inverse_trig, "acos"), "atan": _ev_atan, "sinh": _ev_sinh, "cosh": _ev_cosh,
     "asinh": _ev_asinh, "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
-    "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "atan2": _ev_atan2,
+    "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "lgamma": _ev_lgamma,
+    "digamma": _ev_digamma, "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }
@@ -961,7 +983,8 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     number and 0.044715 the exact decimal (not their float64 roundings); gelu_backward(g, x) =
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
     1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others
-    are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf)). One input
+    are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma and
+    digamma (0, inf)). One input
     array per argument (two for the backward functions, g and x, and for atan2, y and x).
     """
     if fn not in _EVALUATORS:

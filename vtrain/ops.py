@@ -332,7 +332,8 @@ _DEVICE_INPLACE = {
     aten.erf_.default: aten.erf.default, aten.sin_.default: aten.sin.default, aten.cos_.default: aten.cos.default,
     aten.pow_.Tensor: aten.pow.Tensor_Tensor, aten.atan2_.default: aten.atan2.default,
     **{getattr(aten, name + "_").default: getattr(aten, name).default
-       for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc")},
+       for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc",
+                    "lgamma", "digamma")},
 }
 
 

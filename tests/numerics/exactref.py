@@ -68,6 +68,10 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             return mp.cos(x)
         if fn in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfc"):
             return getattr(mp, fn)(x)
+        if fn == "lgamma":
+            return mp.loggamma(x)
+        if fn == "digamma":
+            return mp.digamma(x)
         if fn == "log2":
             return mp.log(x, 2)
         if fn == "log10":

@@ -419,6 +419,9 @@ DEFINITIONS = {
     "logaddexp2": (lambda x: torch.logaddexp2(x * 4, _TARGET),
                    lambda x: torch.maximum(x * 4, _TARGET)
                    + torch.log1p(torch.exp2(-(x * 4 - _TARGET).abs())) * (1 / math.log(2))),
+    # (x one value a line: both broadcast)
+    "xlogy-broadcast": (lambda x: torch.xlogy(x[:, :, :1].clamp_min(0), _TARGET.abs()),
+                        lambda x: _xlogy(x[:, :, :1].clamp_min(0).expand(4, 6, 5), _TARGET.abs())),
     "xlog1py": (lambda x: torch.special.xlog1py(x.clamp_min(0), _TARGET.abs()),
                 lambda x: x.clamp_min(0) * torch.log1p(_TARGET.abs().masked_fill(x.clamp_min(0) == 0, 0.0))),
     "hypot": (lambda x: torch.hypot(x, _TARGET), lambda x: torch.sqrt(x * x + _TARGET * _TARGET)),

@@ -315,7 +315,7 @@ def _ref(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) ->
 
 
 def _domain_inputs(fn: str, x: np.ndarray) -> np.ndarray:
-    if fn in ("log", "log2", "log10", "sqrt", "rsqrt"):
+    if fn in ("log", "log2", "log10", "sqrt", "rsqrt", "lgamma", "digamma"):
         return np.abs(x) + (x == 0)
     # (grid values stay on the grid: |x| < 16 and |x| >= 2^-6 or 0 in the grid tests, wider in the slow one)
     if fn in ("asin", "acos", "atanh"):
@@ -390,6 +390,11 @@ HARD = {
     "log10": [1.0, 10.0, 100.0, 1e10, 0.1, 2.0**-149, 1.0 + 2.0**-23, 1.0 - 2.0**-24, 3e38],
     # the tie-free exact value at 0, near 1 and 2, the subnormal tail (erfc 9.2 ~ 1e-38) and saturation
     "erfc": [0.0, 2.0**-149, -(2.0**-130), 0.5, -0.5, 4.0, -4.0, 9.2, 10.0, 10.5, 41.0, -41.0, 1e30],
+    # near the zeros 1 and 2 (exact there), tiny and huge arguments (lgamma 3e38 ~ 2.6e40: beyond the grid)
+    "lgamma": [1.0, 2.0, 1.0 + 2.0**-23, 1.0 - 2.0**-24, 2.0 + 2.0**-22, 2.0 - 2.0**-23, 2.0**-149, 0.5, 3.0, 1e30,
+               3e38],
+    # near the root x0 = 1.46163214496836..., (float32's x0 and its neighbours), tiny and huge arguments
+    "digamma": [1.4616321, 1.4616323, 1.4616320, 1.0, 2.0, 2.0**-149, 0.5, 10.0, 1e30, 3e38],
     "rsqrt": [2.0**-149, 4.0, 2.0, 3e38, 0.25, 1.0 + 2.0**-23],
     "pow": [0.0, 1.0, -1.0, 1.5, -1.5, 2.0**-50, 5e12, -7e12, 2.0**-149],
     "gelu": [0.0, 2.0**-149, -(2.0**-149), -0.75, 5.0, 9.0, -5.0, -10.0, -38.0, -39.0, 41.0, -50.0, 1e30],
@@ -503,7 +508,7 @@ def test_correctly_rounded_broadcast_float32_and_context() -> None:
     [("log", 0.0, {}), ("log", -1.0, {}), ("log1p", -1.0, {}), ("rsqrt", 0.0, {}), ("rsqrt", -2.0, {}),
      ("sqrt", -1e-30, {}), ("pow", -2.0, {"exponent": 0.5}), ("pow", 0.0, {"exponent": -1.0}),
      ("log2", 0.0, {}), ("log10", -2.0, {}), ("asin", 1.5, {}), ("acos", -1.0000001, {}), ("acosh", 0.5, {}),
-     ("atanh", 1.0, {}), ("atanh", -3.0, {})],
+     ("atanh", 1.0, {}), ("atanh", -3.0, {}), ("lgamma", 0.0, {}), ("lgamma", -2.5, {}), ("digamma", 0.0, {})],
 )
 def test_domain_errors_name_the_function(fn: str, x: float, kw: dict) -> None:
     with pytest.raises(em.ExactDomainError, match=fn) as err:
@@ -521,8 +526,8 @@ def test_overflow_and_bad_calls() -> None:
         cr("exp", 32, np.array([np.nan]))
     with pytest.raises(em.ExactDomainError, match="NaN or infinity"):
         cr("gelu_backward", 32, np.array([np.inf]), np.array([1.0]))
-    with pytest.raises(em.ExactMathError, match="unknown function 'lgamma'"):
-        cr("lgamma", 32, np.ones(1))
+    with pytest.raises(em.ExactMathError, match="unknown function 'erfinv'"):
+        cr("erfinv", 32, np.ones(1))
     with pytest.raises(em.ExactMathError, match="expected 2 input arrays"):
         cr("gelu_backward", 32, np.ones(1))
     with pytest.raises(em.ExactMathError, match="exponent"):
