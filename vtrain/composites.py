@@ -9,8 +9,8 @@ addbmm, trace, dist, pdist, 3-d pooling, grid sampling and affine grids, linspac
 clipping's by default, torch.optim's with foreach=True): each tensor's op in turn, torch.optim's fused kernels
 (fused=True): each parameter's update as its single-tensor loop's; and (session 41) addr, vdot, F.bilinear
 (_trilinear), logaddexp, hypot, renorm, weight normalisation, embedding max_norm, 3-d adaptive pooling, max
-unpooling and RReLU's backward; (session 42) logaddexp2, xlog1py, nearest-exact upsampling's backward passes and
-scatter_reduce.
+unpooling and RReLU's backward; (session 42) logaddexp2, xlog1py, nearest-exact upsampling's backward passes,
+scatter_reduce and triangular solves.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -934,6 +934,32 @@ def vdot(call: Call, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     if x.is_complex():
         raise UnsupportedOpError(str(aten.vdot.default), "complex vectors: the registry is real (vtrain.ops)")
     return call(aten.dot.default, x, other)
+
+
+def solve_triangular(call: Call, a: torch.Tensor, b: torch.Tensor, *, upper: bool, left: bool = True,
+                     unitriangular: bool = False) -> torch.Tensor:
+    """aten.linalg_solve_triangular (a MultivariateNormal's Mahalanobis distance, by its scale_tril): A X = B by
+    substitution from the triangle's corner, row i of X being (B_i - A_i,known X_known) / A_ii, the products of the
+    rows already known summed by the device's bmm, then one rounded subtraction and division (no product for the
+    first row, no division where `unitriangular`). X A = B (not `left`) is A^T X^T = B^T. (LAPACK's blocked solve
+    keeps an order of its own.)"""
+    if not left:
+        return solve_triangular(call, a.mT, b.mT, upper=not upper, unitriangular=unitriangular).mT
+    n, k = a.shape[-1], b.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a, b = a.expand(*batch, n, n), b.expand(*batch, n, k)
+    known = b[..., :0, :]  # (the rows of X solved so far, in index order)
+    for i in (range(n - 1, -1, -1) if upper else range(n)):
+        row = b[..., i:i + 1, :]
+        if known.shape[-2]:
+            coefficients = a[..., i:i + 1, i + 1:] if upper else a[..., i:i + 1, :i]
+            product = call(aten.bmm.default, coefficients.reshape(-1, 1, known.shape[-2]),
+                           known.reshape(-1, known.shape[-2], k))
+            row = call(aten.sub.Tensor, row, product.reshape(*batch, 1, k))
+        if not unitriangular:
+            row = call(aten.div.Tensor, row, a[..., i:i + 1, i:i + 1])
+        known = torch.cat([row, known] if upper else [known, row], -2)
+    return known
 
 
 def trace(call: Call, x: torch.Tensor) -> torch.Tensor:
@@ -1916,6 +1942,7 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.mish_backward.default: mish_backward,
     aten.xlogy.Tensor: xlogy,
     aten.scatter_reduce.two: scatter_reduce,
+    aten.linalg_solve_triangular.default: solve_triangular,
     aten.scatter_reduce_.two: scatter_reduce_,
     aten.special_xlog1py.default: xlog1py,
     aten.logsumexp.default: logsumexp,

@@ -107,12 +107,12 @@ _EXACT = _names(
     aten.softshrink_backward.default,
     # backward passes of views and selections: the gradient copied into zeros
     aten.slice_backward.default, aten.select_backward.default, aten.slice_scatter.default,
-    aten.select_scatter.default, aten.diagonal_backward.default, aten.index_fill.int_Tensor,
+    aten.select_scatter.default, aten.diagonal_backward.default, aten.diag_embed.default, aten.index_fill.int_Tensor,
     aten.index_fill.int_Scalar,
     # creation and fills with grid constants (zero, one, a grid scalar)
     aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.zeros.default,
     aten.ones.default, aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default,
-    aten.new_empty.default, aten.zero_.default, aten.scalar_tensor.default,
+    aten.new_empty.default, aten.zero_.default, aten.scalar_tensor.default, aten.eye.default, aten.eye.m,
     # (autograd's AccumulateGrad copies a gradient it cannot take over, one something else still references,
     # into a new_empty_strided tensor in the parameter's layout, every value written before it is read, as
     # with the empty tensors above)

@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch import distributions
 
 from exactref import ref_round_q
 from numkit import batch
@@ -317,6 +318,28 @@ def _scatter_reduced(x: torch.Tensor, src: torch.Tensor, reduce: str, include_se
     return out / torch.tensor([max(n, 1) for n in counts], dtype=x.dtype)
 
 
+def _triangle(x: torch.Tensor, upper: bool = False) -> torch.Tensor:
+    # (batches of 5 x 5 triangles from x's grid values, 4 added on the diagonal: well conditioned)
+    t = torch.triu(x[:2, :5, :5]) if upper else torch.tril(x[:2, :5, :5])
+    return t + torch.eye(5, dtype=x.dtype) * 4
+
+
+def _substituted(a: torch.Tensor, b: torch.Tensor, upper: bool, unit: bool = False) -> torch.Tensor:
+    # A X = B solved row by row from the triangle's corner: B_i less the known rows' products (a bmm), over A_ii
+    n, k = a.shape[-1], b.shape[-1]
+    a, b = torch.broadcast_tensors(a, b[..., :n]) if b.shape[-1] == n else (a, b.expand(*a.shape[:-2], n, k))
+    rows: dict[int, torch.Tensor] = {}
+    for i in (range(n - 1, -1, -1) if upper else range(n)):
+        known = list(range(i + 1, n)) if upper else list(range(i))
+        row = b[..., i:i + 1, :]
+        if known:
+            x = torch.cat([rows[j] for j in known], -2)
+            row = row - torch.bmm(a[..., i:i + 1, known].reshape(-1, 1, len(known)),
+                                  x.reshape(-1, len(known), k)).reshape(row.shape)
+        rows[i] = row if unit else row / a[..., i:i + 1, i:i + 1]
+    return torch.cat([rows[i] for i in range(n)], -2)
+
+
 def _pair_differences(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(24, 5)
     return x[_ROWS_I] - x[_ROWS_J]
@@ -425,6 +448,18 @@ DEFINITIONS = {
     "xlog1py": (lambda x: torch.special.xlog1py(x.clamp_min(0), _TARGET.abs()),
                 lambda x: x.clamp_min(0) * torch.log1p(_TARGET.abs().masked_fill(x.clamp_min(0) == 0, 0.0))),
     "hypot": (lambda x: torch.hypot(x, _TARGET), lambda x: torch.sqrt(x * x + _TARGET * _TARGET)),
+    "diag-embed": (lambda x: torch.diag_embed(x[0]), lambda x: x[0].unsqueeze(-1) * torch.eye(5, dtype=x.dtype)),
+    "solve-triangular": (lambda x: torch.linalg.solve_triangular(_triangle(x)[0], x[2, :5, :4], upper=False),
+                         lambda x: _substituted(_triangle(x)[0], x[2, :5, :4], False)),
+    "solve-triangular-upper-batched": (
+        lambda x: torch.linalg.solve_triangular(_triangle(x, True), x[2, :5, :3], upper=True),
+        lambda x: _substituted(_triangle(x, True), x[2, :5, :3].expand(2, 5, 3), True)),
+    "solve-triangular-right": (
+        lambda x: torch.linalg.solve_triangular(_triangle(x)[1], x[3, :4, :5], upper=False, left=False),
+        lambda x: _substituted(_triangle(x)[1].mT, x[3, :4, :5].mT, True).mT),
+    "solve-triangular-unit": (
+        lambda x: torch.linalg.solve_triangular(_triangle(x)[0], x[2, :5, :4], upper=False, unitriangular=True),
+        lambda x: _substituted(_triangle(x)[0], x[2, :5, :4], False, unit=True)),
     **{f"scatter-reduce-{reduce}{'' if include_self else '-without-self'}": (
         functools.partial(lambda r, i, x: torch.scatter_reduce(x, 2, _SCATTER_INDEX, _TARGET * 2, r, include_self=i),
                           reduce, include_self),
@@ -593,6 +628,22 @@ def test_a_masked_softmax_under_the_exact_resolution_is_the_same_on_every_device
     assert all(torch.equal(got[0], other) for other in got[1:])
     assert not got[0][0, 1:].any() and got[0][0, 0] == 1
     assert (got[0] - torch.softmax(masked, -1)).abs().max() <= 2.0**-24
+
+
+def test_a_multivariate_normals_log_density_is_the_same_on_every_device_and_near_torchs() -> None:
+    # by its scale_tril: diag_embed, the triangular solve (`solve_triangular`), the log-determinant's diagonal
+    x = _grid(4, 6, 5, seed=13)
+    scale, points = torch.tril(x[0, :5, :5], -1) * 0.5 + torch.diag(x[1, 0].abs() + 1), x[2, :, :5]
+
+    def density(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        lp = distributions.MultivariateNormal(loc, scale_tril=scale).log_prob(points).sum()
+        return lp, torch.autograd.grad(lp, loc)[0]
+
+    loc = x[3, 0].clone().requires_grad_()
+    got = [_rounded(lambda: density(loc), "exact", device)[0] for device in ["cpu", *EMULATED]]
+    assert len(got) > 2 and all(torch.equal(a, b) for other in got[1:] for a, b in zip(got[0], other))
+    for a, b in zip(got[0], density(loc)):
+        _close(a, b)
 
 
 def test_scatter_reduce_by_an_unknown_reduction_is_refused_by_name() -> None:
