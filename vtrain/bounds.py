@@ -13,8 +13,8 @@ gamma_n = n*u / (1 - n*u):
   transcendental bound, written out per op below;
 - transcendental functions (exp, exp2, log, log2, log10, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin,
   cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, atan2, lgamma): TRANSCENDENTAL_ULPS ulps of the
-  work dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows); erfc ERFC_ULPS ulps
-  and as many units of the floor; digamma DIGAMMA_ULPS ulps of its terms' magnitudes (`_digamma`); GELU and its
+  work dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows); erfc and erfinv
+  ERFC_ULPS ulps and as many units of the floor; digamma DIGAMMA_ULPS ulps of its terms' magnitudes (`_digamma`); GELU and its
   backward a few of those ulps of (|y| + |x|), see below;
 - embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|.
 
@@ -22,7 +22,8 @@ We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all
 functions in double precision (<= 3 for CUDA's asinh and acosh; sin, cos and tan over their whole range: their
 arguments are reduced exactly). erfc is the exception: glibc's table (sysdeps/x86_64/fpu/libm-test-ulps) and
 CUDA's list 5 ulps, and in the subnormal range those are units of the smallest subnormal, beyond float32 work's
-one-unit floor; hence ERFC_ULPS, twice that as for the others, in both terms.
+one-unit floor; hence ERFC_ULPS, twice that as for the others, in both terms. erfinv takes the same: torch computes
+it itself on the CPU (within 1 ulp, measured), CUDA's lists 5 ulps, and in the subnormal tail it errs by units too.
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
 
 On a small step E's per-call cost matters more than its arithmetic: the log-softmax bounds run their
@@ -640,6 +641,7 @@ RELATIVE: dict[Any, Relative] = {
                                       aten.asinh.default, aten.acosh.default, aten.atanh.default)},
     aten.sigmoid.default: _SIGMOID,
     aten.erfc.default: _ERFC,
+    aten.erfinv.default: _ERFC,
 }
 
 BOUNDS: dict[Any, Bound] = {

@@ -392,7 +392,7 @@ def rounded_dots(
 
 FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid", "expm1", "log1p", "erf", "erfc", "rsqrt", "sqrt",
              "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma",
-             "digamma", "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
+             "digamma", "erfinv", "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2, "atan2": 2}
 
@@ -598,6 +598,17 @@ def _ev_atanh(x: float) -> _Value:
         return _Value(Fraction(0))
     xm = _MP.mpf(x)
     c = _MP.log1p(2 * xm / (1 - xm)) / 2
+    return _Value(Fraction(0), c, _mag(c))
+
+
+def _ev_erfinv(x: float) -> _Value:
+    # erfinv takes (-1, 1) (+-inf at +-1, NaN beyond); erfinv 0 = 0 exactly. mpmath inverts erf by Newton's method
+    # at its working precision, accurate to itself near 0 and near +-1 alike.
+    if not -1.0 < x < 1.0:
+        raise ExactDomainError(f"erfinv({x!r}): the argument must lie in (-1, 1) (the device gives inf/NaN)")
+    if x == 0.0:
+        return _Value(Fraction(0))
+    c = _MP.erfinv(_MP.mpf(x))
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -909,7 +920,7 @@ _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "acos": functools.partial(_inverse_trig, "acos"), "atan": _ev_atan, "sinh": _ev_sinh, "cosh": _ev_cosh,
     "asinh": _ev_asinh, "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
     "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "lgamma": _ev_lgamma,
-    "digamma": _ev_digamma, "atan2": _ev_atan2,
+    "digamma": _ev_digamma, "erfinv": _ev_erfinv, "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }
@@ -984,7 +995,7 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
     1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others
     are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma and
-    digamma (0, inf)). One input
+    digamma (0, inf), erfinv (-1, 1)). One input
     array per argument (two for the backward functions, g and x, and for atan2, y and x).
     """
     if fn not in _EVALUATORS:

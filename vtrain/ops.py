@@ -333,7 +333,7 @@ _DEVICE_INPLACE = {
     aten.pow_.Tensor: aten.pow.Tensor_Tensor, aten.atan2_.default: aten.atan2.default,
     **{getattr(aten, name + "_").default: getattr(aten, name).default
        for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc",
-                    "lgamma", "digamma")},
+                    "lgamma", "digamma", "erfinv")},
 }
 
 

@@ -1062,7 +1062,7 @@ RESOLVERS: dict[Any, Resolver] = {
     **{getattr(aten, name).default: _function(name)
        for name in ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid", "expm1", "log1p", "rsqrt", "erf", "erfc",
                     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma",
-                    "digamma")},
+                    "digamma", "erfinv")},
     aten.pow.Tensor_Scalar: _pow,
     aten.pow.Tensor_Tensor: _pows(aten.pow.Tensor_Tensor),
     aten.pow.Scalar: _pows(aten.pow.Scalar),

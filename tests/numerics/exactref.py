@@ -68,6 +68,8 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             return mp.cos(x)
         if fn in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfc"):
             return getattr(mp, fn)(x)
+        if fn == "erfinv":
+            return mp.erfinv(x)
         if fn == "lgamma":
             return mp.loggamma(x)
         if fn == "digamma":

@@ -318,7 +318,7 @@ def _domain_inputs(fn: str, x: np.ndarray) -> np.ndarray:
     if fn in ("log", "log2", "log10", "sqrt", "rsqrt", "lgamma", "digamma"):
         return np.abs(x) + (x == 0)
     # (grid values stay on the grid: |x| < 16 and |x| >= 2^-6 or 0 in the grid tests, wider in the slow one)
-    if fn in ("asin", "acos", "atanh"):
+    if fn in ("asin", "acos", "atanh", "erfinv"):
         return np.where(np.abs(x) < 16, x / 16, 8 / x)
     if fn == "acosh":
         return np.where(np.abs(x) * 64 >= 1, np.abs(x) * 64, np.abs(x) + 1)
@@ -395,6 +395,8 @@ HARD = {
                3e38],
     # near the root x0 = 1.46163214496836..., (float32's x0 and its neighbours), tiny and huge arguments
     "digamma": [1.4616321, 1.4616323, 1.4616320, 1.0, 2.0, 2.0**-149, 0.5, 10.0, 1e30, 3e38],
+    # tiny arguments (erfinv x ~ x sqrt(pi) / 2), near +-1 (1 - 2^-24: ~3.7), the middle
+    "erfinv": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 0.5, -0.5, 0.84270079, 1.0 - 2.0**-24, -(1.0 - 2.0**-24)],
     "rsqrt": [2.0**-149, 4.0, 2.0, 3e38, 0.25, 1.0 + 2.0**-23],
     "pow": [0.0, 1.0, -1.0, 1.5, -1.5, 2.0**-50, 5e12, -7e12, 2.0**-149],
     "gelu": [0.0, 2.0**-149, -(2.0**-149), -0.75, 5.0, 9.0, -5.0, -10.0, -38.0, -39.0, 41.0, -50.0, 1e30],
@@ -508,7 +510,8 @@ def test_correctly_rounded_broadcast_float32_and_context() -> None:
     [("log", 0.0, {}), ("log", -1.0, {}), ("log1p", -1.0, {}), ("rsqrt", 0.0, {}), ("rsqrt", -2.0, {}),
      ("sqrt", -1e-30, {}), ("pow", -2.0, {"exponent": 0.5}), ("pow", 0.0, {"exponent": -1.0}),
      ("log2", 0.0, {}), ("log10", -2.0, {}), ("asin", 1.5, {}), ("acos", -1.0000001, {}), ("acosh", 0.5, {}),
-     ("atanh", 1.0, {}), ("atanh", -3.0, {}), ("lgamma", 0.0, {}), ("lgamma", -2.5, {}), ("digamma", 0.0, {})],
+     ("atanh", 1.0, {}), ("atanh", -3.0, {}), ("lgamma", 0.0, {}), ("lgamma", -2.5, {}), ("digamma", 0.0, {}),
+     ("erfinv", 1.0, {}), ("erfinv", -1.5, {})],
 )
 def test_domain_errors_name_the_function(fn: str, x: float, kw: dict) -> None:
     with pytest.raises(em.ExactDomainError, match=fn) as err:
@@ -526,8 +529,8 @@ def test_overflow_and_bad_calls() -> None:
         cr("exp", 32, np.array([np.nan]))
     with pytest.raises(em.ExactDomainError, match="NaN or infinity"):
         cr("gelu_backward", 32, np.array([np.inf]), np.array([1.0]))
-    with pytest.raises(em.ExactMathError, match="unknown function 'erfinv'"):
-        cr("erfinv", 32, np.ones(1))
+    with pytest.raises(em.ExactMathError, match="unknown function 'polygamma'"):
+        cr("polygamma", 32, np.ones(1))
     with pytest.raises(em.ExactMathError, match="expected 2 input arrays"):
         cr("gelu_backward", 32, np.ones(1))
     with pytest.raises(em.ExactMathError, match="exponent"):

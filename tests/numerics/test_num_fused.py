@@ -182,7 +182,7 @@ def test_round_near_outer_equals_round_near_on_its_band(shape: tuple[int, int, i
 
 RELATIVE_OPS = [getattr(torch.ops.aten, name).default
                 for name in ("tanh", "exp", "sigmoid", "log", "exp2", "sin", "cos", "tan", "asin", "acos", "atan",
-                             "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc")]
+                             "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc", "erfinv")]
 _POSITIVE = (torch.ops.aten.log.default, torch.ops.aten.log2.default, torch.ops.aten.log10.default)
 
 
@@ -229,7 +229,7 @@ def test_round_near_relative_equals_round_near_on_the_torch_band(func: object) -
 INVERSES = dict(zip(RELATIVE_OPS, (
     torch.atanh, torch.log, torch.logit, torch.exp, torch.log2, torch.asin, torch.acos, torch.atan, torch.sin,
     torch.cos, torch.tan, torch.asinh, lambda y: torch.acosh(16 * y), torch.sinh, torch.cosh, torch.tanh,
-    torch.exp2, lambda y: torch.pow(10.0, y), lambda y: torch.erfinv(1 - y))))
+    torch.exp2, lambda y: torch.pow(10.0, y), lambda y: torch.erfinv(1 - y), torch.erf)))
 
 
 @pytest.mark.parametrize("func", RELATIVE_OPS, ids=str)

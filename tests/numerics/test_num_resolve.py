@@ -653,6 +653,7 @@ FUNCTION_OPS: dict[Any, tuple[Callable, str]] = {  # op -> (reference, input dom
     aten.erfc.default: (mpmath.erfc, "any"),
     aten.lgamma.default: (mpmath.loggamma, "positive"),
     aten.digamma.default: (mpmath.digamma, "positive"),
+    aten.erfinv.default: (mpmath.erfinv, "unit"),
     aten.tanh.default: (mpmath.tanh, "any"),
     aten.sigmoid.default: (lambda x: 1 / (1 + mpmath.exp(-x)), "any"),
     aten.expm1.default: (mpmath.expm1, "any"),
