@@ -10,7 +10,7 @@ clipping's by default, torch.optim's with foreach=True): each tensor's op in tur
 (fused=True): each parameter's update as its single-tensor loop's; and (session 41) addr, vdot, F.bilinear
 (_trilinear), logaddexp, hypot, renorm, weight normalisation, embedding max_norm, 3-d adaptive pooling, max
 unpooling and RReLU's backward; (session 42) logaddexp2, xlog1py, nearest-exact upsampling's backward passes,
-scatter_reduce and triangular solves.
+scatter_reduce, triangular solves and Cholesky factorisations.
 
 `nn.LayerNorm` and `nn.BatchNorm*d` dispatch one opaque kernel each way (aten.native_layer_norm,
 aten.native_batch_norm and their backward passes), whose internal order and precision no other device shares.
@@ -960,6 +960,34 @@ def solve_triangular(call: Call, a: torch.Tensor, b: torch.Tensor, *, upper: boo
             row = call(aten.div.Tensor, row, a[..., i:i + 1, i:i + 1])
         known = torch.cat([row, known] if upper else [known, row], -2)
     return known
+
+
+def cholesky(call: Call, a: torch.Tensor, *, upper: bool = False,
+             check_errors: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """aten.linalg_cholesky_ex (a MultivariateNormal's covariance matrix, a Gaussian process's kernel): (L, info), L
+    column by column, L_jj = sqrt(A_jj - sum_k<j L_jk^2) and L_ij = (A_ij - sum_k<j L_ik L_jk) / L_jj below it, each
+    column's products summed by the device's bmm, then one rounded subtraction, root and division. A leading minor
+    that is not positive definite sets info to its order (LAPACK's) and goes on with 1 as its pivot: torch leaves L
+    unspecified there. upper gives U = L^T."""
+    n = a.shape[-1]
+    flat = a.reshape(-1, n, n)
+    info = torch.zeros(flat.shape[0], dtype=torch.int32)
+    lower = flat[:, :, :0]  # (L's columns so far)
+    for j in range(n):
+        column = flat[:, j:, j:j + 1]
+        if j:
+            column = call(aten.sub.Tensor, column, call(aten.bmm.default, lower[:, j:], lower[:, j:j + 1].mT))
+        pivot = column[:, :1]
+        failed = ~(pivot > 0).reshape(-1)  # (NaN fails too)
+        info = torch.where(failed & (info == 0), j + 1, info)
+        root = call(aten.sqrt.default, torch.where(failed.reshape(-1, 1, 1), 1.0, pivot))
+        below = call(aten.div.Tensor, column[:, 1:], root)
+        lower = torch.cat([lower, torch.cat([flat.new_zeros(len(flat), j, 1), root, below], 1)], 2)
+    if check_errors and info.any():
+        raise torch.linalg.LinAlgError(f"linalg.cholesky: the leading minor of order {int(info[info > 0][0])} is "
+                                       "not positive-definite")
+    lower = lower.reshape(a.shape)
+    return lower.mT if upper else lower, info.reshape(a.shape[:-2])
 
 
 def trace(call: Call, x: torch.Tensor) -> torch.Tensor:
@@ -1943,6 +1971,7 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.xlogy.Tensor: xlogy,
     aten.scatter_reduce.two: scatter_reduce,
     aten.linalg_solve_triangular.default: solve_triangular,
+    aten.linalg_cholesky_ex.default: cholesky,
     aten.scatter_reduce_.two: scatter_reduce_,
     aten.special_xlog1py.default: xlog1py,
     aten.logsumexp.default: logsumexp,

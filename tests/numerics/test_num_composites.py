@@ -340,6 +340,26 @@ def _substituted(a: torch.Tensor, b: torch.Tensor, upper: bool, unit: bool = Fal
     return torch.cat([rows[i] for i in range(n)], -2)
 
 
+def _positive_definite(x: torch.Tensor) -> torch.Tensor:
+    # (batches of 5 x 5 Gram matrices of x's rows, 2 added on the diagonal)
+    m = x[:2, :5, :5]
+    return m @ m.mT + torch.eye(5, dtype=x.dtype) * 2
+
+
+def _factored(a: torch.Tensor) -> torch.Tensor:
+    # Cholesky-Crout written out: column j is A's below the diagonal less its rows' products with row j of the
+    # columns known (a bmm), its first value's root the pivot, the rest over it
+    n, cols = a.shape[-1], []
+    for j in range(n):
+        column = a[:, j:, j:j + 1]
+        if j:
+            known = torch.cat(cols, 2)
+            column = column - torch.bmm(known[:, j:], known[:, j:j + 1].mT)
+        root = torch.sqrt(column[:, :1])
+        cols.append(torch.cat([torch.zeros(a.shape[0], j, 1, dtype=a.dtype), root, column[:, 1:] / root], 1))
+    return torch.cat(cols, 2)
+
+
 def _pair_differences(x: torch.Tensor) -> torch.Tensor:
     x = x.reshape(24, 5)
     return x[_ROWS_I] - x[_ROWS_J]
@@ -449,6 +469,9 @@ DEFINITIONS = {
                 lambda x: x.clamp_min(0) * torch.log1p(_TARGET.abs().masked_fill(x.clamp_min(0) == 0, 0.0))),
     "hypot": (lambda x: torch.hypot(x, _TARGET), lambda x: torch.sqrt(x * x + _TARGET * _TARGET)),
     "diag-embed": (lambda x: torch.diag_embed(x[0]), lambda x: x[0].unsqueeze(-1) * torch.eye(5, dtype=x.dtype)),
+    "cholesky": (lambda x: torch.linalg.cholesky(_positive_definite(x)), lambda x: _factored(_positive_definite(x))),
+    "cholesky-upper": (lambda x: torch.linalg.cholesky(_positive_definite(x)[1], upper=True),
+                       lambda x: _factored(_positive_definite(x)[1:])[0].mT),
     "solve-triangular": (lambda x: torch.linalg.solve_triangular(_triangle(x)[0], x[2, :5, :4], upper=False),
                          lambda x: _substituted(_triangle(x)[0], x[2, :5, :4], False)),
     "solve-triangular-upper-batched": (
@@ -630,20 +653,34 @@ def test_a_masked_softmax_under_the_exact_resolution_is_the_same_on_every_device
     assert (got[0] - torch.softmax(masked, -1)).abs().max() <= 2.0**-24
 
 
-def test_a_multivariate_normals_log_density_is_the_same_on_every_device_and_near_torchs() -> None:
-    # by its scale_tril: diag_embed, the triangular solve (`solve_triangular`), the log-determinant's diagonal
+@pytest.mark.parametrize("by", ["scale_tril", "covariance_matrix"])
+def test_a_multivariate_normals_log_density_is_the_same_on_every_device_and_near_torchs(by: str) -> None:
+    # by its scale_tril (diag_embed, the triangular solve, the log-determinant's diagonal) or its covariance
+    # matrix (its Cholesky factor first, and in the backward pass the factor's gradient)
     x = _grid(4, 6, 5, seed=13)
     scale, points = torch.tril(x[0, :5, :5], -1) * 0.5 + torch.diag(x[1, 0].abs() + 1), x[2, :, :5]
+    matrix = (scale @ scale.mT).requires_grad_()
 
-    def density(loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lp = distributions.MultivariateNormal(loc, scale_tril=scale).log_prob(points).sum()
-        return lp, torch.autograd.grad(lp, loc)[0]
+    def density(loc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        made = distributions.MultivariateNormal(loc, **({by: scale} if by == "scale_tril" else {by: matrix}))
+        lp = made.log_prob(points).sum()
+        return (lp, *torch.autograd.grad(lp, [loc] + ([matrix] if by == "covariance_matrix" else [])))
 
     loc = x[3, 0].clone().requires_grad_()
     got = [_rounded(lambda: density(loc), "exact", device)[0] for device in ["cpu", *EMULATED]]
     assert len(got) > 2 and all(torch.equal(a, b) for other in got[1:] for a, b in zip(got[0], other))
     for a, b in zip(got[0], density(loc)):
         _close(a, b)
+
+
+def test_a_cholesky_factorisation_reports_the_leading_minor_that_is_not_positive_definite_as_torch_does() -> None:
+    a = _positive_definite(_grid(4, 6, 5, seed=13))
+    a[0, 2, 2], a[1] = -40.0, -a[1]  # (the third leading minor of the first, the first of the second)
+    (got, info), _ = _rounded(lambda: torch.linalg.cholesky_ex(a))
+    assert info.tolist() == torch.linalg.cholesky_ex(a).info.tolist() == [3, 1]
+    assert torch.equal(got[0, :2, :2], _rounded(lambda: torch.linalg.cholesky(a[0, :2, :2]))[0])  # (the minors before)
+    with pytest.raises(torch.linalg.LinAlgError, match="order 3 is not positive-definite"):
+        _rounded(lambda: torch.linalg.cholesky(a))
 
 
 def test_scatter_reduce_by_an_unknown_reduction_is_refused_by_name() -> None:
