@@ -14,8 +14,8 @@ gamma_n = n*u / (1 - n*u):
 - transcendental functions (exp, exp2, log, log2, log10, tanh, sigmoid, expm1, log1p, pow, rsqrt, erf, sin,
   cos, tan, asin, acos, atan, sinh, cosh, asinh, acosh, atanh, atan2, lgamma): TRANSCENDENTAL_ULPS ulps of the
   work dtype (sigmoid also the dtype's smallest normal, for a device whose exp(-x) overflows); erfc and erfinv
-  ERFC_ULPS ulps and as many units of the floor; digamma DIGAMMA_ULPS ulps of its terms' magnitudes (`_digamma`); GELU and its
-  backward a few of those ulps of (|y| + |x|), see below;
+  ERFC_ULPS ulps and as many units of the floor; digamma DIGAMMA_ULPS ulps of its terms' magnitudes
+  (`_digamma`); GELU and its backward a few of those ulps of (|y| + |x|), see below;
 - embedding backward (a scatter-add of up to n gradient rows into one weight row): gamma_n sum|g|.
 
 We assume every libm involved is accurate to 4 ulps; glibc, CUDA and MKL VML all document <= 2 ulps for these
@@ -23,7 +23,8 @@ functions in double precision (<= 3 for CUDA's asinh and acosh; sin, cos and tan
 arguments are reduced exactly). erfc is the exception: glibc's table (sysdeps/x86_64/fpu/libm-test-ulps) and
 CUDA's list 5 ulps, and in the subnormal range those are units of the smallest subnormal, beyond float32 work's
 one-unit floor; hence ERFC_ULPS, twice that as for the others, in both terms. erfinv takes the same: torch computes
-it itself on the CPU (within 1 ulp, measured), CUDA's lists 5 ulps, and in the subnormal tail it errs by units too.
+it itself on the CPU (within an ulp, measured), CUDA's list gives 5 ulps, and in the subnormal tail it errs by units
+too.
 (Fused elementwise ops need no bound: vtrain.ops decomposes them into IEEE primitives.)
 
 On a small step E's per-call cost matters more than its arithmetic: the log-softmax bounds run their
@@ -572,9 +573,9 @@ def _digamma(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> 
     """torch computes digamma itself, on the CPU and CUDA alike: below 10 it subtracts 1/x, 1/(x + 1), ... and then
     adds log(x + n) - 1/(2 (x + n)) and an asymptotic series. Near its root (x ~ 1.4616) those terms cancel, so the
     error is a few ulps of their magnitudes, not of the result: of S = 1/x + 4 + log(x + 10), which bounds them
-    (the other reciprocals sum to < 2.83, the half reciprocal and the series to < 1). E is DIGAMMA_ULPS ulps of S:
-    measured, torch's float64 and float32 digamma stay within 4.4 and 5.4 ulps of S of the exact value (66,000
-    arguments around the root, 1 and 2, and from 2^-86 to 2^86)."""
+    (the other reciprocals sum to < 2.83, the half reciprocal and the series to < 1). E is DIGAMMA_ULPS ulps (of 2u)
+    of S: measured, torch's float64 and float32 digamma stay within 2.2 and 2.7 such ulps of S of the exact value
+    (66,000 arguments around the root, 1 and 2, and from 2^-86 to 2^86)."""
     x, y = args[0], outs[0]
     _positive(aten.digamma.default, x)
     u = unit_roundoff(y.dtype)

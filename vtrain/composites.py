@@ -758,15 +758,15 @@ def xlogy(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """aten.xlogy.Tensor: x log(y), 0 where x is 0 (the log taken of 1 there, whatever y holds: torch's NaN for a
     NaN y there would stop the step). x and y broadcast against each other."""
     x, y = torch.broadcast_tensors(x, y)
-    return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y, call(aten.eq.Scalar, x, 0),
-                                                                1.0)))
+    at_zero = call(aten.eq.Scalar, x, 0)
+    return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y, at_zero, 1.0)))
 
 
 def xlog1py(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """aten.special_xlog1py: x log1p(y), 0 where x is 0 (as `xlogy`: log1p taken of 0 there)."""
     x, y = torch.broadcast_tensors(x, y)
-    return call(aten.mul.Tensor, x, call(aten.log1p.default, call(aten.masked_fill.Scalar, y, call(aten.eq.Scalar, x, 0),
-                                                                  0.0)))
+    at_zero = call(aten.eq.Scalar, x, 0)
+    return call(aten.mul.Tensor, x, call(aten.log1p.default, call(aten.masked_fill.Scalar, y, at_zero, 0.0)))
 
 
 def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
@@ -1337,14 +1337,15 @@ def _occurrences(keys: torch.Tensor) -> torch.Tensor:
 
 
 def _scattered(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> tuple:
-    """(src's values over index's shape, flat; each one's position in x, one row of coordinates per dim; each one's
-    rank among the values before it in flat order at its position) for the scatters along dim."""
+    """(src's values over index's shape, flat; each one's position in x, one row of coordinates per dim, and flat;
+    each one's rank among the values before it in flat order at its position) for the scatters along dim."""
     dim %= max(x.dim(), 1)
     src = src[tuple(slice(0, n) for n in index.shape)]  # (torch reads src over index's shape)
     coords = list(torch.meshgrid(*(torch.arange(n) for n in index.shape), indexing="ij"))
     coords[dim] = index
     target = torch.stack(coords).reshape(len(coords), -1)
-    return src.reshape(-1), target, _occurrences(sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target)))
+    flat = sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target))
+    return src.reshape(-1), target, flat, _occurrences(flat)
 
 
 def scatter_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
@@ -1352,7 +1353,7 @@ def scatter_add(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, src:
     addition per value, a position's values added in src's flat order (torch's CPU kernel's; a GPU's atomics
     take them in any order). Pass r adds every position's r-th value, all at distinct positions (index_put with
     accumulate, class 2), so a position that n values reach is rounded after each of its n additions."""
-    values, target, ranks = _scattered(x, dim, index, src)
+    values, target, _, ranks = _scattered(x, dim, index, src)
     out = x
     for r in range(int(ranks.max()) + 1 if ranks.numel() else 0):
         pick = ranks == r
@@ -1374,7 +1375,7 @@ def scatter_reduce(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, s
     if reduce not in _SCATTER_REDUCTIONS:
         raise UnsupportedOpError(str(aten.scatter_reduce.two), f"reduce={reduce!r} (torch knows sum, prod, mean, "
                                  "amax and amin)")
-    values, target, ranks = _scattered(x, dim, index, src)
+    values, target, flat, ranks = _scattered(x, dim, index, src)
     out = x
     for r in range(int(ranks.max()) + 1 if ranks.numel() else 0):
         at, here = list(target[:, ranks == r]), values[ranks == r]
@@ -1383,8 +1384,7 @@ def scatter_reduce(call: Call, x: torch.Tensor, dim: int, index: torch.Tensor, s
         out = call(aten.index_put.default, out, at, here)
     if reduce != "mean":
         return out
-    counts = torch.zeros(x.numel(), dtype=x.dtype).index_add_(  # (whole numbers: exact)
-        0, sum(c * math.prod(x.shape[d + 1:]) for d, c in enumerate(target)), torch.ones(len(values), dtype=x.dtype))
+    counts = torch.bincount(flat, minlength=x.numel()).to(x.dtype)  # (whole numbers: exact)
     counts = (counts + include_self).clamp_min_(1).reshape(x.shape)
     return call(aten.div.Tensor, out, counts)
 

@@ -490,53 +490,28 @@ def _ev_exp2(x: float) -> _Value:
     return _Value(Fraction(0), c, _mag(c))
 
 
-def _ev_sin(x: float) -> _Value:
-    # sin 0 = 0 exactly; the sine of any other rational is transcendental (Lindemann), so never a grid value
-    # or a tie between two, and Ziv's loop decides it. mpmath reduces x modulo pi at the precision the
-    # reduction needs (x near a multiple of pi, or up to 2^128): the result is accurate relative to itself.
-    if x == 0.0:
-        return _Value(Fraction(0))
-    c = _MP.sin(_MP.mpf(x))
-    return _Value(Fraction(0), c, _mag(c))
+def _function_of(name: str, exact_at: float = 0.0, exact: int = 0,
+                 domain: tuple[float, float] | None = None) -> Callable[[float], _Value]:
+    """mpmath's function `name` on its closed `domain` (beyond it the device gives NaN), which is `exact` at
+    `exact_at` and, at any other rational, transcendental: sin, cos, tan (Lindemann), asin, acos, atan and asinh
+    (were one of them a nonzero algebraic at a rational, that rational would be the sine, cosine, tangent or sinh of
+    an algebraic), so never a grid value or a tie between two, and Ziv's loop decides it. mpmath reduces sin's,
+    cos's and tan's arguments modulo pi at the precision the reduction needs (near a multiple of pi or pi/2, or up
+    to 2^128); writes asin and acos as 2 atan(...) of a quotient of the exact x x, 1 -+ x and a square root (no
+    cancellation, acos near 1 and asin near 0 included); widens its precision by the bits asinh loses near 0; and
+    returns atan of a huge x as +-pi/2 within 2^-(prec + 20) relative (pi/2 - atan x ~ 1/x is that small): each
+    value is accurate relative to itself."""
+    function = getattr(_MP, name)
 
+    def evaluate(x: float) -> _Value:
+        if domain is not None and not domain[0] <= x <= domain[1]:
+            raise ExactDomainError(f"{name}({x!r}): the argument must lie in {list(domain)} (the device gives NaN)")
+        if x == exact_at:
+            return _Value(Fraction(exact))
+        c = function(_MP.mpf(x))
+        return _Value(Fraction(0), c, _mag(c))
 
-def _ev_cos(x: float) -> _Value:
-    # cos 0 = 1 exactly, the cosine of any other rational transcendental (as `_ev_sin`)
-    if x == 0.0:
-        return _Value(Fraction(1))
-    c = _MP.cos(_MP.mpf(x))
-    return _Value(Fraction(0), c, _mag(c))
-
-
-def _ev_tan(x: float) -> _Value:
-    # tan 0 = 0 exactly, any other tangent of a rational transcendental (as `_ev_sin`); mpmath reduces the
-    # argument as for sin and cos, so near the poles (x by pi/2 + k pi) the value is still accurate to itself.
-    if x == 0.0:
-        return _Value(Fraction(0))
-    c = _MP.tan(_MP.mpf(x))
-    return _Value(Fraction(0), c, _mag(c))
-
-
-def _inverse_trig(name: str, x: float) -> _Value:
-    # asin and acos take [-1, 1] (beyond it the device gives NaN). asin 0 = 0 and acos 1 = 0 exactly; any
-    # other value is transcendental (Lindemann: were asin x = a nonzero algebraic, x = sin a would not be
-    # algebraic), never a grid value or a tie. mpmath writes both as 2 atan(...) of a quotient of exact x x,
-    # 1 -+ x and a square root: no cancellation, acos near 1 and asin near 0 included.
-    if not -1.0 <= x <= 1.0:
-        raise ExactDomainError(f"{name}({x!r}): the argument must lie in [-1, 1] (the device gives NaN)")
-    if x == (0.0 if name == "asin" else 1.0):
-        return _Value(Fraction(0))
-    c = getattr(_MP, name)(_MP.mpf(x))
-    return _Value(Fraction(0), c, _mag(c))
-
-
-def _ev_atan(x: float) -> _Value:
-    # atan 0 = 0 exactly, any other value transcendental (as `_inverse_trig`); for huge |x| mpmath returns
-    # +-pi/2 within 2^-(prec + 20) relative, and pi/2 - atan(x) = atan(1/x) ~ 1/x is that small.
-    if x == 0.0:
-        return _Value(Fraction(0))
-    c = _MP.atan(_MP.mpf(x))
-    return _Value(Fraction(0), c, _mag(c))
+    return evaluate
 
 
 def _ev_sinh(x: float) -> _Value:
@@ -564,15 +539,6 @@ def _ev_cosh(x: float) -> _Value:
     return _Value(Fraction(0), c, _mag(c))
 
 
-def _ev_asinh(x: float) -> _Value:
-    # asinh 0 = 0 exactly, else transcendental (sinh of a nonzero algebraic is not algebraic); mpmath takes
-    # log(|x| + sqrt(x^2 + 1)) with the precision widened by the bits lost near 0.
-    if x == 0.0:
-        return _Value(Fraction(0))
-    c = _MP.asinh(_MP.mpf(x))
-    return _Value(Fraction(0), c, _mag(c))
-
-
 def _ev_acosh(x: float) -> _Value:
     # acosh takes x >= 1 (below, the device gives NaN); acosh 1 = 0 exactly, else transcendental. Near 1,
     # log(x + sqrt(x^2 - 1)) is the log of a value near 1: log1p(t + sqrt(t (t + 2))) with t = x - 1 (exact by
@@ -591,7 +557,7 @@ def _ev_acosh(x: float) -> _Value:
 
 def _ev_atanh(x: float) -> _Value:
     # atanh takes (-1, 1) (+-inf at +-1, NaN beyond); atanh 0 = 0 exactly, else transcendental (as
-    # `_ev_asinh`). atanh x = log1p(2x / (1 - x)) / 2: 1 - x exact for x >= 1/2, so accurate near +-1 and 0.
+    # `_function_of`'s). atanh x = log1p(2x / (1 - x)) / 2: 1 - x exact for x >= 1/2, so accurate near +-1 and 0.
     if not -1.0 < x < 1.0:
         raise ExactDomainError(f"atanh({x!r}): the argument must lie in (-1, 1) (the device gives inf/NaN)")
     if x == 0.0:
@@ -636,7 +602,7 @@ def _ev_digamma(x: float) -> _Value:
 def _ev_atan2(y: float, x: float) -> _Value:
     # The angle of (x, y), signed zeros as IEEE's atan2 reads them (mpmath has none): +-0 exactly for y = +-0
     # and x >= +0, else +-pi for y = +-0. Any other angle is arctan of a nonzero rational, maybe plus a
-    # multiple of pi/2: transcendental (as `_ev_sin`), never a grid value or a tie.
+    # multiple of pi/2: transcendental (as `_function_of`'s), never a grid value or a tie.
     if y == 0.0:
         if x > 0.0 or (x == 0.0 and math.copysign(1.0, x) > 0):
             return _Value(Fraction(0))
@@ -916,9 +882,10 @@ def _ev_gelu_tanh_backward(g: float, x: float) -> _Value:
 _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "exp": _ev_exp, "exp2": _ev_exp2, "log": _ev_log, "tanh": _ev_tanh, "sigmoid": _ev_sigmoid, "expm1": _ev_expm1,
     "log1p": _ev_log1p, "erf": _ev_erf, "rsqrt": _ev_rsqrt, "sqrt": _ev_sqrt, "pow": _ev_pow,
-    "sin": _ev_sin, "cos": _ev_cos, "tan": _ev_tan, "asin": functools.partial(_inverse_trig, "asin"),
-    "acos": functools.partial(_inverse_trig, "acos"), "atan": _ev_atan, "sinh": _ev_sinh, "cosh": _ev_cosh,
-    "asinh": _ev_asinh, "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
+    "sin": _function_of("sin"), "cos": _function_of("cos", exact=1), "tan": _function_of("tan"),
+    "asin": _function_of("asin", domain=(-1.0, 1.0)), "acos": _function_of("acos", 1.0, domain=(-1.0, 1.0)),
+    "atan": _function_of("atan"), "sinh": _ev_sinh, "cosh": _ev_cosh, "asinh": _function_of("asinh"),
+    "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
     "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "lgamma": _ev_lgamma,
     "digamma": _ev_digamma, "erfinv": _ev_erfinv, "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
@@ -995,8 +962,8 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
     1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others
     are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma and
-    digamma (0, inf), erfinv (-1, 1)). One input
-    array per argument (two for the backward functions, g and x, and for atan2, y and x).
+    digamma (0, inf), erfinv (-1, 1)). One input array per argument (two for the backward functions, g and x, and
+    for atan2, y and x).
     """
     if fn not in _EVALUATORS:
         raise ExactMathError(f"correctly_rounded: unknown function {fn!r}; known: {', '.join(FUNCTIONS)}")

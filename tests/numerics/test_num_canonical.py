@@ -184,7 +184,8 @@ FUNCTIONS = {  # (name, inputs on the grid inside the function's domain)
     "tan": lambda x: x, "asin": lambda x: x / 16, "acos": lambda x: x / 16, "atan": lambda x: x,
     "sinh": lambda x: x, "cosh": lambda x: x, "asinh": lambda x: x, "acosh": lambda x: x.abs() + 1,
     "atanh": lambda x: x / 16, "log2": lambda x: x.abs() + 1 / 64, "log10": lambda x: x.abs() + 1 / 64,
-    "erfc": lambda x: x, "erfinv": lambda x: x / 16, "lgamma": lambda x: x.abs() + 1 / 64,  # (lgamma's backward pass: digamma)
+    "erfc": lambda x: x, "erfinv": lambda x: x / 16,
+    "lgamma": lambda x: x.abs() + 1 / 64,  # (its backward pass: digamma)
 }
 
 

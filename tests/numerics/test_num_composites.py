@@ -509,7 +509,8 @@ DEFINITIONS = {
                       lambda x: x.reshape(4, 1, 6, 1, 5, 1).expand(4, 1, 6, 2, 5, 2).reshape(4, 1, 12, 10)),
     "nearest-exact-1d": (lambda x: F.interpolate(x, scale_factor=3, mode="nearest-exact"),
                          lambda x: x.reshape(4, 6, 5, 1).expand(4, 6, 5, 3).reshape(4, 6, 15)),
-    "nearest-exact-3d": (lambda x: F.interpolate(x.reshape(1, 4, 6, 5, 1), scale_factor=(1, 2, 2), mode="nearest-exact"),
+    "nearest-exact-3d": (lambda x: F.interpolate(x.reshape(1, 4, 6, 5, 1), scale_factor=(1, 2, 2),
+                                                 mode="nearest-exact"),
                          lambda x: x.reshape(1, 4, 6, 5, 1, 1, 1).expand(1, 4, 6, 5, 2, 1, 2).reshape(1, 4, 6, 10, 2)),
     # (pixel floor((i + 1/2) in / out): rows 0, 2, 3, 5 of 6; columns 0, 1, 1, 2, 3, 3, 4 of 5)
     "nearest-exact-fraction": (lambda x: F.interpolate(x.reshape(4, 1, 6, 5), size=(4, 7), mode="nearest-exact"),
