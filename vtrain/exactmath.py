@@ -392,7 +392,7 @@ def rounded_dots(
 
 FUNCTIONS = ("exp", "exp2", "log", "log2", "log10", "tanh", "sigmoid", "expm1", "log1p", "erf", "erfc", "rsqrt", "sqrt",
              "pow", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma",
-             "digamma", "erfinv", "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
+             "digamma", "trigamma", "erfinv", "atan2", "gelu", "gelu_tanh", "gelu_backward", "gelu_tanh_backward")
 
 _ARITY = {"gelu_backward": 2, "gelu_tanh_backward": 2, "atan2": 2}
 
@@ -591,11 +591,12 @@ def _ev_lgamma(x: float) -> _Value:
     return _Value(Fraction(0), c, _mag(c))
 
 
-def _ev_digamma(x: float) -> _Value:
-    # x > 0 (as `_ev_lgamma`); mpmath's digamma is accurate to itself, at its root near 1.4616 too
+def _polygamma(n: int, name: str, x: float) -> _Value:
+    # digamma (n = 0) and trigamma (n = 1) of x > 0 (as `_ev_lgamma`); mpmath's are accurate to themselves,
+    # digamma at its root near 1.4616 too
     if not x > 0.0:
-        raise ExactDomainError(f"digamma({x!r}): the argument must be > 0 (the registry refuses the others)")
-    c = _MP.digamma(_MP.mpf(x))
+        raise ExactDomainError(f"{name}({x!r}): the argument must be > 0 (the registry refuses the others)")
+    c = _MP.psi(n, _MP.mpf(x))
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -887,7 +888,8 @@ _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "atan": _function_of("atan"), "sinh": _ev_sinh, "cosh": _ev_cosh, "asinh": _function_of("asinh"),
     "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
     "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "lgamma": _ev_lgamma,
-    "digamma": _ev_digamma, "erfinv": _ev_erfinv, "atan2": _ev_atan2,
+    "digamma": functools.partial(_polygamma, 0, "digamma"), "trigamma": functools.partial(_polygamma, 1, "trigamma"),
+    "erfinv": _ev_erfinv, "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }
@@ -961,8 +963,8 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     number and 0.044715 the exact decimal (not their float64 roundings); gelu_backward(g, x) =
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
     1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others
-    are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma and
-    digamma (0, inf), erfinv (-1, 1)). One input array per argument (two for the backward functions, g and x, and
+    are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma,
+    digamma and trigamma (d/dx digamma) (0, inf), erfinv (-1, 1)). One input array per argument (two for the backward functions, g and x, and
     for atan2, y and x).
     """
     if fn not in _EVALUATORS:

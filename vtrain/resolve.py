@@ -1017,6 +1017,11 @@ def _pows(op: Any) -> Resolver:
     return resolve
 
 
+def _trigamma(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
+    # (polygamma(n, x): the registry's bound refuses n != 1 before anything is resolved)
+    return exactmath.correctly_rounded("trigamma", bits, _at(args[1], pos))
+
+
 def _atan2(args: tuple, kwargs: dict, i: int, pos: np.ndarray, bits: int) -> np.ndarray:
     y, x = torch.broadcast_tensors(args[0], args[1])
     return exactmath.correctly_rounded("atan2", bits, _at(y, pos), _at(x, pos))
@@ -1067,6 +1072,7 @@ RESOLVERS: dict[Any, Resolver] = {
     aten.pow.Tensor_Tensor: _pows(aten.pow.Tensor_Tensor),
     aten.pow.Scalar: _pows(aten.pow.Scalar),
     aten.atan2.default: _atan2,
+    aten.polygamma.default: _trigamma,
     aten.gelu.default: _gelu,
     aten.gelu_backward.default: _gelu_backward,
 }

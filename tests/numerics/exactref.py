@@ -74,6 +74,8 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             return mp.loggamma(x)
         if fn == "digamma":
             return mp.digamma(x)
+        if fn == "trigamma":
+            return mp.psi(1, x)
         if fn == "log2":
             return mp.log(x, 2)
         if fn == "log10":

@@ -234,6 +234,21 @@ def test_float32_abs_sums_fall_back_to_float64_near_overflow(monkeypatch: pytest
     assert torch.equal(got, (a @ b) * (g * (1 + 2 * g + 2.0**-20)) + 3 * 2.0**-1022)
 
 
+def test_torchs_float64_trigamma_lies_within_its_band_of_the_exact_value() -> None:
+    # torch's own trigamma cuts its series short: 4.9e-10 relative at worst (x ~ 1.13), far beyond an ulp of float64,
+    # so its band is TRIGAMMA_RELATIVE there, checked here against mpmath
+    import mpmath
+
+    x = torch.cat([torch.linspace(0.5, 3, 2001, dtype=torch.float64),
+                   torch.logspace(-30, 30, 601, dtype=torch.float64)]).float().double()
+    y = aten.polygamma.default(1, x)
+    (e,) = BOUNDS[aten.polygamma.default]((1, x), {}, [y])
+    with mpmath.workprec(200):
+        exact = torch.tensor([float(mpmath.psi(1, mpmath.mpf(v))) for v in x.tolist()], dtype=torch.float64)
+    assert ((y - exact).abs() <= e).all()
+    assert ((y - exact).abs() / exact).max() > 2.0**-32  # (the series' own error: 2^-20 ulps of float64, not a few)
+
+
 def test_transcendental_bounds_cover_float32_against_float64() -> None:
     # libm-style ops: the float32 result must lie within E of the (much more accurate) float64 one
     # (and out to where float32's exp under- and overflows: torch's float32 sigmoid is 0 below -88.7, where the
@@ -271,6 +286,7 @@ def test_transcendental_bounds_cover_float32_against_float64() -> None:
         (aten.log10.default, (x.abs() + 2.0**-20,), {}),
         (aten.lgamma.default, (x.abs() + 2.0**-20,), {}),
         (aten.digamma.default, (x.abs() + 2.0**-20,), {}),
+        (aten.polygamma.default, (1, x.abs() + 2.0**-20), {}),
         # (around digamma's root 1.4616..., where the result cancels, at small arguments, where torch's float32
         # digamma errs most: 2.4 ulps of its terms, and around lgamma's zeros 1 and 2)
         (aten.digamma.default, (torch.linspace(1.46, 1.4632, 20001, dtype=torch.float64).float(),), {}),
@@ -284,7 +300,7 @@ def test_transcendental_bounds_cover_float32_against_float64() -> None:
     ]
     for func, args, kwargs in cases:
         y32 = func(*args, **kwargs)
-        y64 = func(*[a.double() for a in args], **kwargs)
+        y64 = func(*[a.double() if isinstance(a, torch.Tensor) else a for a in args], **kwargs)
         (e,) = BOUNDS[func](args, kwargs, [y32])
         assert ((y32.double() - y64).abs() <= e.double()).all(), (func, kwargs)
 

@@ -71,6 +71,7 @@ def _cases(bits, dtype):
         "erfc": (aten.erfc.default, (x,)),
         "lgamma": (aten.lgamma.default, (q.abs() + 1 / 64,)),
         "digamma": (aten.digamma.default, (q.abs() + 1 / 64,)),
+        "trigamma": (aten.polygamma.default, (1, q.abs() + 1 / 64)),
         "atan2": (aten.atan2.default, (x, q)),
         "pow": (aten.pow.Tensor_Tensor, (q.abs() + 1, x)),
         "gelu": (aten.gelu.default, (x,)),
@@ -221,6 +222,12 @@ def test_functions_train_to_the_same_bits_on_every_device(name):
         assert all(torch.equal(a, b) for a, b in zip(got, logged)), device
 
 
+def test_polygamma_beyond_trigamma_is_refused_by_name():
+    with pytest.raises(UnsupportedOpError, match=r"aten.polygamma.default.*n = 2"), \
+            RoundedExecution(bits=32, device=get_device("cpu")):
+        torch.polygamma(2, torch.tensor([3.0, 0.5], dtype=torch.float64))
+
+
 @pytest.mark.parametrize("name", ["lgamma", "digamma"])
 def test_lgamma_and_digamma_of_arguments_at_or_below_zero_are_refused_by_name(name):
     # (no library's function is within a few ulps near their negative zeros and poles: no band holds there)
@@ -233,7 +240,8 @@ def test_lgamma_and_digamma_of_arguments_at_or_below_zero_are_refused_by_name(na
 
 def test_gamma_and_beta_log_densities_and_their_gradients_are_the_same_bits_on_every_device():
     # torch.distributions' log-densities: lgamma of the parameters, xlogy of the values (one parameter against many
-    # values: broadcast), and in the backward pass digamma
+    # values: broadcast), and in the backward pass digamma; a KL divergence between Betas: digamma, and trigamma in
+    # the backward pass
     from torch import distributions
 
     x = round_to_grid(torch.rand(16, generator=torch.Generator().manual_seed(3), dtype=torch.float64) + 0.1, 32)
@@ -241,14 +249,16 @@ def test_gamma_and_beta_log_densities_and_their_gradients_are_the_same_bits_on_e
     for device in DEVICES:
         c, r, a = (torch.tensor([v], dtype=torch.float64, requires_grad=True) for v in (2.5, 1.5, 0.75))
         with RoundedExecution(bits=32, device=get_device(device), resolution="exact"):
-            total = distributions.Gamma(c, r).log_prob(x).sum() + distributions.Beta(a, c).log_prob(x / 2).sum()
+            total = distributions.Gamma(c, r).log_prob(x).sum() + distributions.Beta(a, c).log_prob(x / 2).sum() \
+                + distributions.kl_divergence(distributions.Beta(a, c), distributions.Beta(r, c)).sum()
             total.backward()
         results.append([total.detach(), c.grad, r.grad, a.grad])
     assert all(torch.equal(t, round_to_grid(t, 32)) for t in results[0])
     for device, got in zip(DEVICES[1:], results[1:]):
         assert all(torch.equal(a, b) for a, b in zip(got, results[0])), device
     c, r, a = (torch.tensor([v], dtype=torch.float64, requires_grad=True) for v in (2.5, 1.5, 0.75))
-    native = distributions.Gamma(c, r).log_prob(x).sum() + distributions.Beta(a, c).log_prob(x / 2).sum()
+    native = distributions.Gamma(c, r).log_prob(x).sum() + distributions.Beta(a, c).log_prob(x / 2).sum() \
+        + distributions.kl_divergence(distributions.Beta(a, c), distributions.Beta(r, c)).sum()
     native.backward()
     for got, want in zip(results[0], [native.detach(), c.grad, r.grad, a.grad]):
         assert (got - want).abs().max() <= 2.0**-18 * want.abs().max()  # (each op rounded to FP32's grid)

@@ -315,7 +315,7 @@ def _ref(fn: str, bits: int, args: tuple[float, ...], exponent: float | None) ->
 
 
 def _domain_inputs(fn: str, x: np.ndarray) -> np.ndarray:
-    if fn in ("log", "log2", "log10", "sqrt", "rsqrt", "lgamma", "digamma"):
+    if fn in ("log", "log2", "log10", "sqrt", "rsqrt", "lgamma", "digamma", "trigamma"):
         return np.abs(x) + (x == 0)
     # (grid values stay on the grid: |x| < 16 and |x| >= 2^-6 or 0 in the grid tests, wider in the slow one)
     if fn in ("asin", "acos", "atanh", "erfinv"):
@@ -395,6 +395,8 @@ HARD = {
                3e38],
     # near the root x0 = 1.46163214496836..., (float32's x0 and its neighbours), tiny and huge arguments
     "digamma": [1.4616321, 1.4616323, 1.4616320, 1.0, 2.0, 2.0**-149, 0.5, 10.0, 1e30, 3e38],
+    # near torch's own worst (1.13), tiny (1 / x^2: beyond the grid below ~5.4e-20) and huge arguments (~1 / x)
+    "trigamma": [0.5, 1.0, 1.1338905, 2.0, 2.0**-60, 1e-19, 1e-20, 1e30, 3e38],
     # tiny arguments (erfinv x ~ x sqrt(pi) / 2), near +-1 (1 - 2^-24: ~3.7), the middle
     "erfinv": [0.0, 2.0**-149, -(2.0**-130), 2.0**-12, 0.5, -0.5, 0.84270079, 1.0 - 2.0**-24, -(1.0 - 2.0**-24)],
     "rsqrt": [2.0**-149, 4.0, 2.0, 3e38, 0.25, 1.0 + 2.0**-23],
@@ -510,7 +512,7 @@ def test_correctly_rounded_broadcast_float32_and_context() -> None:
     [("log", 0.0, {}), ("log", -1.0, {}), ("log1p", -1.0, {}), ("rsqrt", 0.0, {}), ("rsqrt", -2.0, {}),
      ("sqrt", -1e-30, {}), ("pow", -2.0, {"exponent": 0.5}), ("pow", 0.0, {"exponent": -1.0}),
      ("log2", 0.0, {}), ("log10", -2.0, {}), ("asin", 1.5, {}), ("acos", -1.0000001, {}), ("acosh", 0.5, {}),
-     ("atanh", 1.0, {}), ("atanh", -3.0, {}), ("lgamma", 0.0, {}), ("lgamma", -2.5, {}), ("digamma", 0.0, {}),
+     ("atanh", 1.0, {}), ("atanh", -3.0, {}), ("lgamma", 0.0, {}), ("lgamma", -2.5, {}), ("digamma", 0.0, {}), ("trigamma", -0.5, {}),
      ("erfinv", 1.0, {}), ("erfinv", -1.5, {})],
 )
 def test_domain_errors_name_the_function(fn: str, x: float, kw: dict) -> None:

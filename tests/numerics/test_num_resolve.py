@@ -654,6 +654,7 @@ FUNCTION_OPS: dict[Any, tuple[Callable, str]] = {  # op -> (reference, input dom
     aten.lgamma.default: (mpmath.loggamma, "positive"),
     aten.digamma.default: (mpmath.digamma, "positive"),
     aten.erfinv.default: (mpmath.erfinv, "unit"),
+    aten.polygamma.default: (lambda x: mpmath.psi(1, x), "positive"),  # (trigamma: polygamma(1, x))
     aten.tanh.default: (mpmath.tanh, "any"),
     aten.sigmoid.default: (lambda x: 1 / (1 + mpmath.exp(-x)), "any"),
     aten.expm1.default: (mpmath.expm1, "any"),
@@ -691,7 +692,8 @@ def test_functions_match_mpmath(op: Any, dtype: torch.dtype, bits: int) -> None:
         args = (x, g) if op is aten.pow.Tensor_Tensor else (g, x)
         exact = [_exact(fn, float(a), float(b)) for a, b in zip(*args)]
     else:
-        args = {aten.pow.Tensor_Scalar: (x, 3), aten.pow.Scalar: (10.0, x)}.get(op, (x,))
+        args = {aten.pow.Tensor_Scalar: (x, 3), aten.pow.Scalar: (10.0, x),
+                aten.polygamma.default: (1, x)}.get(op, (x,))
         exact = [_exact(fn, float(v)) for v in x]
     check_resolver(op, args, {}, [exact], bits)
 
