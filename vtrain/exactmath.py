@@ -962,10 +962,10 @@ def correctly_rounded(fn: str, bits: int, *xs: np.ndarray, exponent: float | Non
     gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) where sqrt(2/pi) is the exact real
     number and 0.044715 the exact decimal (not their float64 roundings); gelu_backward(g, x) =
     g (Phi(x) + x phi(x)) and gelu_tanh_backward(g, x) = g * d/dx gelu_tanh(x), exactly; rsqrt(x) =
-    1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others
-    are the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma,
-    digamma and trigamma (d/dx digamma) (0, inf), erfinv (-1, 1)). One input array per argument (two for the backward functions, g and x, and
-    for atan2, y and x).
+    1/sqrt(x); atan2(y, x) reads signed zeros as IEEE does; pow takes `exponent` (a float64, exact); the others are
+    the real functions of their names (asin and acos take [-1, 1], atanh (-1, 1), acosh [1, inf), lgamma, digamma
+    and trigamma (d/dx digamma) (0, inf), erfinv (-1, 1)). One input array per argument (two for the backward
+    functions, g and x, and for atan2, y and x).
     """
     if fn not in _EVALUATORS:
         raise ExactMathError(f"correctly_rounded: unknown function {fn!r}; known: {', '.join(FUNCTIONS)}")
