@@ -1106,13 +1106,6 @@ def adaptive_max_pool2d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor
     return _add_at_indices(call, grad, x, indices, 2)
 
 
-def _add_at_indices_of(dims: int, call: Call, grad: torch.Tensor, x: torch.Tensor,
-                       indices: torch.Tensor) -> torch.Tensor:
-    """aten.adaptive_max_pool3d_backward: `_add_at_indices` over the volume (windows of any size; the forward pass
-    is exact, class 1)."""
-    return _add_at_indices(call, grad, x, indices, dims)
-
-
 def max_pool3d_backward(call: Call, grad: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
                         stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool,
                         indices: torch.Tensor) -> torch.Tensor:
@@ -2048,7 +2041,8 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten._weight_norm_interface.default: weight_norm,
     aten._weight_norm_interface_backward.default: weight_norm_backward,
     aten.embedding_renorm_.default: embedding_renorm_,
-    aten.adaptive_max_pool3d_backward.default: functools.partial(_add_at_indices_of, 3),
+    # (windows of any size over the volume; the forward pass is exact, class 1)
+    aten.adaptive_max_pool3d_backward.default: functools.partial(_add_at_indices, dims=3),
     aten.dist.default: dist,
     aten.max_pool3d_with_indices_backward.default: max_pool3d_backward,
     aten.avg_pool3d.default: avg_pool3d,

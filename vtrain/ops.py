@@ -326,14 +326,11 @@ _DECOMPOSED = {
 }
 
 _DEVICE_INPLACE = {
-    aten.exp_.default: aten.exp.default, aten.exp2_.default: aten.exp2.default, aten.log_.default: aten.log.default,
-    aten.tanh_.default: aten.tanh.default, aten.sigmoid_.default: aten.sigmoid.default,
-    aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.rsqrt_.default: aten.rsqrt.default,
-    aten.erf_.default: aten.erf.default, aten.sin_.default: aten.sin.default, aten.cos_.default: aten.cos.default,
-    aten.pow_.Tensor: aten.pow.Tensor_Tensor, aten.atan2_.default: aten.atan2.default,
+    aten.pow_.Scalar: aten.pow.Tensor_Scalar, aten.pow_.Tensor: aten.pow.Tensor_Tensor,
+    aten.atan2_.default: aten.atan2.default,
     **{getattr(aten, name + "_").default: getattr(aten, name).default
-       for name in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc",
-                    "lgamma", "digamma", "erfinv")},
+       for name in ("exp", "exp2", "log", "tanh", "sigmoid", "rsqrt", "erf", "sin", "cos", "tan", "asin", "acos", "atan",
+                    "sinh", "cosh", "asinh", "acosh", "atanh", "log2", "log10", "erfc", "lgamma", "digamma", "erfinv")},
 }
 
 

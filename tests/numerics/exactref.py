@@ -46,34 +46,15 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
     mp = mpmath.mp
     with mpmath.workprec(REF_PREC):
         x = mp.mpf(args[-1])
-        if fn == "exp":
-            return mp.exp(x)
+        if fn in ("exp", "log", "tanh", "expm1", "log1p", "erf", "erfc", "erfinv", "sin", "cos", "tan", "asin", "acos",
+                  "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "digamma", "sqrt"):
+            return getattr(mp, fn)(x)  # (mpmath's functions of the same names)
         if fn == "exp2":
             return mp.power(2, x)
-        if fn == "log":
-            return mp.log(x)
-        if fn == "tanh":
-            return mp.tanh(x)
         if fn == "sigmoid":
             return 1 / (1 + mp.exp(-x))
-        if fn == "expm1":
-            return mp.expm1(x)
-        if fn == "log1p":
-            return mp.log1p(x)
-        if fn == "erf":
-            return mp.erf(x)
-        if fn == "sin":
-            return mp.sin(x)
-        if fn == "cos":
-            return mp.cos(x)
-        if fn in ("tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erfc"):
-            return getattr(mp, fn)(x)
-        if fn == "erfinv":
-            return mp.erfinv(x)
         if fn == "lgamma":
             return mp.loggamma(x)
-        if fn == "digamma":
-            return mp.digamma(x)
         if fn == "trigamma":
             return mp.psi(1, x)
         if fn == "log2":
@@ -85,8 +66,6 @@ def mp_value(fn: str, args: tuple[float, ...], exponent: float | None = None) ->
             if y == 0:
                 return mp.pi * math.copysign(1, y) if math.atan2(y, args[1]) else mp.mpf(0)
             return mp.atan2(mp.mpf(y), x)
-        if fn == "sqrt":
-            return mp.sqrt(x)
         if fn == "rsqrt":
             return 1 / mp.sqrt(x)
         if fn == "pow":
