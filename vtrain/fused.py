@@ -29,6 +29,7 @@ from __future__ import annotations
 
 
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -295,17 +296,19 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
     # `_near_block32`), by blocks of NEAR_BLOCK values. 1.7-2.5 against 4.2-5.5 ns a value on 4M values
     # with and without a per-element band.
     count = nbad = 0
-    flags = np.empty(NEAR_BLOCK, np.bool_)
-    buf = np.empty(NEAR_BLOCK)
+    flags, keep = _block_buffers(NEAR_BLOCK)
     same = _same(v, out)
     fill = np.full(NEAR_BLOCK, e[0])  # one band for all: read like a per-element one, with no branch
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
-        vb, ob = v[start:stop], out[start:stop]
-        nflag, bad = _near_block32(vb, fill if e.size == 1 else e[start:stop], factor, limit, buf if same else ob,
-                                   flags, plus)
+        vb, terms = v[start:stop], (fill if e.size == 1 else e[start:stop],)
+        if same:  # (the arrays `_near_block32` asks for)
+            nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, vb, keep, flags, plus)
+        else:
+            ob = out[start:stop]
+            nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, ob, ob, flags, plus)
         nbad += bad
-        count = _finish_block(vb, buf, flags, nflag, start, ob, same, cand, held, count)
+        count = _finish_block(keep[:vb.size] if same else vb, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
 
 
@@ -315,23 +318,18 @@ def _round_near32_relative(v: np.ndarray, k: float, a: float, c: float, f: float
     # (the band computed value by value inside the block's loop: written to a block buffer first and read back,
     # it cost 1.52-1.68 against 0.95-1.16 ms on 1M values fresh from a tanh, rounding alone 0.83-0.89)
     count = nbad = 0
-    flags = np.empty(NEAR_BLOCK, np.bool_)
-    buf = np.empty(NEAR_BLOCK)
+    flags, keep = _block_buffers(NEAR_BLOCK)
     same = _same(v, out)
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
-        vb, ob = v[start:stop], out[start:stop]
-        nflag = bad = 0
-        target = buf if same else ob
-        for j in range(vb.size):
-            x = vb[j]
-            r, near, off = _near32(x, ((k * abs(x)) + a) * c + f, factor, limit)
-            target[j] = x if off else r + plus
-            flags[j] = near
-            nflag += near
-            bad += off
+        vb, terms = v[start:stop], (k, a, c, f)
+        if same:
+            nflag, bad = _near_block32(vb, _band_relative, terms, factor, limit, vb, keep, flags, plus)
+        else:
+            ob = out[start:stop]
+            nflag, bad = _near_block32(vb, _band_relative, terms, factor, limit, ob, ob, flags, plus)
         nbad += bad
-        count = _finish_block(vb, buf, flags, nflag, start, ob, same, cand, held, count)
+        count = _finish_block(keep[:vb.size] if same else vb, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
 
 
@@ -345,8 +343,7 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
     # second pass: 1.57 against 0.83 ms on 1M values.)
     m, n_cols = rows.shape[1], cols.shape[1]
     count = nbad = 0
-    flags = np.empty(NEAR_BLOCK, np.bool_)
-    buf = np.empty(NEAR_BLOCK)
+    flags, keep = _block_buffers(NEAR_BLOCK)
     same = _same(v, out)
     for n in range(rows.shape[0]):
         cn, an = cols[n], add[n]
@@ -355,17 +352,14 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
             row = (n * m + i) * n_cols
             for start in range(0, n_cols, NEAR_BLOCK):
                 stop = min(start + NEAR_BLOCK, n_cols)
-                vb, ob, cb, ab = v[row + start:row + stop], out[row + start:row + stop], cn[start:stop], an[start:stop]
-                dest = buf if same else ob
-                nflag = 0
-                for j in range(vb.size):
-                    x = vb[j]
-                    r, near, bad = _near32(x, ri * cb[j] + ab[j], factor, limit)
-                    dest[j] = x if bad else r + plus
-                    flags[j] = near
-                    nflag += near
-                    nbad += bad
-                new = _finish_block(vb, buf, flags, nflag, row + start, ob, same, cand, held, count)
+                vb, terms = v[row + start:row + stop], (ri, cn[start:stop], an[start:stop])
+                if same:
+                    nflag, bad = _near_block32(vb, _band_outer, terms, factor, limit, vb, keep, flags, plus)
+                else:
+                    ob = out[row + start:row + stop]
+                    nflag, bad = _near_block32(vb, _band_outer, terms, factor, limit, ob, ob, flags, plus)
+                nbad += bad
+                new = _finish_block(keep[:vb.size] if same else vb, flags, nflag, row + start, cand, held, count)
                 if sa.size:
                     # (in a relu network's weight gradient ~4 % of all outputs, unit pairs never active
                     # together, which U cannot tell from others: checked on the new candidates only,
@@ -378,6 +372,26 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
                     new = kept
                 count = new
     return count, _first_bad(out, limit) if nbad else -1
+
+
+# The bands of `_near_block32`, at value j (x) of a block: given per value (terms: (e,)), the matmul pre-filter's
+# outer product (terms: (rows[n, i], cols[n], add[n]) of the block's row), a function's relative band (terms: (k,
+# a, c, f): vtrain.bounds.RELATIVE)
+@njit(cache=True, nogil=True, inline="always")
+def _band_given(j: int, x: float, terms: tuple) -> float:
+    return terms[0][j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _band_outer(j: int, x: float, terms: tuple) -> float:
+    ri, cb, ab = terms
+    return ri * cb[j] + ab[j]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _band_relative(j: int, x: float, terms: tuple) -> float:
+    k, a, c, f = terms
+    return ((k * abs(x)) + a) * c + f
 
 
 # U's margin over E's sum (`round_near_mm`): far above the ~K 2^-52 by which the rounded sums and norms can differ
@@ -411,8 +425,7 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
     row_norms, col_norms = np.empty(m), np.empty(n)
     rows = max(1, min(m, NEAR_BLOCK // max(n, 1)))  # (rows a block: a short row's own pass cost ~70 ns)
     eb = np.empty(rows * n)
-    flags = np.empty(rows * n, np.bool_)
-    buf = np.empty(rows * n)
+    flags, keep = _block_buffers(rows * n)
     same = _same(v, out)
     count = nbad = 0
     for h in range(batches):
@@ -428,8 +441,13 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
                     eb_i[j] = u if u >= 0.0 else np.inf
                 _scale_sums(eb_i, bias, i, alpha, beta, scale, floor)
             start, size = (h * m + i0) * n, (i1 - i0) * n
-            vb, ob, fb = v[start:start + size], out[start:start + size], flags[:size]
-            nflag, bad = _near_block32(vb, eb[:size], factor, limit, buf[:size] if same else ob, fb, plus)
+            vb, kb, fb, terms = v[start:start + size], keep[:size], flags[:size], (eb[:size],)
+            if same:
+                nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, vb, kb, fb, plus)
+            else:
+                ob = out[start:start + size]
+                nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, ob, ob, fb, plus)
+                kb = vb
             nbad += bad
             for t in range(size if nflag else 0):
                 if fb[t]:
@@ -440,10 +458,10 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
                     eb[t:t + 1] = s  # (E from its sum by the row's own operations: `_scale_sums`)
                     _scale_sums(eb[t:t + 1], bias[i:i + 1, j:j + 1] if bias.size else bias, 0, alpha, beta, scale,
                                 floor)
-                    near = _near32(vb[t], eb[t], factor, limit)[1]
+                    near = _near32(kb[t], eb[t], factor, limit)[1]
                     fb[t] = near
                     nflag -= not near
-            new = _finish_block(vb, buf, fb, nflag, start, ob, same, cand, held, count)
+            new = _finish_block(kb, fb, nflag, start, cand, held, count)
             for t in range(count, new):
                 e_cand[t] = eb[cand[t] - start]
             count = new
@@ -515,19 +533,36 @@ def _near32(x: float, e: float, factor: float, limit: float) -> tuple[float, boo
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _near_block32(vb: np.ndarray, eb: np.ndarray, factor: float, limit: float, buf: np.ndarray,
-                  flags: np.ndarray, plus: float) -> tuple[int, int]:
-    """buf = vb rounded (bits = 32) + plus (a value off the grid as it was), flags = `_near32`'s test against
-    the band eb * factor; (the number of candidates, the number of off-grid values)."""
+def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], terms: tuple, factor: float,
+                  limit: float, dest: np.ndarray, keep: np.ndarray, flags: np.ndarray, plus: float) -> tuple[int, int]:
+    """dest = vb rounded (bits = 32) + plus (a value off the grid as it was), keep = vb, flags = `_near32`'s
+    test against the band band(j, vb[j], terms) * factor; (the number of candidates, the number of off-grid
+    values). (`band`: a compiled function, which numba specialises and inlines.)
+
+    In place, the caller passes vb itself as dest, and a block buffer as keep, which then holds the values
+    for the candidates; otherwise the output's block as both dest and keep (vb keeps its values). Either
+    way LLVM is given the same array twice, not two that may overlap, and vectorises the loop (with a
+    possible overlap it kept the loop scalar where the band is a function's: 3.7 against 1.5 ms on 1M
+    values; so it did with the choice made in here, from a flag). The flags are 64-bit, as the test's
+    vector lanes are. Against rounding into a block buffer copied back afterwards, with byte flags (a pack
+    of each lane): 1.13-1.21 against 1.47-1.51 ms in place on a 1M-value matmul output fresh from the
+    product, 0.27 against 0.36 from the L3 cache (session 43)."""
     nflag = nbad = 0
     for j in range(vb.size):
         x = vb[j]
-        r, near, bad = _near32(x, eb[j], factor, limit)
-        buf[j] = x if bad else r + plus
+        r, near, bad = _near32(x, band(j, x, terms), factor, limit)
+        keep[j] = x
+        dest[j] = x + 0.0 if bad else r + plus
         flags[j] = near
         nflag += near
         nbad += bad
     return nflag, nbad
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _block_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(flags, keep): a block's candidate flags and its unrounded values, for the `_near_block32` family."""
+    return np.empty(size, np.int64), np.empty(size)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -537,21 +572,16 @@ def _same(v: np.ndarray, out: np.ndarray) -> bool:
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _finish_block(vb: np.ndarray, buf: np.ndarray, flags: np.ndarray, nflag: int, offset: int, ob: np.ndarray,
-                  same: bool, cand: np.ndarray, held: np.ndarray, count: int) -> int:
-    """Append offset + j and vb[j] for the flagged j to cand[:count] and held[:count]; the new count. Where
-    the kernel rounds in place (`same`: ob is vb), the block was rounded into the small buffer buf, which
-    stays in cache, and is written to ob after the held values were read; otherwise straight into ob (a
-    buffer copied afterwards cost 3.0 against 1.9 ms on 1M values). (Only blocks with a candidate scan
-    their flags: candidates are ~0.1 % of the values.)"""
+def _finish_block(keep: np.ndarray, flags: np.ndarray, nflag: int, offset: int, cand: np.ndarray,
+                  held: np.ndarray, count: int) -> int:
+    """Append offset + j and keep[j] (the block's unrounded values) for the flagged j to cand[:count] and
+    held[:count]; the new count. (Only blocks with a candidate scan their flags: candidates are ~0.1 % of
+    the values.)"""
     if nflag:
-        for j in range(vb.size):
+        for j in range(keep.size):
             cand[count] = offset + j
-            held[count] = vb[j]
+            held[count] = keep[j]
             count += flags[j]
-    if same:
-        for j in range(vb.size):
-            ob[j] = buf[j]
     return count
 
 
