@@ -545,8 +545,8 @@ def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], te
     possible overlap it kept the loop scalar where the band is a function's: 3.7 against 1.5 ms on 1M
     values; so it did with the choice made in here, from a flag). The flags are 64-bit, as the test's
     vector lanes are. Against rounding into a block buffer copied back afterwards, with byte flags (a pack
-    of each lane): 1.13-1.21 against 1.47-1.51 ms in place on a 1M-value matmul output fresh from the
-    product, 0.27 against 0.36 from the L3 cache (session 43)."""
+    of each lane): 1.28-1.31 against 1.50-1.53 ms in place on a 1M-value matmul output fresh from the
+    product (the outer product's band), 1.14-1.19 against 1.40-1.46 with a function's band (session 43)."""
     nflag = nbad = 0
     for j in range(vb.size):
         x = vb[j]
