@@ -374,9 +374,9 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
     return count, _first_bad(out, limit) if nbad else -1
 
 
-# The bands of `_near_block32`, at value j (x) of a block: given per value (terms: (e,)), the matmul pre-filter's
-# outer product (terms: (rows[n, i], cols[n], add[n]) of the block's row), a function's relative band (terms: (k,
-# a, c, f): vtrain.bounds.RELATIVE)
+# The bands of `_near_block32`, at value j (x) of a block: given per value (terms: (the block's bands,)), the matmul
+# pre-filter's outer product (terms: (rows[n, i] of the block's row, the block's columns of cols[n] and add[n])), a
+# function's relative band (terms: (k, a, c, f) of vtrain.bounds.RELATIVE)
 @njit(cache=True, nogil=True, inline="always")
 def _band_given(j: int, x: float, terms: tuple) -> float:
     return terms[0][j]
