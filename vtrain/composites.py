@@ -754,19 +754,13 @@ def mish_backward(call: Call, grad: torch.Tensor, x: torch.Tensor) -> torch.Tens
     return call(aten.mul.Tensor, grad, call(aten.add.Tensor, t, slope))
 
 
-def xlogy(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """aten.xlogy.Tensor: x log(y), 0 where x is 0 (the log taken of 1 there, whatever y holds: torch's NaN for a
-    NaN y there would stop the step). x and y broadcast against each other."""
+def _x_times_log(log: Any, neutral: float, call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """aten.xlogy.Tensor, x log(y), and aten.special_xlog1py, x log1p(y): 0 where x is 0 (the log taken there of
+    `neutral`, whose log is 0, whatever y holds: torch's NaN for a NaN y there would stop the step). x and y
+    broadcast against each other."""
     x, y = torch.broadcast_tensors(x, y)
     at_zero = call(aten.eq.Scalar, x, 0)
-    return call(aten.mul.Tensor, x, call(aten.log.default, call(aten.masked_fill.Scalar, y, at_zero, 1.0)))
-
-
-def xlog1py(call: Call, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """aten.special_xlog1py: x log1p(y), 0 where x is 0 (as `xlogy`: log1p taken of 0 there)."""
-    x, y = torch.broadcast_tensors(x, y)
-    at_zero = call(aten.eq.Scalar, x, 0)
-    return call(aten.mul.Tensor, x, call(aten.log1p.default, call(aten.masked_fill.Scalar, y, at_zero, 0.0)))
+    return call(aten.mul.Tensor, x, call(log, call(aten.masked_fill.Scalar, y, at_zero, neutral)))
 
 
 def _times(call: Call, x: torch.Tensor, factor: float) -> torch.Tensor:
@@ -1961,12 +1955,12 @@ COMPOSITES: dict[Any, Callable[..., Any]] = {
     aten.log_sigmoid_backward.default: log_sigmoid_backward,
     aten.mish.default: mish,
     aten.mish_backward.default: mish_backward,
-    aten.xlogy.Tensor: xlogy,
+    aten.xlogy.Tensor: functools.partial(_x_times_log, aten.log.default, 1.0),
     aten.scatter_reduce.two: scatter_reduce,
     aten.linalg_solve_triangular.default: solve_triangular,
     aten.linalg_cholesky_ex.default: cholesky,
     aten.scatter_reduce_.two: scatter_reduce_,
-    aten.special_xlog1py.default: xlog1py,
+    aten.special_xlog1py.default: functools.partial(_x_times_log, aten.log1p.default, 0.0),
     aten.logsumexp.default: logsumexp,
     aten.baddbmm.default: baddbmm,
     aten.norm.Scalar: norm,

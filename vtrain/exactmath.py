@@ -490,22 +490,26 @@ def _ev_exp2(x: float) -> _Value:
     return _Value(Fraction(0), c, _mag(c))
 
 
-def _function_of(name: str, exact_at: float = 0.0, exact: int = 0,
-                 domain: tuple[float, float] | None = None) -> Callable[[float], _Value]:
-    """mpmath's function `name` on its closed `domain` (beyond it the device gives NaN), which is `exact` at
-    `exact_at` and, at any other rational, transcendental: sin, cos, tan (Lindemann), asin, acos, atan and asinh
-    (were one of them a nonzero algebraic at a rational, that rational would be the sine, cosine, tangent or sinh of
-    an algebraic), so never a grid value or a tie between two, and Ziv's loop decides it. mpmath reduces sin's,
-    cos's and tan's arguments modulo pi at the precision the reduction needs (near a multiple of pi or pi/2, or up
-    to 2^128); writes asin and acos as 2 atan(...) of a quotient of the exact x x, 1 -+ x and a square root (no
-    cancellation, acos near 1 and asin near 0 included); widens its precision by the bits asinh loses near 0; and
-    returns atan of a huge x as +-pi/2 within 2^-(prec + 20) relative (pi/2 - atan x ~ 1/x is that small): each
-    value is accurate relative to itself."""
+def _function_of(name: str, exact_at: float = 0.0, exact: int = 0, domain: tuple[float, float] | None = None,
+                 closed: bool = True) -> Callable[[float], _Value]:
+    """mpmath's function `name` on its `domain`, closed or open (beyond it the device gives NaN, at an open end
+    +-inf), which is `exact` at `exact_at` and, at any other rational, transcendental: sin, cos, tan (Lindemann),
+    asin, acos, atan and asinh (were one of them a nonzero algebraic at a rational, that rational would be the sine,
+    cosine, tangent or sinh of an algebraic), so never a grid value or a tie between two, and Ziv's loop decides it.
+    erfinv's values at rationals are not known to avoid them: were one hit, the cap precision's rounding would
+    define it, the same on every machine (as lgamma's). mpmath reduces sin's, cos's and tan's arguments modulo pi
+    at the precision the reduction needs (near a multiple of pi or pi/2, or up to 2^128); writes asin and acos as
+    2 atan(...) of a quotient of the exact x x, 1 -+ x and a square root (no cancellation, acos near 1 and asin
+    near 0 included); widens its precision by the bits asinh loses near 0; returns atan of a huge x as +-pi/2
+    within 2^-(prec + 20) relative (pi/2 - atan x ~ 1/x is that small); and inverts erf by Newton's method at its
+    working precision, near 0 and near +-1 alike: each value is accurate relative to itself."""
     function = getattr(_MP, name)
 
     def evaluate(x: float) -> _Value:
-        if domain is not None and not domain[0] <= x <= domain[1]:
-            raise ExactDomainError(f"{name}({x!r}): the argument must lie in {list(domain)} (the device gives NaN)")
+        if domain is not None and not (domain[0] <= x <= domain[1] if closed else domain[0] < x < domain[1]):
+            interval = f"[{domain[0]}, {domain[1]}]" if closed else f"({domain[0]}, {domain[1]})"
+            raise ExactDomainError(f"{name}({x!r}): the argument must lie in {interval} (the device gives "
+                                   f"{'NaN' if closed else 'inf or NaN'})")
         if x == exact_at:
             return _Value(Fraction(exact))
         c = function(_MP.mpf(x))
@@ -564,17 +568,6 @@ def _ev_atanh(x: float) -> _Value:
         return _Value(Fraction(0))
     xm = _MP.mpf(x)
     c = _MP.log1p(2 * xm / (1 - xm)) / 2
-    return _Value(Fraction(0), c, _mag(c))
-
-
-def _ev_erfinv(x: float) -> _Value:
-    # erfinv takes (-1, 1) (+-inf at +-1, NaN beyond); erfinv 0 = 0 exactly. mpmath inverts erf by Newton's method
-    # at its working precision, accurate to itself near 0 and near +-1 alike.
-    if not -1.0 < x < 1.0:
-        raise ExactDomainError(f"erfinv({x!r}): the argument must lie in (-1, 1) (the device gives inf/NaN)")
-    if x == 0.0:
-        return _Value(Fraction(0))
-    c = _MP.erfinv(_MP.mpf(x))
     return _Value(Fraction(0), c, _mag(c))
 
 
@@ -889,7 +882,7 @@ _EVALUATORS: dict[str, Callable[..., _Value]] = {
     "acosh": _ev_acosh, "atanh": _ev_atanh, "log2": functools.partial(_log_base, "log2", base=2),
     "log10": functools.partial(_log_base, "log10", base=10), "erfc": _ev_erfc, "lgamma": _ev_lgamma,
     "digamma": functools.partial(_polygamma, 0, "digamma"), "trigamma": functools.partial(_polygamma, 1, "trigamma"),
-    "erfinv": _ev_erfinv, "atan2": _ev_atan2,
+    "erfinv": _function_of("erfinv", domain=(-1.0, 1.0), closed=False), "atan2": _ev_atan2,
     "gelu": _ev_gelu, "gelu_tanh": _ev_gelu_tanh, "gelu_backward": _ev_gelu_backward,
     "gelu_tanh_backward": _ev_gelu_tanh_backward,
 }
