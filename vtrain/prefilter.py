@@ -459,21 +459,21 @@ def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, 
     one row, in one column, of those with a nonzero value)) in one pass (`_norms_both`)."""
     along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
     if canon.shape[0] == 1:
-        top, tiny, row_zeros, col_zeros = _norms_both(canon[0], along[0], across[0])
+        finite, tiny, row_zeros, col_zeros = _norms_both(canon[0], along[0], across[0])
     else:  # (in one compiled call: bmm's 16-128 slices had been as many; batches apart in memory, rare, are
         # copied together first, the values and so the norms the same)
-        top, tiny, row_zeros, col_zeros = _norms_batched(np.ascontiguousarray(canon), along, across)
-    return along, across, (top < 0x7FF0000000000000 and tiny == 0, int(row_zeros), int(col_zeros))
+        finite, tiny, row_zeros, col_zeros = _norms_batched(np.ascontiguousarray(canon), along, across)
+    return along, across, (bool(finite) and tiny == 0, int(row_zeros), int(col_zeros))
 
 
 @njit(cache=True, nogil=True)
-def _norms_batched(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int, int]:
+def _norms_batched(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
     """`_norms_both` over each x[n] of a C-contiguous (B, M, K) x, its flags combined as `_both_norms` does."""
-    top, tiny, row_zeros, col_zeros = 0, 0, 0, 0
+    finite, tiny, row_zeros, col_zeros = True, 0, 0, 0
     for n in range(x.shape[0]):
         a, b, zr, zc = _norms_both(x[n], rows[n], cols[n])
-        top, tiny, row_zeros, col_zeros = max(top, a), tiny + b, max(row_zeros, zr), max(col_zeros, zc)
-    return top, tiny, row_zeros, col_zeros
+        finite, tiny, row_zeros, col_zeros = finite and a, tiny + b, max(row_zeros, zr), max(col_zeros, zc)
+    return finite, tiny, row_zeros, col_zeros
 
 
 def _axis(flags: tuple[bool, int, int], rows: bool) -> tuple[bool, int]:
@@ -588,6 +588,12 @@ def _is_tiny(x: float) -> int:
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _is_small(x: float) -> int:
+    """Whether |x| < _TINY_LINE, zeros included: one comparison, the zeros counted apart subtracted afterwards."""
+    return np.int64(abs(np.float64(x)) < _TINY_LINE)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _is_zero(x: float) -> int:
     return np.int64(x == 0)
 
@@ -596,13 +602,17 @@ _WIDE_ROWS = 512
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int, int, int, int]:
+def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
     # Both axes' sums of squares in one vectorised pass over the row-major x: each value's square goes to its
     # row's sum (reassociated: a norm bounds its sum in any order, see the module docstring) and to its
-    # column's; with the largest magnitude, the tiny values and the zeros of each row and column (integer
+    # column's; with the values below _TINY_LINE (zeros included) and the zeros of each row and column (integer
     # reductions), of which the most in one row and in one column are returned, of the rows and columns with a
     # nonzero value. (Session 16: one pass per line took 0.44-0.48 ns a value in cache for a row's norm, against
-    # 0.7-1.1 for two.)
+    # 0.7-1.1 for two.) Returns (whether every row's norm is finite, the nonzero values below _TINY_LINE, the
+    # most zeros in a row, in a column). An infinity or a NaN leaves its row's norm so, and so does a value whose
+    # square passes float64's range (whose U would be infinite: the op takes the full bound either way); read
+    # from the norms, not tested value by value (the magnitudes' integer maximum, which that test was, took the
+    # pass 0.45 against 0.29 ms on 1024 x 1024 in cache, 0.58 against 0.47 fresh from memory; session 44).
     n, width = x.shape
     sq = np.zeros(width)
     zc = np.zeros(width, np.int64)
@@ -612,20 +622,24 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[int,
     # 0.89-0.91x the time; 9.3 against 11.4 ms a step in that model's training steps. (On 1024 x 256 four rows a
     # pass took 1.1x the time.)
     full = n - n % 4 if width >= _WIDE_ROWS else 0
-    top, tiny, row_zeros = _four_rows(x[:full], rows[:full], sq, zc)
-    top1, tiny1, row_zeros1 = _each_row(x[full:], rows[full:], sq, zc)
-    col_zeros = 0
+    small, row_zeros = _four_rows(x[:full], rows[:full], sq, zc)
+    small1, row_zeros1 = _each_row(x[full:], rows[full:], sq, zc)
+    col_zeros = zeros = 0
     for k in range(width):
         cols[k] = math.sqrt(sq[k])
+        zeros += zc[k]
         col_zeros = max(col_zeros, _line_zeros(zc[k], n))
-    return max(top, top1), tiny + tiny1, max(row_zeros, row_zeros1), col_zeros
+    finite = True
+    for i in range(n):
+        finite &= rows[i] < np.inf  # (False for NaN too)
+    return finite, small + small1 - zeros, max(row_zeros, row_zeros1), col_zeros
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _each_row(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int, int]:
+def _each_row(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int]:
     """`_norms_both`'s pass over x's rows one at a time: rows' norms into rows, the columns' squares and zeros
-    added to sq and zc; (top, tiny, row_zeros)."""
-    top, tiny, row_zeros = 0, 0, 0
+    added to sq and zc; (the values below _TINY_LINE, zeros included; the most zeros in a row)."""
+    small, row_zeros = 0, 0
     for i in range(x.shape[0]):
         line, s, zr = x[i], 0.0, 0
         for k in range(line.size):
@@ -633,22 +647,21 @@ def _each_row(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -
             q = v * v
             s += q
             sq[k] += q
-            top = max(top, _abs_bits(v))
-            tiny += _is_tiny(v)
+            small += _is_small(v)
             z = _is_zero(v)
             zr += z
             zc[k] += z
         rows[i] = math.sqrt(s)
         row_zeros = max(row_zeros, _line_zeros(zr, line.size))
-    return top, tiny, row_zeros
+    return small, row_zeros
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _four_rows(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int, int]:
+def _four_rows(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) -> tuple[int, int]:
     """`_each_row` four rows at a time (x's row count a multiple of four). Its loop body is written out rather than
     shared with `_each_row` through an inlined helper returning each value's terms as a tuple: that form ran 10 %
     slower on 1024 x 256."""
-    top, tiny, row_zeros = 0, 0, 0
+    small, row_zeros = 0, 0
     width = x.shape[1]
     for i in range(0, x.shape[0], 4):
         l0, l1, l2, l3 = x[i], x[i + 1], x[i + 2], x[i + 3]
@@ -659,15 +672,14 @@ def _four_rows(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray) 
             q0, q1, q2, q3 = v0 * v0, v1 * v1, v2 * v2, v3 * v3
             s0, s1, s2, s3 = s0 + q0, s1 + q1, s2 + q2, s3 + q3
             sq[k] += (q0 + q1) + (q2 + q3)
-            top = max(top, max(max(_abs_bits(v0), _abs_bits(v1)), max(_abs_bits(v2), _abs_bits(v3))))
-            tiny += (_is_tiny(v0) + _is_tiny(v1)) + (_is_tiny(v2) + _is_tiny(v3))
+            small += (_is_small(v0) + _is_small(v1)) + (_is_small(v2) + _is_small(v3))
             e0, e1, e2, e3 = _is_zero(v0), _is_zero(v1), _is_zero(v2), _is_zero(v3)
             z0, z1, z2, z3 = z0 + e0, z1 + e1, z2 + e2, z3 + e3
             zc[k] += (e0 + e1) + (e2 + e3)
         rows[i], rows[i + 1], rows[i + 2], rows[i + 3] = math.sqrt(s0), math.sqrt(s1), math.sqrt(s2), math.sqrt(s3)
         row_zeros = max(row_zeros, _line_zeros(z0, width), _line_zeros(z1, width), _line_zeros(z2, width),
                         _line_zeros(z3, width))
-    return top, tiny, row_zeros
+    return small, row_zeros
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -1269,18 +1269,20 @@ def _sum_bound(e: torch.Tensor | None, k: int, out: torch.Tensor,
         return None
     if k * u >= 0.5:
         return None
-    return _np(e) * (divisor * _MARGIN * (1 - k * u) / (k * u)), p, tiny
+    # (E gathered by the engine is a CPU float64 tensor already: its numpy view, not `_np`'s copy, ~3 us a call)
+    values = e.detach().numpy() if e.dtype == torch.float64 and e.is_cpu else _np(e)
+    return values * (divisor * _MARGIN * (1 - k * u) / (k * u)), p, tiny
 
 
 def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
             pos: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
-    """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier). Given the
-    output's own values there (`held`: the device's unrounded v), a matmul or convolution whose values rule a
-    certificate out at every position (`_ruled_out`) answers False there without reading its operands, and a
-    matmul whose values and line samples do (`_sampled_out`) after reading 32 values a position; the answer is
-    the certifier's everywhere (False for its None: an addmm scaled by alpha or beta, where no certificate
-    applies). (Where some position stays open the certifier takes them all: its
-    cost is per call, ~50-200 us, and asking it for fewer positions saved nothing.)"""
+    """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier). Given the output's
+    own values there (`held`: the device's unrounded v), a matmul or convolution whose values rule a certificate out
+    at every position (`_ruled_out`) answers False there without reading its operands, and a matmul or convolution
+    whose values and samples of its lines or slices do (`_sampled_out`) after reading 32 (a matmul) or a few hundred
+    values a position; the answer is the certifier's everywhere (False for its None: an addmm scaled by alpha or
+    beta, where no certificate applies). (Where some position stays open the certifier takes them all: its cost is
+    per call, ~50-200 us, and asking it for fewer positions saved nothing.)"""
     certifier = CERTIFIERS.get(op)
     if certifier is None:
         return None
@@ -1288,7 +1290,7 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor 
     if held is not None and terms is not None and e is not None and len(pos):
         k = terms(args, kwargs, i)
         ruled = _ruled_out(held, e, k, outs[i])
-        if ruled.all() or _sampled_out(op, args, kwargs, e, k, outs[i], pos, ruled).all():
+        if ruled.all() or _sampled_out(op, args, kwargs, e, k, outs[i], pos, ruled, i).all():
             return torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
     return certifier(args, kwargs, outs, e, i, pos)
 
@@ -1346,14 +1348,18 @@ def _below_sums(bits: np.ndarray, mant: int, s_upper: np.ndarray, top: float, ou
 
 
 def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, out: torch.Tensor, pos: torch.Tensor,
-                 ruled: np.ndarray) -> np.ndarray:
-    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a matmul's output `out`), and where a sample
-    of each position's two lines refuses a grain certificate: the first _SAMPLE values of a's row and of b's
-    column bound their lines' lowest lsb from above, so q_sample >= the certifier's grain (an addend's grain
-    only lowers that), and S's bound >= 2^p q_sample fails the certificate. The near misses the values leave
-    (a sum with a few low zero bits by chance) mostly fall here: at GPT-2-tiny d_model 256, 25 of a step's 28
-    matmul certificate calls that read operands (docs/benchmarks.md, session 28). mm, addmm and bmm on CPU
+                 ruled: np.ndarray, i: int = 0) -> np.ndarray:
+    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a matmul's or convolution's output i, `out`), and
+    where a sample of each position's two lines (slices) refuses a grain certificate: the first _SAMPLE values of
+    a's row and of b's column bound their lines' lowest lsb from above (a convolution's: `_slice_sample`'s values
+    of each factor's slice), so q_sample >= the certifier's grain (an addend's grain only lowers that), and S's
+    bound >= 2^p q_sample fails the certificate. The near misses the values leave (a sum with a few low zero bits
+    by chance) mostly fall here: at GPT-2-tiny d_model 256, 25 of a step's 28 matmul certificate calls that read
+    operands (docs/benchmarks.md, session 28); at resnet-tiny width 32 all of a step's ~12 convolution calls, whose
+    certifier took ~250 us a call in Python to answer False (session 44). mm, addmm, bmm and convolutions on CPU
     float64/float32 operands; other ops as given."""
+    if op in _FACTORS:
+        return _sampled_slices_out(op, args, kwargs, e, k, out, pos, ruled, i)
     operands = _SAMPLED.get(op)
     if operands is None:
         return ruled
@@ -1375,6 +1381,52 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, ou
     return ruled
 
 
+def _sampled_slices_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, out: torch.Tensor,
+                        pos: torch.Tensor, ruled: np.ndarray, i: int) -> np.ndarray:
+    """`_sampled_out` for a convolution, at the positions `ruled` leaves open."""
+    found = _FACTORS[op](args, kwargs, out.shape, i, pos)
+    if found is None or sum(t.numel() for t, _, _ in found[0]) <= _SAMPLED_SLICES:  # (the certifier reads
+        return ruled                                                                  # such slices whole)
+    bound = _sum_bound(e, k, out)
+    if bound is None:
+        return ruled
+    if bound[0].shape != (len(pos),):
+        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
+    open_ = np.flatnonzero(~ruled)
+    q = np.ones(open_.size)
+    for t, dim, keys in found[0]:
+        memory = _strided_bits(t)
+        if memory is None:
+            return ruled
+        _sample_slices(memory[0], memory[1], np.array(t.shape, np.int64), np.array(t.stride(), np.int64), dim,
+                       np.ascontiguousarray(keys[open_], dtype=np.int64), q)
+    ruled = ruled.copy()
+    with np.errstate(over="ignore"):  # (an infinite 2^p q: nothing refused)
+        ruled[open_] |= bound[0][open_] >= q * 2.0**bound[1]
+    return ruled
+
+
+@njit(cache=True, nogil=True)
+def _sample_slices(bits: np.ndarray, mant: int, shape: np.ndarray, strides: np.ndarray, dim: int, keys: np.ndarray,
+                   q: np.ndarray) -> None:
+    """q[t] *= the smallest lsb of `_slice_sample`'s values of slice t.select(dim, keys[t]) of a 4-d tensor (its
+    memory's bits from its first value, `_lsb_key`'s layouts; element strides): the first _SAMPLE values along
+    the last other dim, at every quarter of the two others. inf where a NaN is among them (no bound: nothing
+    refused), and for values all zero."""
+    other = np.array([d for d in range(4) if d != dim])
+    n1, n2, n3 = shape[other[0]], shape[other[1]], shape[other[2]]
+    s1, s2, s3 = strides[other[0]], strides[other[1]], strides[other[2]]
+    step1, step2 = max(1, n1 // 4), max(1, n2 // 4)
+    for t in range(keys.size):
+        base, low = keys[t] * strides[dim], _INF_BITS
+        for i1 in range(0, n1, step1):
+            for i2 in range(0, n2, step2):
+                at = base + i1 * s1 + i2 * s2
+                for i3 in range(min(n3, _SAMPLE)):
+                    low = min(low, _lsb_key(bits[at + i3 * s3], mant))
+        q[t] *= np.inf if low < 0 else np.int64(low).view(np.float64)
+
+
 # The ops `_sampled_out` takes: (a, b) of their products a @ b, batched (B, M, K) and (B, K, N)
 _SAMPLED: dict[Any, Callable[[tuple, dict], tuple[torch.Tensor, torch.Tensor]]] = {
     aten.mm.default: lambda args, kwargs: (args[0][None], args[1][None]),
@@ -1393,7 +1445,9 @@ def _strided_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     transposed operand's too)."""
     if not t.is_cpu or t.dtype not in (torch.float64, torch.float32) or t.numel() == 0:
         return None
-    bits, mant, _, _ = fused._layout(fused.memory(t, fused.span(t.shape, t.stride())))
+    # (a contiguous tensor's memory is its flat view: 7 against `fused.memory`'s 9-10 us)
+    memory = t.detach().reshape(-1).numpy() if t.is_contiguous() else fused.memory(t, fused.span(t.shape, t.stride()))
+    bits, mant, _, _ = fused._layout(memory)
     return bits, mant
 
 
@@ -1590,8 +1644,14 @@ def _certify_slices(factors: Sequence[tuple[torch.Tensor, int, np.ndarray]], ext
     return _certify_sampled(grain(everything, True), lambda sel: grain(sel, False), e, k, out, pos)
 
 
-def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
-                      pos: torch.Tensor) -> torch.Tensor | None:
+# A convolution's certificate grain at each position is the product over its factors (t, dim, keys) of the smallest
+# lsb over t.select(dim, keys[position]), at most that of an addend (a bias, indexed by the output channels); with
+# the term count k: (factors, (bias, channels) or None, k), or None where no certificate applies. The certifier
+# reads the slices (`_certify_slices`), the rule-out of `_sampled_out` samples of them.
+Factors = tuple[list[tuple[torch.Tensor, int, np.ndarray]], "tuple[torch.Tensor, np.ndarray] | None", int]
+
+
+def _convolution_factors(args: tuple, kwargs: dict, shape: Sequence[int], i: int, pos: torch.Tensor) -> Factors | None:
     kw = _bind(aten.convolution.default, args, kwargs)
     try:
         x, w, *_ = _conv_geometry(aten.convolution.default, kw)
@@ -1600,24 +1660,25 @@ def _cert_convolution(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor
     if x.numel() == 0 or w.numel() == 0:
         return None
     # out[n, co] sums x[n] * w[co] terms (plus bias[co]): grain qin[n] * qw[co]
-    n, co = _image_channel(pos, outs[0].shape)
-    extra = None if kw["bias"] is None else _lsb_np(kw["bias"])[co]
-    return _certify_slices([(x, 0, n), (w, 0, co)], extra, e, _conv_terms(kw, 0), outs[0], pos)
+    n, co = _image_channel(pos, shape)
+    return [(x, 0, n), (w, 0, co)], None if kw["bias"] is None else (kw["bias"], co), _conv_terms(kw, 0)
 
 
 def _conv_terms(kw: dict, i: int) -> int:
     """The term count k a convolution's certificate takes for output i (of aten.convolution: i = 0): the forward's
     channels times taps of one filter; grad_input's output channels of a group times taps; grad_weight's and
     grad_bias's images times output positions."""
+    w = kw["weight"].shape  # (from the shapes: indexing a tensor costs ~3 us, a certificate's call makes a few)
     if "grad_output" not in kw:
-        return kw["weight"][0].numel()
+        return math.prod(w[1:])
     if i == 0:
-        return (kw["weight"].shape[0] // int(kw["groups"])) * kw["weight"][0, 0].numel()
-    return kw["grad_output"].shape[0] * kw["grad_output"][0, 0].numel()
+        return (w[0] // int(kw["groups"])) * math.prod(w[2:])
+    g = kw["grad_output"].shape
+    return g[0] * math.prod(g[2:])
 
 
-def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
-                               pos: torch.Tensor) -> torch.Tensor | None:
+def _convolution_backward_factors(args: tuple, kwargs: dict, shape: Sequence[int], i: int,
+                                  pos: torch.Tensor) -> Factors | None:
     op = aten.convolution_backward.default
     kw = _bind(op, args, kwargs)
     try:
@@ -1626,18 +1687,38 @@ def _cert_convolution_backward(args: tuple, kwargs: dict, outs: Sequence, e: tor
         return None
     g = kw["grad_output"]
     g = g.unsqueeze(2) if g.dim() == 3 else g
-    if x.numel() == 0 or w.numel() == 0 or g.numel() == 0 or i > 2 or outs[i] is None:
+    if x.numel() == 0 or w.numel() == 0 or g.numel() == 0 or i > 2:
         return None
     c_out, c_g = w.shape[:2]
     k = _conv_terms(kw, i)  # grad_input: (co in the group, kernel tap); grad_weight and grad_bias: (n, output position)
     if i == 0:  # grad_input[n, ci]: grad[n] * w[:, ci mod Cg]
-        n, ci = _image_channel(pos, outs[0].shape)
-        return _certify_slices([(g, 0, n), (w, 1, ci % c_g)], None, e, k, outs[0], pos)
+        n, ci = _image_channel(pos, shape)
+        return [(g, 0, n), (w, 1, ci % c_g)], None, k
     if i == 1:  # grad_weight[co, cl]: grad[:, co] * x[:, group(co) * Cg + cl]
-        co, cl = _image_channel(pos, outs[1].shape)
-        ci = (co // (c_out // groups)) * c_g + cl
-        return _certify_slices([(g, 1, co), (x, 1, ci)], None, e, k, outs[1], pos)
-    return _certify_slices([(g, 1, pos.cpu().numpy())], None, e, k, outs[2], pos)  # grad_bias: grad[:, co]
+        co, cl = _image_channel(pos, shape)
+        return [(g, 1, co), (x, 1, (co // (c_out // groups)) * c_g + cl)], None, k
+    return [(g, 1, pos.cpu().numpy())], None, k  # grad_bias: grad[:, co]
+
+
+_FACTORS: dict[Any, Callable[..., "Factors | None"]] = {
+    aten.convolution.default: _convolution_factors,
+    aten.convolution_backward.default: _convolution_backward_factors,
+}
+
+
+def _cert_slices(op: Any) -> Certifier:
+    def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+                pos: torch.Tensor) -> torch.Tensor | None:
+        if i >= len(outs) or outs[i] is None:
+            return None
+        found = _FACTORS[op](args, kwargs, outs[i].shape, i, pos)
+        if found is None:
+            return None
+        factors, addend, k = found
+        extra = None if addend is None else _lsb_np(addend[0])[addend[1]]
+        return _certify_slices(factors, extra, e, k, outs[i], pos)
+
+    return certify
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:
@@ -1752,8 +1833,8 @@ CERTIFIERS: dict[Any, Certifier] = {
     aten.dot.default: _cert_dot,
     aten.mv.default: _cert_mv,
     aten.addmm.default: _cert_addmm,
-    aten.convolution.default: _cert_convolution,
-    aten.convolution_backward.default: _cert_convolution_backward,
+    aten.convolution.default: _cert_slices(aten.convolution.default),
+    aten.convolution_backward.default: _cert_slices(aten.convolution_backward.default),
     aten.sum.default: _cert_reduce(aten.sum.default, mean=False),
     aten.sum.dim_IntList: _cert_reduce(aten.sum.dim_IntList, mean=False),
     aten.mean.default: _cert_reduce(aten.mean.default, mean=True),

@@ -948,6 +948,7 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
     # positions (whose certificates then read nothing); quantised data, all certified, is never ruled out; the
     # spike (a full significand as every input's last value) leaves some positions certified, refuses others.
     monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)  # (the samples of these small operands too)
+    monkeypatch.setattr(resolve, "_SAMPLED_SLICES", 0)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/ruled".encode()))
     args, kwargs = case.make(gen, dtype, bits, "normal" if kind == "normal" else "quant")
     if kind == "spiked":
@@ -970,15 +971,16 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
         k = resolve._TERMS[case.op](args, kwargs, i)
         ruled = resolve._ruled_out(out.reshape(-1).numpy(), e, k, out)
         assert not (ruled & want).any(), (case.name, i)
-        # and then the samples of a matmul's lines (`_sampled_out`), which read the operands: they never refuse a
-        # certified position either, and refuse every float one at K = 8 (lines read whole) and K = 40 alike
-        sampled = resolve._sampled_out(case.op, args, kwargs, e, k, out, pos, ruled)
+        # and then the samples of a matmul's lines or a convolution's slices (`_sampled_out`), which read the
+        # operands: they never refuse a certified position either, and refuse every float one at K = 8 (lines read
+        # whole) and K = 40 alike
+        sampled = resolve._sampled_out(case.op, args, kwargs, e, k, out, pos, ruled, i)
         assert not (sampled & want).any() and (sampled | ~ruled).all(), (case.name, i)
         # (products of float data, none certified: most ruled out at K = 40, fewer at K = 8 or 9, whose sums keep
         # their products' low zeros; grad_bias sums float32 values, exactly, and is certified)
         if kind == "normal" and not want.any():
             assert ruled.mean() >= (0.5 if "-k40" in case.name else 0.1), (case.name, i, ruled.mean())
-            assert sampled.all() or case.op not in resolve._SAMPLED, (case.name, i, sampled.mean())
+            assert sampled.all() or case.op not in {**resolve._SAMPLED, **resolve._FACTORS}, (case.name, i, sampled.mean())
         if kind == "quant":
             assert want.all() and not sampled.any(), (case.name, i)
 
@@ -1064,6 +1066,32 @@ def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: tor
         assert got.tolist() == want.tolist() and want.any() and not want.all(), name
         assert not (got[c == 3].any() or got[(n == 0) & (c == 6)].any()), name  # (the zeros' and the NaN's columns)
         assert not none.any()  # (the answer is a new array)
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
+def test_slice_samples_read_each_keys_own_slice_in_any_layout(dim: int, dtype: torch.dtype, bits: int) -> None:
+    # A convolution's rule-out (`_sampled_out`) bounds the grain of each position's slices by `_slice_sample`'s values
+    # of them, read through the tensor's strides by `_sample_slices`: against lsb's of torch's sample, in contiguous,
+    # channels-last and transposed memory and at a storage offset, with one slice's sample quantised (a coarser
+    # grain), one all zeros and one holding a NaN (both inf: they refuse nothing).
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{bits}/{dim}/slices".encode()))
+    t = grid((5, 6, 9, 18), gen, dtype, bits, "normal")
+    sample = resolve._slice_sample(t, dim)  # (a view: written through into t)
+    sample[1] = (torch.randint(-16, 17, sample[1].shape, generator=gen) / 16).to(dtype)
+    sample[2] = 0
+    sample[3, 0, 0, 0] = math.nan
+    want = resolve.lsb(resolve._slice_sample(t, dim)).reshape(t.shape[dim], -1).amin(1).nan_to_num(math.inf, posinf=math.inf)
+    keys = np.array([0, 1, 2, 3, 4, 1, 0, 4], dtype=np.int64)
+    layouts = {"plain": t, "channels-last": t.contiguous(memory_format=torch.channels_last),
+               "transposed": t.transpose(2, 3).contiguous().transpose(2, 3), "offset": torch.cat([t[:1], t])[1:]}
+    for name, lt in layouts.items():
+        assert torch.equal(lt.nan_to_num(7.0), t.nan_to_num(7.0)), name  # (the same values, the NaN included)
+        bits_, mant = resolve._strided_bits(lt)
+        q = np.ones(keys.size)
+        resolve._sample_slices(bits_, mant, np.array(lt.shape), np.array(lt.stride()), dim, keys, q)
+        assert q.tolist() == want.numpy()[keys].tolist(), name
+    assert want[1] > want[0] and want[2] == want[3] == math.inf and want[[0, 4]].isfinite().all()
 
 
 @pytest.mark.parametrize("op", list(resolve._TERMS), ids=str)
