@@ -698,7 +698,7 @@ def test_both_axes_norms_and_flags_match_a_plain_reference_on_short_and_wide_row
     # each at every place of a block of four in some case and in a remainder row, its flags are numpy's (finite:
     # every square is) and each norm is within float64's rounding of the exact one
     rng = np.random.default_rng(17)
-    # (rows, columns, the row with the most zeros, the row with the tiny, largest and infinite values); the row of
+    # (rows, columns, the row with the most zeros, the row with the tiny, largest and non-finite values); the row of
     # zeros only is the middle one
     cases = [(9, 600, 3, 2), (4, 512, 1, 3), (7, 511, 2, 4), (13, 1030, 12, 1), (8, 520, 0, 7), (11, 700, 6, 4),
              (7, 600, 5, 1), (6, 900, 1, 5), (3, 40, 0, 2), (1, 700, 0, 0), (6, 1, 0, 5)]
