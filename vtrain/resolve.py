@@ -61,8 +61,12 @@ from vtrain.prefilter import _inside, _unravel4, input_taps
 aten = torch.ops.aten
 
 Resolver = Callable[[tuple, dict, int, np.ndarray, int], np.ndarray]
-Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], "torch.Tensor | None", int, "torch.Tensor"],
+# E at a certifier's positions: a float64 numpy array (the engine's) or a tensor
+Bound = torch.Tensor | np.ndarray
+Certifier = Callable[[tuple, dict, Sequence["torch.Tensor | None"], "Bound | None", int, "torch.Tensor"],
                      "torch.Tensor | None"]
+# S's upper bound at the positions, the precision p and the smallest subnormal of the output's dtype (`_sum_bound`)
+SumBound = tuple[np.ndarray, int, float]
 
 _GATHER_ELEMENTS = 1 << 22  # memory cap (elements) of one gathered chunk of terms
 _WINDOWS_MAX = 1 << 24  # memory cap (elements) of a convolution's im2col copy (beyond it: gathered in chunks)
@@ -1233,7 +1237,7 @@ def _all(pos: torch.Tensor) -> torch.Tensor:
     return torch.ones(len(pos), dtype=torch.bool, device=pos.device)
 
 
-def _certify(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor,
+def _certify(q: np.ndarray | float, e: Bound | None, k: int, out: torch.Tensor, pos: torch.Tensor,
              divisor: int = 1) -> torch.Tensor | None:
     """q: power-of-two grain of every term of each position's sum (or one grain for all); e: the op's bound
     E >= gamma_k * S (S = sum|terms|) of k terms at the positions, for a result divided by `divisor`
@@ -1242,7 +1246,7 @@ def _certify(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch.T
     return None if ok is None else torch.from_numpy(ok).to(pos.device)
 
 
-def _certified(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch.Tensor,
+def _certified(q: np.ndarray | float, e: Bound | None, k: int, out: torch.Tensor,
                divisor: int = 1) -> np.ndarray | None:
     """`_certify` as a numpy array."""
     bound = _sum_bound(e, k, out, divisor)
@@ -1255,8 +1259,7 @@ def _certified(q: np.ndarray | float, e: torch.Tensor | None, k: int, out: torch
         return (s_upper < np.multiply(q, 2.0**p)) & (np.asarray(q) >= tiny * divisor)
 
 
-def _sum_bound(e: torch.Tensor | None, k: int, out: torch.Tensor,
-               divisor: int = 1) -> tuple[np.ndarray, int, float] | None:
+def _sum_bound(e: Bound | None, k: int, out: torch.Tensor, divisor: int = 1) -> SumBound | None:
     """(S's upper bound E / gamma_k at the positions, rounded up and times `divisor`, the precision p of out's
     dtype, its smallest subnormal), or None where no certificate applies."""
     if e is None or k <= 0:
@@ -1269,12 +1272,16 @@ def _sum_bound(e: torch.Tensor | None, k: int, out: torch.Tensor,
         return None
     if k * u >= 0.5:
         return None
-    # (E gathered by the engine is a CPU float64 tensor already: its numpy view, not `_np`'s copy, ~3 us a call)
-    values = e.detach().numpy() if e.dtype == torch.float64 and e.is_cpu else _np(e)
+    # (E as the engine gathers it, a float64 numpy array, or a CPU float64 tensor, whose numpy view is not
+    # `_np`'s copy: ~3 us a call)
+    if isinstance(e, np.ndarray):
+        values = e
+    else:
+        values = e.detach().numpy() if e.dtype == torch.float64 and e.is_cpu else _np(e)
     return values * (divisor * _MARGIN * (1 - k * u) / (k * u)), p, tiny
 
 
-def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
             pos: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
     """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier). Given the output's
     own values there (`held`: the device's unrounded v), a matmul or convolution whose values rule a certificate out
@@ -1289,8 +1296,9 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor 
     terms = _TERMS.get(op)
     if held is not None and terms is not None and e is not None and len(pos):
         k = terms(args, kwargs, i)
-        ruled = _ruled_out(held, e, k, outs[i])
-        if ruled.all() or _sampled_out(op, args, kwargs, e, k, outs[i], pos, ruled, i).all():
+        bound = _sum_bound(e, k, outs[i])  # (S's, for both rules)
+        ruled = _ruled_out(held, bound)
+        if ruled.all() or _sampled_out(op, args, kwargs, bound, k, outs[i], pos, ruled, i).all():
             return torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
     return certifier(args, kwargs, outs, e, i, pos)
 
@@ -1316,9 +1324,10 @@ _TERMS: dict[Any, Callable[[tuple, dict, int], int]] = {
 }
 
 
-def _ruled_out(held: np.ndarray, e: torch.Tensor, k: int, out: torch.Tensor) -> np.ndarray:
-    """Where a sum of k terms whose computed values are `held` (E there: e) cannot pass a grain certificate,
-    read from the values alone (all False where no certificate applies).
+def _ruled_out(held: np.ndarray, bound: SumBound | None) -> np.ndarray:
+    """Where a sum whose computed values are `held` (S's bound there: `bound`, `_sum_bound`'s answer for its E
+    and term count) cannot pass a grain certificate, read from the values alone (all False where no certificate
+    applies: bound None).
 
     A certificate holds where every term is a multiple of a power of two q and S < 2^p q: every partial sum is
     then exact, so v is the exact sum, a multiple of q, and a nonzero v's lowest set bit is at least q. So
@@ -1328,7 +1337,6 @@ def _ruled_out(held: np.ndarray, e: torch.Tensor, k: int, out: torch.Tensor) -> 
     2^-24 |v| and is never ruled out; nor are NaN (no lsb), zeros and infinities (lsb: inf), unless E is
     infinite, where no certificate passes either."""
     ruled = np.zeros(len(held), dtype=bool)
-    bound = _sum_bound(e, k, out)
     if bound is not None:
         s_upper, p, _ = bound
         if s_upper.shape != held.shape:  # (the kernel reads both by index, unchecked)
@@ -1347,26 +1355,25 @@ def _below_sums(bits: np.ndarray, mant: int, s_upper: np.ndarray, top: float, ou
         out[t] = key >= 0 and s_upper[t] >= np.int64(key).view(np.float64) * top
 
 
-def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, out: torch.Tensor, pos: torch.Tensor,
-                 ruled: np.ndarray, i: int = 0) -> np.ndarray:
-    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a matmul's or convolution's output i, `out`), and
-    where a sample of each position's two lines (slices) refuses a grain certificate: the first _SAMPLE values of
-    a's row and of b's column bound their lines' lowest lsb from above (a convolution's: `_slice_sample`'s values
-    of each factor's slice), so q_sample >= the certifier's grain (an addend's grain only lowers that), and S's
-    bound >= 2^p q_sample fails the certificate. The near misses the values leave (a sum with a few low zero bits
-    by chance) mostly fall here: at GPT-2-tiny d_model 256, 25 of a step's 28 matmul certificate calls that read
-    operands (docs/benchmarks.md, session 28); at resnet-tiny width 32 all of a step's ~12 convolution calls, whose
-    certifier took ~250 us a call in Python to answer False (session 44). mm, addmm, bmm and convolutions on CPU
-    float64/float32 operands; other ops as given."""
+def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: int, out: torch.Tensor,
+                 pos: torch.Tensor, ruled: np.ndarray, i: int = 0) -> np.ndarray:
+    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a matmul's or convolution's output i, `out`, for S's
+    bound `bound` over its k terms), and where a sample of each position's two lines (slices) refuses a grain
+    certificate: the first _SAMPLE values of a's row and of b's column bound their lines' lowest lsb from above (a
+    convolution's: `_slice_sample`'s values of each factor's slice), so q_sample >= the certifier's grain (an
+    addend's grain only lowers that), and S's bound >= 2^p q_sample fails the certificate. The near misses the
+    values leave (a sum with a few low zero bits by chance) mostly fall here: at GPT-2-tiny d_model 256, 25 of a
+    step's 28 matmul certificate calls that read operands (docs/benchmarks.md, session 28); at resnet-tiny width 32
+    all of a step's ~12 convolution calls, whose certifier took ~250 us a call in Python to answer False (session
+    44). mm, addmm, bmm and convolutions on CPU float64/float32 operands; other ops as given."""
     if op in _FACTORS:
-        return _sampled_slices_out(op, args, kwargs, e, k, out, pos, ruled, i)
+        return _sampled_slices_out(op, args, kwargs, bound, out, pos, ruled, i)
     operands = _SAMPLED.get(op)
     if operands is None:
         return ruled
     a, b = operands(args, kwargs)
     if a.numel() + b.numel() <= _SAMPLED_LINES:  # (the certifier reads such lines whole in one compiled call,
         return ruled                             # as cheaply: the scale MLP's steps took 3 % longer with samples)
-    bound = _sum_bound(e, k, out)
     if bound is None:
         return ruled
     if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
@@ -1381,13 +1388,12 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, ou
     return ruled
 
 
-def _sampled_slices_out(op: Any, args: tuple, kwargs: dict, e: torch.Tensor, k: int, out: torch.Tensor,
+def _sampled_slices_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, out: torch.Tensor,
                         pos: torch.Tensor, ruled: np.ndarray, i: int) -> np.ndarray:
     """`_sampled_out` for a convolution, at the positions `ruled` leaves open."""
     found = _FACTORS[op](args, kwargs, out.shape, i, pos)
     if found is None or sum(t.numel() for t, _, _ in found[0]) <= _SAMPLED_SLICES:  # (the certifier reads
         return ruled                                                                  # such slices whole)
-    bound = _sum_bound(e, k, out)
     if bound is None:
         return ruled
     if bound[0].shape != (len(pos),):
@@ -1470,7 +1476,7 @@ def _refuse_sampled(abits: np.ndarray, am: int, an: int, ar: int, ak: int, bbits
             ruled[t] |= s_upper[t] >= np.int64(qa).view(np.float64) * np.int64(qb).view(np.float64) * top
 
 
-def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
              pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.shape[1] == 0:
@@ -1479,7 +1485,7 @@ def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, 
     return _certify_grains(a, b, r, c, None, e, outs[0], pos)
 
 
-def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
               pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.shape[2] == 0 or a.shape[0] == 0:
@@ -1492,7 +1498,7 @@ def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None,
     return _certify_grains(a.detach()[n, r], b.detach()[n, :, c].T, t, t, None, e, outs[0], pos)
 
 
-def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
               pos: torch.Tensor) -> torch.Tensor | None:
     a, b = args[0], args[1]
     if a.numel() == 0:
@@ -1500,7 +1506,7 @@ def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None,
     return _certify(float(lsb(a).amin() * lsb(b).amin()), e, a.numel(), outs[0], pos)
 
 
-def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
              pos: torch.Tensor) -> torch.Tensor | None:
     a, x = args[0], args[1]
     if a.shape[1] == 0:
@@ -1509,7 +1515,7 @@ def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, 
     return _certify(q, e, a.shape[1], outs[0], pos)
 
 
-def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.addmm.default, args, kwargs)
     bias, a, b = kw["self"], kw["mat1"], kw["mat2"]
@@ -1528,7 +1534,7 @@ _SAMPLE = 16  # values per line whose lsb bound the line's grain from above
 
 
 def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, addend: np.ndarray | None,
-                    e: torch.Tensor | None, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+                    e: Bound | None, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
     """`_certify` for a @ b (+ an addend of grain `addend`) at positions (r, c), with grain
     min_lsb(a[r]) min_lsb(b[:, c]). On large operands, a line's minimum lsb is at most that of its first
     _SAMPLE values, so their grain bounds the true one from above and only the positions that bound certifies
@@ -1543,7 +1549,7 @@ def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarr
                             e, k, out, pos)
 
 
-def _certify_sampled(q: np.ndarray, full: Callable[[np.ndarray], np.ndarray], e: torch.Tensor | None, k: int,
+def _certify_sampled(q: np.ndarray, full: Callable[[np.ndarray], np.ndarray], e: Bound | None, k: int,
                      out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
     """`_certify` from q, each position's grain bounded from above by a sample of its lines: the test is
     monotone in q, so only the positions q certifies can be certified, and `full(their indices)` gives
@@ -1624,7 +1630,7 @@ def _slice_sample(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _certify_slices(factors: Sequence[tuple[torch.Tensor, int, np.ndarray]], extra: np.ndarray | None,
-                    e: torch.Tensor | None, k: int, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
+                    e: Bound | None, k: int, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
     """`_certify` for sums whose terms' grain at each position is the product over `factors` (t, dim, keys) of
     the smallest lsb over t.select(dim, keys[position]), and at most `extra` (per position). As
     `_certify_grains` does for matmuls: on large operands the slices' samples first (an upper bound of the
@@ -1707,7 +1713,7 @@ _FACTORS: dict[Any, Callable[..., "Factors | None"]] = {
 
 
 def _cert_slices(op: Any) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+    def certify(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
         if i >= len(outs) or outs[i] is None:
             return None
@@ -1722,7 +1728,7 @@ def _cert_slices(op: Any) -> Certifier:
 
 
 def _cert_reduce(op: Any, mean: bool) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+    def certify(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
         x, keep, red = _reduction(op, args, kwargs)
         n = math.prod(x.shape[d] for d in red)
@@ -1757,7 +1763,7 @@ def exact_pool_divisor(kw: dict) -> int:
 
 
 def _cert_avg_pool(op: Any) -> Certifier:
-    def certify(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+    def certify(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                 pos: torch.Tensor) -> torch.Tensor | None:
         kw = _bind(op, args, kwargs)
         kernel = _pool_params(kw)[0]
@@ -1772,7 +1778,7 @@ def _cert_avg_pool(op: Any) -> Certifier:
     return certify
 
 
-def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                               pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.max_pool2d_with_indices_backward.default, args, kwargs)
     (k0, k1), (s0, s1), _, _ = _pool_params(kw)
@@ -1786,7 +1792,7 @@ def _cert_max_pool2d_backward(args: tuple, kwargs: dict, outs: Sequence, e: torc
     return _certify(_plane_grain(g, outs[0], pos), e, k0 * k1, outs[0], pos)
 
 
-def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                                    pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.embedding_dense_backward.default, args, kwargs)
     g, ind = kw["grad_output"], kw["indices"].reshape(-1)
@@ -1803,7 +1809,7 @@ def _cert_embedding_dense_backward(args: tuple, kwargs: dict, outs: Sequence, e:
     return torch.from_numpy(single).to(pos.device)
 
 
-def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                            pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.nll_loss_forward.default, args, kwargs)
     if kw["weight"] is not None or (i == 0 and kw["reduction"] != 0):
@@ -1812,7 +1818,7 @@ def _cert_nll_loss_forward(args: tuple, kwargs: dict, outs: Sequence, e: torch.T
     return _all(pos)
 
 
-def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, e: torch.Tensor | None, i: int,
+def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
                             pos: torch.Tensor) -> torch.Tensor | None:
     kw = _bind(aten.nll_loss_backward.default, args, kwargs)
     if kw["weight"] is not None:

@@ -528,11 +528,12 @@ class RoundedExecution(TorchDispatchMode):
         return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
 
     def _certified(self, func: Any, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int,
-                   pos: torch.Tensor, e: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
-        """Where output i at flat positions `pos` (E there: `e`; v's unrounded values there: `held`, if known)
-        is provably its exact value whatever order any device summed in (vtrain.resolve's certificates), or
-        None: there every honest device holds the same value, so its rounding is nobody's choice (no log
-        entry, no exact recomputation)."""
+                   pos: torch.Tensor, e: torch.Tensor | np.ndarray,
+                   held: np.ndarray | None = None) -> torch.Tensor | None:
+        """Where output i at flat positions `pos` (E there: `e`, float64 if numpy; v's unrounded values there:
+        `held`, if known) is provably its exact value whatever order any device summed in (vtrain.resolve's
+        certificates), or None: there every honest device holds the same value, so its rounding is nobody's
+        choice (no log entry, no exact recomputation)."""
         from vtrain.resolve import certify  # noqa: PLC0415 (resolve pulls in mpmath: only ops near a boundary pay)
         return certify(spec.functional or func, args, kwargs, floats, e, i, pos, held)
 
@@ -787,8 +788,8 @@ class RoundedExecution(TorchDispatchMode):
         near_lo, logged, wide = self._classify(held, rr, ww)
         if certify is not None and logged.any():
             sel = np.flatnonzero(logged)
-            # (gathered in numpy: torch indexing costs ~20 us a call here, the certifiers read numpy anyway)
-            exact = certify(torch.from_numpy(idx[sel]), torch.from_numpy(e.cpu().numpy()[sel]), held[sel])
+            # (gathered in numpy: torch indexing costs ~20 us a call here; the certifiers read numpy anyway)
+            exact = certify(torch.from_numpy(idx[sel]), e.cpu().numpy()[sel], held[sel])
             if exact is not None:
                 exact = exact.cpu().numpy()
                 logged[sel[exact]] = False

@@ -398,3 +398,13 @@ def test_planes_are_tested_once_each_as_lines(dtype: type) -> None:
     assert known.sum() == 12 - (3 if dtype == np.float64 else 1)
     t[1, 1, 0, 0] = np.nan  # tested once: a plane's answer is kept, not read again
     assert exactdot.known_short_plane(t, 1, 1, known) and known.sum() == 12 - (3 if dtype == np.float64 else 1)
+
+
+@pytest.mark.parametrize("top,count", [(1024, 100), (1024, 0), (40, 40), (1 << 20, 100), (4096, 3000)])
+def test_distinct_lines_are_numpys_unique_with_inverse(top: int, count: int) -> None:
+    # a table of the lines where that is small beside the keys, else np.unique's sort: the same answer either way
+    keys = np.random.default_rng(top + count).integers(0, top, count)
+    uniq, inverse = exactdot._distinct(keys, top)
+    want, want_inverse = np.unique(keys, return_inverse=True)
+    assert uniq.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
+    assert inverse.dtype == np.int64 and np.array_equal(uniq[inverse], keys)

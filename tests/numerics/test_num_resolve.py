@@ -969,12 +969,13 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
             got = resolve.certify(case.op, args, kwargs, floats, e, i, pos, values[i].detach().reshape(-1).numpy())
             assert got is not None and got.tolist() == want.tolist(), (case.name, i)
         k = resolve._TERMS[case.op](args, kwargs, i)
-        ruled = resolve._ruled_out(out.reshape(-1).numpy(), e, k, out)
+        bound = resolve._sum_bound(e, k, out)
+        ruled = resolve._ruled_out(out.reshape(-1).numpy(), bound)
         assert not (ruled & want).any(), (case.name, i)
         # and then the samples of a matmul's lines or a convolution's slices (`_sampled_out`), which read the
         # operands: they never refuse a certified position either, and refuse every float one at K = 8 (lines read
         # whole) and K = 40 alike
-        sampled = resolve._sampled_out(case.op, args, kwargs, e, k, out, pos, ruled, i)
+        sampled = resolve._sampled_out(case.op, args, kwargs, bound, k, out, pos, ruled, i)
         assert not (sampled & want).any() and (sampled | ~ruled).all(), (case.name, i)
         # (products of float data, none certified: most ruled out at K = 40, fewer at K = 8 or 9, whose sums keep
         # their products' low zeros; grad_bias sums float32 values, exactly, and is certified)
@@ -1053,15 +1054,15 @@ def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: tor
         out = op(*args)
         pos = torch.randperm(out.numel(), generator=gen)
         e = _e_at(BOUNDS[op](args, {}, [out])[0], out, pos)
-        none = np.zeros(len(pos), dtype=bool)
-        assert not resolve._sampled_out(op, args, {}, e, k, out, pos, none).any()
+        none, bound = np.zeros(len(pos), dtype=bool), resolve._sum_bound(e, k, out)
+        assert not resolve._sampled_out(op, args, {}, bound, k, out, pos, none).any()
         monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
-        got = resolve._sampled_out(op, args, {}, e, k, out, pos, none)
+        got = resolve._sampled_out(op, args, {}, bound, k, out, pos, none)
         monkeypatch.undo()
         n, r, c = np.unravel_index(pos.numpy(), (nb, 6, 7))
         ca, cb = la.contiguous(), lb.contiguous()
         q = resolve.lsb(ca[n, r, :16]).amin(1) * resolve.lsb(cb[n, :16, c]).amin(1)
-        s_upper, p, _ = resolve._sum_bound(e, k, out)
+        s_upper, p, _ = bound
         want = s_upper >= q.double().numpy() * 2.0**p
         assert got.tolist() == want.tolist() and want.any() and not want.all(), name
         assert not (got[c == 3].any() or got[(n == 0) & (c == 6)].any()), name  # (the zeros' and the NaN's columns)
@@ -1110,13 +1111,13 @@ def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any, monkeypatch: pyt
     assert k == 2 and held[0] == _FIRST_TERM.get(op, 2.0**52 + 2.0**51 + 1) + 2  # (exact: 52 bits at most)
     assert CERTIFIERS[op](args, {}, floats, e, i, pos).tolist() == [True]
     assert resolve.certify(op, args, {}, floats, e, i, pos, held).tolist() == [True]
-    assert not resolve._ruled_out(held, e, k, out).any()
-    assert resolve._ruled_out(held, e, k - 1, out).all()  # (the limit is this close)
+    assert not resolve._ruled_out(held, resolve._sum_bound(e, k, out)).any()
+    assert resolve._ruled_out(held, resolve._sum_bound(e, k - 1, out)).all()  # (the limit is this close)
     if op in resolve._SAMPLED:  # (the samples read both lines whole: the same limit)
         monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
         none = np.zeros(1, dtype=bool)
-        assert not resolve._sampled_out(op, args, {}, e, k, out, pos, none).any()
-        assert resolve._sampled_out(op, args, {}, e, k - 1, out, pos, none).all()
+        assert not resolve._sampled_out(op, args, {}, resolve._sum_bound(e, k, out), k, out, pos, none).any()
+        assert resolve._sampled_out(op, args, {}, resolve._sum_bound(e, k - 1, out), k - 1, out, pos, none).all()
 
 
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
