@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from vtrain import native_views  # noqa: E402
 from vtrain.devices import list_devices  # noqa: E402
 from vtrain.roundlog import StepLog  # noqa: E402
 from vtrain.spec import Spec, load_spec  # noqa: E402
@@ -45,13 +46,24 @@ from vtrain.train import TrainingSession  # noqa: E402
 
 
 class PassThrough(TorchDispatchMode):
-    """A dispatch mode that runs every aten op unchanged."""
+    """A dispatch mode that runs every aten op unchanged, the views of vtrain.native_views past it as they go
+    past RoundedExecution: the floor of the same mechanism."""
 
     stats: dict = {}
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False  # as RoundedExecution
+
+    def __enter__(self) -> PassThrough:
+        native_views.acquire()
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            native_views.release()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         return func(*args, **(kwargs or {}))

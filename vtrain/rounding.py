@@ -58,7 +58,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from vtrain import draws, refine, spare, valuecode
+from vtrain import draws, native_views, refine, spare, valuecode
 from vtrain.accumulation import sole_gradient, sole_owners
 from vtrain.prefilter import LineNorms, Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
@@ -196,11 +196,19 @@ class RoundedExecution(TorchDispatchMode):
         self._nnpack = backends.nnpack.set_flags(False)[0]
         self._norms = LineNorms()  # (it holds operands: they go with it at the end)
         sole_owners()  # (measured once a process: see vtrain.accumulation)
-        super().__enter__()
+        native_views.acquire()  # (views skip the modes while this runs)
+        try:
+            super().__enter__()
+        except BaseException:
+            native_views.release()
+            raise
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        super().__exit__(exc_type, exc, tb)
+        try:
+            super().__exit__(exc_type, exc, tb)
+        finally:
+            native_views.release()
         self._norms = None
         backends = torch.backends
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled = self._cuda_flags
