@@ -1,15 +1,15 @@
 """View ops past the dispatch modes while a rounded execution runs.
 
-A TorchDispatchMode sees every op, views too: torch calls into Python for each one (~8-10 us a call on the CI
-machine, against ~2 us natively), and the rounded execution hands a view straight back (vtrain.ops class 1: it
+A TorchDispatchMode sees every op, views too: torch calls into Python for each one (~8-10 us a call on the 2-core
+CI machine, against ~2 us natively), and the rounded execution hands a view straight back (vtrain.ops class 1: it
 computes no value, so nothing is rounded, counted or checked). GPT-2-tiny at d_model 256 makes ~190 such calls a
 step. While a rounded execution runs, fallthrough kernels at torch's Python dispatch key send the views below
-(`VIEWS`) on to their own kernels instead, as if no mode were active: the same tensors, ~0.6 % of that step's time,
-1-3 % of a small model's (docs/benchmarks.md, session 45).
+(`VIEWS`) on to their own kernels instead, as if no mode were active: the same tensors, up to ~0.6 % of that step's
+time, 1-3 % of a small model's (docs/benchmarks.md, session 45).
 
 The kernels are registered when the first rounded execution in the process enters and removed when the last one
-leaves, so that no other code of the process (another dispatch mode, a tensor subclass, torch.compile's fake
-tensors) ever runs with them: while they stand, every mode and subclass misses these ops. Only views whose
+leaves: while they stand, every mode and tensor subclass misses these ops, so outside rounded execution none does
+(another dispatch mode, a subclass, torch.compile's fake tensors). Only views whose
 kernels stay below the Python key are listed: `t` and `transpose` call `as_strided`, which is listed too;
 `split` and `chunk` call `narrow` (outside vtrain.ops' table), and `detach` reaches the modes whatever is
 registered, so they keep the modes' path. (A kernel that other code registered at that key for one of these ops

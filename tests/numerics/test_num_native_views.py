@@ -51,7 +51,7 @@ def test_views_skip_the_rounded_execution_and_only_while_it_runs(monkeypatch: py
     assert not native_views.active()
     with RoundedExecution(bits=32, device=get_device("cpu")):
         assert native_views.active()
-        with RoundedExecution(bits=32, device=get_device("cpu")):  # (nested: the kernels stand until the outer one leaves)
+        with RoundedExecution(bits=32, device=get_device("cpu")):  # (nested: they stand until the outer one leaves)
             pass
         assert native_views.active()
         out = _views(x)
