@@ -499,8 +499,7 @@ class RoundedExecution(TorchDispatchMode):
                     cand, held = cand[:0], held[:0]
                 pos, e_pos, held_pos = cand, e_cand, held
                 if cand.numel():
-                    near = self._ambiguous(held, r, cand, e_cand * BAND_SLACK)
-                    pos, e_pos, held_pos = cand[near], e_cand[near], held[near.cpu().numpy()]
+                    pos, e_pos, held_pos = self._ambiguous(held, r, cand, e_cand)
                 if any_bad:
                     pos = torch.cat([pos, bad.reshape(-1).nonzero().squeeze(1)]).unique()
                     e_pos = self._bound_at(spec, args, kwargs, floats, i, pos, full=bounds)
@@ -754,13 +753,15 @@ class RoundedExecution(TorchDispatchMode):
         bounds = spec.bound(args, kwargs, floats)
         return cand, held, bounds[i].expand(v.shape).reshape(-1)[cand], bounds
 
-    def _ambiguous(self, held: np.ndarray, r: torch.Tensor, cand: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
-        """Which candidates (a bool mask over them; `held`: the unrounded values there) lie within `band` (at
-        them) of a rounding boundary, ties included."""
-        if cand.numel() == 0:
-            return torch.zeros(0, dtype=torch.bool, device=cand.device)
-        within = self._classify(held, _at(r, cand.cpu().numpy()), band.cpu().numpy(), inclusive=True)[1]
-        return torch.from_numpy(within).to(cand.device)
+    def _ambiguous(self, held: np.ndarray, r: torch.Tensor, cand: torch.Tensor,
+                   e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+        """The candidates (flat positions `cand` of output r, the unrounded values there `held`, E there `e`)
+        that lie within the band BAND_SLACK E of a rounding boundary, ties included: (their positions, E there,
+        their values). (Selected in numpy: torch's boolean indexing of the three cost ~2.6 ms a step more at GPT-2-tiny
+        d_model 256, ~57 calls.)"""
+        idx, e_np = cand.cpu().numpy(), e.cpu().numpy()
+        within = self._classify(held, _at(r, idx), e_np * BAND_SLACK, inclusive=True)[1]
+        return torch.from_numpy(idx[within]).to(cand.device), torch.from_numpy(e_np[within]).to(e.device), held[within]
 
     def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
         from vtrain.resolve import resolver_for  # noqa: PLC0415
