@@ -517,8 +517,9 @@ class RoundedExecution(TorchDispatchMode):
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
                             exact &= ~bad.reshape(-1)[pos]
-                        self._counts["certified"] += int(exact.sum())
-                        tally[2] += int(exact.sum())
+                        certified = int(exact.sum())
+                        self._counts["certified"] += certified
+                        tally[2] += certified
                         pos = pos[~exact]
                 if pos.numel():
                     self._counts["recomputed"] += pos.numel()
