@@ -472,16 +472,16 @@ def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarr
         raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
     if x.dtype == np.float64 and x.flags.c_contiguous:
         return x.reshape(x.shape[0] * x.shape[1], x.shape[2]), _unknown(x.shape[0] * x.shape[1]), keys
-    uniq, inverse = _distinct(keys, x.shape[0] * x.shape[1])
+    uniq, inverse = distinct(keys, x.shape[0] * x.shape[1])
     out = np.empty((uniq.size, x.shape[2]))
     copy_lines(x, uniq // x.shape[1], uniq % x.shape[1], out)
     return out, _unknown(uniq.size), inverse
 
 
-def _distinct(keys: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
-    """np.unique(keys, return_inverse=True) for keys in [0, top): through a table of the lines where that is
-    small beside the keys (a matmul operand's 1K-4K lines for its ~10-200 positions), whose sort cost ~20 us a
-    call in the exact resolution's ~70 a step at GPT-2-tiny d_model 256."""
+def distinct(keys: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(keys, return_inverse=True) for integer keys in [0, top): through a table where that is small beside
+    the keys (a matmul operand's 1K-4K lines for its ~10-200 positions, a certificate's rows or channels), whose sort
+    cost ~20 us a call in the exact resolution's ~70 a step at GPT-2-tiny d_model 256."""
     if top > max(16 * keys.size, 1 << 14):
         uniq, inverse = np.unique(keys, return_inverse=True)
         return uniq, inverse.reshape(-1)

@@ -1218,16 +1218,8 @@ def _per_key(key: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndar
     deduplication would cost more than the repeats.)"""
     if key.size <= _FEW_KEYS:
         return fn(key)
-    top = int(key.max()) + 1
-    if top > max(4 * key.size, 1 << 16):  # sparse keys: sort them
-        uniq, inverse = np.unique(key, return_inverse=True)
-        return fn(uniq)[inverse]
-    seen = np.zeros(top, bool)  # dense keys (images, channels, rows): a table, no sort
-    seen[key] = True
-    uniq = np.flatnonzero(seen)
-    table = np.empty(top)
-    table[uniq] = fn(uniq)
-    return table[key]
+    uniq, inverse = exactdot.distinct(key, int(key.max()) + 1)
+    return fn(uniq)[inverse]
 
 
 _FEW_KEYS = 32
@@ -1366,6 +1358,10 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: 
     step's 28 matmul certificate calls that read operands (docs/benchmarks.md, session 28); at resnet-tiny width 32
     all of a step's ~12 convolution calls, whose certifier took ~250 us a call in Python to answer False (session
     44). mm, addmm, bmm and convolutions on CPU float64/float32 operands; other ops as given."""
+    if bound is None:
+        return ruled
+    if bound[0].shape != (len(pos),):  # (the kernels read by index, unchecked)
+        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
     if op in _FACTORS:
         return _sampled_slices_out(op, args, kwargs, bound, out, pos, ruled, i)
     operands = _SAMPLED.get(op)
@@ -1374,10 +1370,6 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: 
     a, b = operands(args, kwargs)
     if a.numel() + b.numel() <= _SAMPLED_LINES:  # (the certifier reads such lines whole in one compiled call,
         return ruled                             # as cheaply: the scale MLP's steps took 3 % longer with samples)
-    if bound is None:
-        return ruled
-    if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
-        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
     lines = _strided_bits(a), _strided_bits(b)
     if None in lines:
         return ruled
@@ -1388,16 +1380,12 @@ def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: 
     return ruled
 
 
-def _sampled_slices_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, out: torch.Tensor,
+def _sampled_slices_out(op: Any, args: tuple, kwargs: dict, bound: SumBound, out: torch.Tensor,
                         pos: torch.Tensor, ruled: np.ndarray, i: int) -> np.ndarray:
     """`_sampled_out` for a convolution, at the positions `ruled` leaves open."""
     found = _FACTORS[op](args, kwargs, out.shape, i, pos)
     if found is None or sum(t.numel() for t, _, _ in found[0]) <= _SAMPLED_SLICES:  # (the certifier reads
         return ruled                                                                  # such slices whole)
-    if bound is None:
-        return ruled
-    if bound[0].shape != (len(pos),):
-        raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
     open_ = np.flatnonzero(~ruled)
     q = np.ones(open_.size)
     for t, dim, keys in found[0]:

@@ -758,11 +758,12 @@ class RoundedExecution(TorchDispatchMode):
                    e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """The candidates (flat positions `cand` of output r, the unrounded values there `held`, E there `e`)
         that lie within the band BAND_SLACK E of a rounding boundary, ties included: (their positions, E there,
-        their values). (Selected in numpy: torch's boolean indexing of the three cost ~2.6 ms a step more at GPT-2-tiny
-        d_model 256, ~57 calls.)"""
+        their values). (Selected in numpy: torch's boolean indexing of the three cost ~2.6 ms a step more at
+        GPT-2-tiny d_model 256, ~57 calls.)"""
         idx, e_np = cand.cpu().numpy(), e.cpu().numpy()
         within = self._classify(held, _at(r, idx), e_np * BAND_SLACK, inclusive=True)[1]
-        return torch.from_numpy(idx[within]).to(cand.device), torch.from_numpy(e_np[within]).to(e.device), held[within]
+        pos = torch.from_numpy(idx[within]).to(cand.device)
+        return pos, torch.from_numpy(e_np[within]).to(e.device), held[within]
 
     def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
         from vtrain.resolve import resolver_for  # noqa: PLC0415

@@ -404,7 +404,7 @@ def test_planes_are_tested_once_each_as_lines(dtype: type) -> None:
 def test_distinct_lines_are_numpys_unique_with_inverse(top: int, count: int) -> None:
     # a table of the lines where that is small beside the keys, else np.unique's sort: the same answer either way
     keys = np.random.default_rng(top + count).integers(0, top, count)
-    uniq, inverse = exactdot._distinct(keys, top)
+    uniq, inverse = exactdot.distinct(keys, top)
     want, want_inverse = np.unique(keys, return_inverse=True)
     assert uniq.tolist() == want.tolist() and inverse.tolist() == want_inverse.reshape(-1).tolist()
     assert inverse.dtype == np.int64 and np.array_equal(uniq[inverse], keys)
