@@ -40,18 +40,35 @@ ENABLED = True  # (tests compare the split kernels with the whole ones)
 
 
 @functools.cache
-def _parallel() -> Any:
-    """libgomp's GOMP_parallel in the copy torch loaded, or None where torch's parallel backend is not OpenMP
-    or its library is not GNU's."""
+def _libgomp() -> Any:
+    """The libgomp torch loaded (ctypes), or None where torch's parallel backend is not OpenMP or its library is
+    not GNU's."""
     if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
         return None
     try:  # (by soname, among the libraries already loaded: never a second OpenMP runtime)
         lib = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        fn = lib.GOMP_parallel  # (GCC 4.9 on; an older libgomp lacks it)
+        lib.GOMP_parallel  # noqa: B018 (GCC 4.9 on: an older libgomp lacks it)
     except (OSError, AttributeError):
         return None
+    return lib
+
+
+@functools.cache
+def _parallel() -> Any:
+    """libgomp's GOMP_parallel in the copy torch loaded, or None (`_libgomp`)."""
+    lib = _libgomp()
+    if lib is None:
+        return None
+    fn = lib.GOMP_parallel
     fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint], None
     return fn
+
+
+def thread_number() -> int | None:
+    """The address of omp_get_thread_num in the libgomp whose GOMP_parallel `run` calls (its team's numbering), or
+    None without one."""
+    lib = _libgomp()
+    return None if lib is None else ctypes.cast(lib.omp_get_thread_num, ctypes.c_void_p).value
 
 
 def parts(size: int) -> int:
@@ -76,10 +93,11 @@ _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 def run(kernel: int, block: np.ndarray, threads: int) -> None:
     """Run the C function at address `kernel` on `threads` threads of torch's OpenMP team, each given the
-    int64 array `block` (its first value, the parts' counter, set to 0 here), and return once all are done.
-    Without libgomp (`parts` then never splits a pass, but a test may ask for parts), this thread alone runs
-    it: the function claims every part in turn."""
-    block[0] = 0
+    int64 array `block` (its last block[1] values, one a part, flag the parts taken: set to 0 here), and return
+    once all are done. Without libgomp (`parts` then never splits a pass, but a test may ask for parts), this
+    thread alone runs it: the function takes every part in turn."""
+    parts = int(block[1])
+    block[block.size - parts:] = 0
     parallel = _parallel()
     if parallel is None or threads == 1:
         _CALLBACK(kernel)(block.ctypes.data)

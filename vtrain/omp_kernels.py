@@ -1,11 +1,18 @@
 """The kernels vtrain.omp splits across torch's OpenMP threads, as C callbacks (numba cfuncs).
 
 libgomp calls a callback with one pointer, so each call's arguments travel in an int64 block: addresses and sizes of
-arrays, integers, and the address of a float64 block for floats. Every thread of the team claims parts of the pass
-from the block's counter (an atomic addition) until none is left, and runs the kernel of vtrain.fused,
-vtrain.fused_binary or vtrain.fused_optim on each, unchanged, writing its results into the block's slots for that
-part. A part's candidates go into its own stretch of the candidate buffers (a part of n values has at most n);
-`_gather` then packs them to the front, part by part, so they come out in the whole pass's order.
+arrays, integers, and the address of a float64 block for floats. Every thread of the team takes parts of the pass,
+its own first (thread t's is part t) and then any other not yet taken (a flag a part, set by an atomic addition),
+and runs the kernel of vtrain.fused, vtrain.fused_binary or vtrain.fused_optim on each, unchanged, writing its
+results into the block's slots for that part. A part's candidates go into its own stretch of the candidate buffers
+(a part of n values has at most n); `_gather` then packs them to the front, part by part, so they come out in the
+whole pass's order.
+
+Thread t takes part t first as torch's own parallel loops give thread t the t-th share of a pass: each core then
+reads the values it wrote in the op before from its own caches, and a thread that comes late finds its part taken by
+one that finished early. Claimed in arrival order from one counter, as they were, the parts went to either thread:
+at two threads GPT-2-tiny d_model 256's trainer step took 322 and 319 ms against 309 and 307 now, resnet-tiny width
+32's 300 and 294 against 280 and 295 (docs/benchmarks.md, session 46).
 
 Imported on the first pass that runs split (numba compiles or loads the callbacks then, not at every import
 of vtrain).
@@ -13,6 +20,10 @@ of vtrain).
 
 from __future__ import annotations
 
+import ctypes
+from typing import Any
+
+import llvmlite.binding as llvm
 import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
@@ -21,7 +32,14 @@ from vtrain import fused, fused_binary, fused_optim, omp
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
-_HEAD = 2  # block[0]: the next part to claim; block[1]: the number of parts
+_HEAD = 2  # block[0]: unused; block[1]: the number of parts
+
+# The callbacks ask libgomp for their thread's number in the team by a symbol of ours: the compiled code in numba's
+# cache names it, and the name is bound here, in every process, before the callbacks are compiled or loaded. Without
+# libgomp (`run` then calls a callback on this thread alone), thread 0.
+_THREAD_ZERO = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
+llvm.add_symbol("vtrain_omp_thread", omp.thread_number() or ctypes.cast(_THREAD_ZERO, ctypes.c_void_p).value)
+_thread = types.ExternalFunction("vtrain_omp_thread", types.int32())
 
 
 @intrinsic
@@ -38,13 +56,24 @@ def _pointer(typingctx, address, dtype):  # noqa: ANN001, ANN202 (numba's intrin
 
 
 @intrinsic
-def _claim(typingctx, block):  # noqa: ANN001, ANN202
-    """The next unclaimed part: block[0], incremented atomically (each part goes to exactly one thread)."""
+def _take(typingctx, block, index):  # noqa: ANN001, ANN202
+    """Whether this thread takes the part flagged at block[index]: the first to add 1 to it, atomically (each part
+    goes to exactly one thread)."""
 
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        return builder.atomic_rmw("add", args[0], context.get_constant(types.int64, 1), "monotonic")
+        slot = builder.gep(args[0], [args[1]])
+        old = builder.atomic_rmw("add", slot, context.get_constant(types.int64, 1), "monotonic")
+        return builder.icmp_signed("==", old, context.get_constant(types.int64, 0))
 
-    return types.int64(block), codegen
+    return types.boolean(block, index), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _part(block: Any, flags: int, j: int, parts: int) -> int:
+    """The j-th part this thread tries (its own, thread t's part t, first, then the next ones round), or -1 where
+    another thread has taken it; flags: where the block's part flags begin."""
+    p = (_thread() + j) % parts
+    return p if _take(block, flags + p) else -1
 
 
 def _cut(size: int, part: int, parts: int, grain: int) -> int:
@@ -60,10 +89,10 @@ def _floats(*values: float) -> np.ndarray:
 
 
 def _block(parts: int, fields: list[int], count: int, results: int) -> np.ndarray:
-    """An argument block: the head, the fields (`count` of them, as the callback reads them), and `results`
-    slots for each part."""
+    """An argument block: the head, the fields (`count` of them, as the callback reads them), `results` slots for
+    each part, and a flag for each part (`_part`)."""
     assert len(fields) == count, "a callback's fields and its caller's differ"
-    block = np.zeros(_HEAD + len(fields) + results * parts, np.int64)
+    block = np.zeros(_HEAD + len(fields) + (results + 1) * parts, np.int64)
     block[1] = parts
     block[_HEAD:_HEAD + len(fields)] = fields
     return block
@@ -120,8 +149,10 @@ def _binary_part(d):  # noqa: ANN001, ANN202
     a, b = carray(_pointer(blk[3], np.float64), blk[4]), carray(_pointer(blk[9], np.float64), blk[10])
     sa, sb, dims = blk[5:9], blk[11:15], blk[15:19]
     limit = carray(_pointer(blk[22], np.float64), 1)[0]
-    p = _claim(d)
-    while p < parts:
+    for j in range(parts):
+        p = _part(d, _HEAD + _B_FIELDS + parts, j, parts)
+        if p < 0:
+            continue
         lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
         if blk[19] == 0:
             nbad = fused_binary._binary(code, a, sa, b, sb, dims, None, m, cast32, limit, POW2, lo, hi)
@@ -129,7 +160,6 @@ def _binary_part(d):  # noqa: ANN001, ANN202
             out = carray(_pointer(blk[19], np.float64), size)
             nbad = fused_binary._binary(code, a, sa, b, sb, dims, out, m, cast32, limit, POW2, lo, hi)
         blk[_HEAD + _B_FIELDS + p] = nbad
-        p = _claim(d)
 
 
 def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
@@ -141,7 +171,7 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
     block = _block(parts, [code, _address(a), a.size, *sa.tolist(), _address(b), b.size, *sb.tolist(),
                            *dims.tolist(), _address(out), m, cast32, _address(floats), size], _B_FIELDS, 1)
     omp.run(_binary_part.address, block, parts)
-    return sum(block[_HEAD + _B_FIELDS:].tolist())
+    return sum(block[_HEAD + _B_FIELDS:_HEAD + _B_FIELDS + parts].tolist())
 
 
 # fused.round_near (bits = 32) and round_near_relative: fields v, out, cand, held (addresses), size, e (address,
@@ -155,8 +185,10 @@ def _near_part(d):  # noqa: ANN001, ANN202
     size, parts, e_size = blk[6], blk[1], blk[8]
     floats = carray(_pointer(blk[9], np.float64), 7)
     factor, limit, plus, k, a, c, f = floats[0], floats[1], floats[2], floats[3], floats[4], floats[5], floats[6]
-    p = _claim(d)
-    while p < parts:
+    for j in range(parts):
+        p = _part(d, _HEAD + _N_FIELDS + 2 * parts, j, parts)
+        if p < 0:
+            continue
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
         v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
         out = carray(_pointer(blk[3] + 8 * lo, np.float64), hi - lo)
@@ -169,7 +201,6 @@ def _near_part(d):  # noqa: ANN001, ANN202
             count, bad = fused._round_near32(v, e, factor, limit, out, cand, held, plus)
         at = _HEAD + _N_FIELDS + 2 * p
         blk[at], blk[at + 1] = count, bad
-        p = _claim(d)
 
 
 def round_near32(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarray, cand: np.ndarray,
@@ -200,8 +231,10 @@ def _outer_part(d):  # noqa: ANN001, ANN202
     parts, batches, m, n, words = blk[1], blk[6], blk[7], blk[8], blk[14]
     floats = carray(_pointer(blk[15], np.float64), 3)
     size = m if batches == 1 else batches  # (the units the parts are cut in)
-    p = _claim(d)
-    while p < parts:
+    for j in range(parts):
+        p = _part(d, _HEAD + _O_FIELDS + 2 * parts, j, parts)
+        if p < 0:
+            continue
         lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
         # rows r0:r1 of the one batch, or batches lo:hi: (batches of the part, rows a batch, first batch, first row)
         nb, nm, b0, r0 = (1, hi - lo, 0, lo) if batches == 1 else (hi - lo, m, lo, 0)
@@ -222,7 +255,6 @@ def _outer_part(d):  # noqa: ANN001, ANN202
                                                sa, sb)
         at = _HEAD + _O_FIELDS + 2 * p
         blk[at], blk[at + 1] = count, bad
-        p = _claim(d)
 
 
 def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray,
@@ -258,8 +290,10 @@ def _round_part(d):  # noqa: ANN001, ANN202
     blk = carray(d, _HEAD + _R_FIELDS + d[1])
     parts, size, m, cast32 = blk[1], blk[4], blk[5], blk[6] != 0
     limit = carray(_pointer(blk[7], np.float64), 1)[0]
-    p = _claim(d)
-    while p < parts:
+    for j in range(parts):
+        p = _part(d, _HEAD + _R_FIELDS + parts, j, parts)
+        if p < 0:
+            continue
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
         v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
         if blk[3] == 0:
@@ -268,7 +302,6 @@ def _round_part(d):  # noqa: ANN001, ANN202
             out = carray(_pointer(blk[3] + 8 * lo, np.float64), hi - lo)
             bad = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, out, m, cast32, limit, POW2)
         blk[_HEAD + _R_FIELDS + p] = bad
-        p = _claim(d)
 
 
 def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, limit: float) -> int:
@@ -298,10 +331,11 @@ def _lanes_part(d):  # noqa: ANN001, ANN202
     x = carray(_pointer(blk[2], np.float64), (blk[3], kept, blk[5]))
     total, out = carray(_pointer(blk[6], np.float64), kept), carray(_pointer(blk[7], np.float64), kept)
     divisor = carray(_pointer(blk[8], np.float64), 1)[0]
-    p = _claim(d)
-    while p < parts:
+    for j in range(parts):
+        p = _part(d, _HEAD + _S_FIELDS, j, parts)
+        if p < 0:
+            continue
         fused._lane_sums_with_abs(x, total, out, divisor, _jit_cut(kept, p, parts, 1), _jit_cut(kept, p + 1, parts, 1))
-        p = _claim(d)
 
 
 def lane_sums_with_abs(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
@@ -331,8 +365,10 @@ def _update_part(d):  # noqa: ANN001, ANN202
     table = carray(_pointer(blk[3], np.int64), (count, 6))
     coef = carray(_pointer(blk[5], np.float64), (count, 8))
     limit = carray(_pointer(blk[8], np.float64), 1)[0]
-    p = _claim(d)
-    while p < parts:
+    for j in range(parts):
+        p = _part(d, _HEAD + _U_FIELDS + 2 * parts, j, parts)
+        if p < 0:
+            continue
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
         first, flags = count, 0
         for t in range(count):
@@ -352,7 +388,6 @@ def _update_part(d):  # noqa: ANN001, ANN202
                 first, flags = t, bad
         at = _HEAD + _U_FIELDS + 2 * p
         blk[at], blk[at + 1] = first, flags
-        p = _claim(d)
 
 
 def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: list[tuple], m: int,
@@ -373,6 +408,6 @@ def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: 
     block = _block(parts, [kind, _address(table), len(arrays), _address(coef), m, start, _address(floats)],
                    _U_FIELDS, 2)
     omp.run(_update_part.address, block, parts)
-    slots = block[_HEAD + _U_FIELDS:].reshape(parts, 2)
+    slots = block[_HEAD + _U_FIELDS:_HEAD + _U_FIELDS + 2 * parts].reshape(parts, 2)
     first = int(slots[:, 0].min())
     return (-1, 0) if first == len(arrays) else (first, int(np.bitwise_or.reduce(slots[slots[:, 0] == first, 1])))
