@@ -19,8 +19,9 @@ sum is split: a run's results never depend on its thread count (tests/numerics/t
 runs on another threading library, or one thread, every pass stays whole.
 
 Passes that stream their operands from memory stay on one thread, measured not to gain: E at a matmul's
-candidates and the column sums took as long or longer in two parts in GPT-2-tiny's steps, and the pre-filter's
-norms on a 1024 x 1024 operand fresh from memory did alone (docs/benchmarks.md, session 38).
+candidates and the column sums took as long or longer in two parts in GPT-2-tiny's steps (docs/benchmarks.md,
+session 38). The pre-filter's norms did too while the parts went to whichever thread came first; with thread t on
+part t (vtrain.omp_kernels), which reads the share of the operand it wrote itself, they run split (session 46).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from vtrain import fused, fused_binary, fused_optim, omp
+from vtrain import fused, fused_binary, fused_optim, omp, prefilter
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
@@ -411,3 +411,70 @@ def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: 
     slots = block[_HEAD + _U_FIELDS:_HEAD + _U_FIELDS + 2 * parts].reshape(parts, 2)
     first = int(slots[:, 0].min())
     return (-1, 0) if first == len(arrays) else (first, int(np.bitwise_or.reduce(slots[slots[:, 0] == first, 1])))
+
+
+# prefilter._norms_both (float64): fields x, its rows and columns, the rows' norms, the blocks' column squares sq
+# (blocks x columns) and the parts' column zeros zc (parts x columns) (addresses but for the sizes); two slots a part:
+# its values below prefilter._TINY_LINE and most zeros in a row. Parts are whole row blocks.
+_M_FIELDS = 6
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _norms_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _M_FIELDS + 2 * d[1])
+    parts, n, width = blk[1], blk[3], blk[4]
+    blocks = prefilter.norm_blocks(n)
+    x = carray(_pointer(blk[2], np.float64), (n, width))
+    rows = carray(_pointer(blk[5], np.float64), n)
+    sq = carray(_pointer(blk[6], np.float64), (blocks, width))
+    zc = carray(_pointer(blk[7], np.int64), (parts, width))
+    for j in range(parts):
+        p = _part(d, _HEAD + _M_FIELDS + 2 * parts, j, parts)
+        if p < 0:
+            continue
+        at = _HEAD + _M_FIELDS + 2 * p
+        blk[at], blk[at + 1] = prefilter.norms_of_blocks(x, rows, sq, zc[p], _jit_cut(blocks, p, parts, 1),
+                                                         _jit_cut(blocks, p + 1, parts, 1))
+
+
+def norms(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
+    """`prefilter._norms_both` over a C-contiguous float64 x in `parts` parts of whole row blocks (at most as many
+    as it has): its answer, and the norms, bit for bit (each block's column squares summed apart, then in order)."""
+    _require(np.float64, x, rows, cols)
+    n, width = x.shape
+    sq, zc = np.zeros((prefilter.norm_blocks(n), width)), np.zeros((parts, width), np.int64)
+    block = _block(parts, [_address(x), n, width, _address(rows), _address(sq), _address(zc)], _M_FIELDS, 2)
+    omp.run(_norms_part.address, block, parts)
+    slots = block[_HEAD + _M_FIELDS:_HEAD + _M_FIELDS + 2 * parts].reshape(parts, 2)
+    return prefilter.norms_finish(sq, zc.sum(0), rows, cols, int(slots[:, 0].sum()), int(slots[:, 1].max()))
+
+
+# prefilter._norms_batched (float64): fields x, its batches, rows a batch, columns, the rows' and the columns' norms
+# (addresses but for the sizes); four slots a part: its answer. Parts are whole batches.
+_BN_FIELDS = 6
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _norms_batched_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _BN_FIELDS + 4 * d[1])
+    parts, batches, m, k = blk[1], blk[3], blk[4], blk[5]
+    x = carray(_pointer(blk[2], np.float64), (batches, m, k))
+    rows, cols = carray(_pointer(blk[6], np.float64), (batches, m)), carray(_pointer(blk[7], np.float64), (batches, k))
+    for j in range(parts):
+        p = _part(d, _HEAD + _BN_FIELDS + 4 * parts, j, parts)
+        if p < 0:
+            continue
+        lo, hi = _jit_cut(batches, p, parts, 1), _jit_cut(batches, p + 1, parts, 1)
+        finite, tiny, row_zeros, col_zeros = prefilter._norms_batched(x[lo:hi], rows[lo:hi], cols[lo:hi])
+        at = _HEAD + _BN_FIELDS + 4 * p
+        blk[at], blk[at + 1], blk[at + 2], blk[at + 3] = finite, tiny, row_zeros, col_zeros
+
+
+def norms_batched(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
+    """`prefilter._norms_batched` over a C-contiguous float64 (B, M, K) x in `parts` parts of whole batches (at most
+    B): its answer, and the norms, bit for bit."""
+    _require(np.float64, x, rows, cols)
+    block = _block(parts, [_address(x), *x.shape, _address(rows), _address(cols)], _BN_FIELDS, 4)
+    omp.run(_norms_batched_part.address, block, parts)
+    slots = block[_HEAD + _BN_FIELDS:_HEAD + _BN_FIELDS + 4 * parts].reshape(parts, 4)
+    return bool(slots[:, 0].all()), int(slots[:, 1].sum()), int(slots[:, 2].max()), int(slots[:, 3].max())

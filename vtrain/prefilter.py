@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from vtrain import bounds, fused
+from vtrain import bounds, fused, omp
 from vtrain.bounds import PositionBound, _finish, _floor_unit, _mm_operands, gamma, unit_roundoff
 
 aten = torch.ops.aten
@@ -458,11 +458,20 @@ def _both_norms(canon: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[bool, 
     """(the norms of each canon[n]'s rows, of its columns, (usable as `_line_norms` says, the most zeros in
     one row, in one column, of those with a nonzero value)) in one pass (`_norms_both`)."""
     along, across = np.empty(canon.shape[:2]), np.empty((canon.shape[0], canon.shape[2]))
+    # On torch's threads where they are several (vtrain.omp: each thread reads the share of the operand it wrote in
+    # the op before), in parts of whole row blocks or batches: the norms and flags of one pass, bit for bit
     if canon.shape[0] == 1:
-        finite, tiny, row_zeros, col_zeros = _norms_both(canon[0], along[0], across[0])
+        x = canon[0]
+        parts = min(omp.parts(x.size), norm_blocks(x.shape[0])) if x.dtype == np.float64 else 1
+        flags = omp.kernels().norms(parts, x, along[0], across[0]) if parts > 1 else \
+            _norms_both(x, along[0], across[0])
     else:  # (in one compiled call: bmm's 16-128 slices had been as many; batches apart in memory, rare, are
         # copied together first, the values and so the norms the same)
-        finite, tiny, row_zeros, col_zeros = _norms_batched(np.ascontiguousarray(canon), along, across)
+        x = np.ascontiguousarray(canon)
+        parts = min(omp.parts(x.size), x.shape[0]) if x.dtype == np.float64 else 1
+        flags = omp.kernels().norms_batched(parts, x, along, across) if parts > 1 else \
+            _norms_batched(x, along, across)
+    finite, tiny, row_zeros, col_zeros = flags
     return along, across, (bool(finite) and tiny == 0, int(row_zeros), int(col_zeros))
 
 
@@ -601,7 +610,13 @@ def _is_zero(x: float) -> int:
 _WIDE_ROWS = 512
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc"})
+# Rows a block of `_norms_both`'s column sums: each block's squares are summed apart, and the blocks' sums then in
+# order, so that a pass split in parts of whole blocks across threads (vtrain.omp_kernels.norms) gives the one pass's
+# norms bit for bit. (A multiple of four: `_four_rows` takes the same rows either way.)
+NORM_BLOCK = 256
+
+
+@njit(cache=True, nogil=True)
 def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
     # Both axes' sums of squares in one vectorised pass over the row-major x: each value's square goes to its
     # row's sum (reassociated: a norm bounds its sum in any order, see the module docstring) and to its
@@ -613,26 +628,56 @@ def _norms_both(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool
     # square passes float64's range (whose U would be infinite: the op takes the full bound either way); read
     # from the norms, not tested value by value (the magnitudes' integer maximum, which that test was, took the
     # pass 0.45 against 0.29 ms on 1024 x 1024 in cache, 0.58 against 0.47 fresh from memory; session 44).
+    sq = np.zeros((norm_blocks(x.shape[0]), x.shape[1]))
+    zc = np.zeros(x.shape[1], np.int64)
+    small, row_zeros = norms_of_blocks(x, rows, sq, zc, 0, sq.shape[0])
+    return norms_finish(sq, zc, rows, cols, small, row_zeros)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def norm_blocks(n: int) -> int:
+    """How many `NORM_BLOCK`s n rows make (one at least)."""
+    return max(1, -(-n // NORM_BLOCK))
+
+
+@njit(cache=True, nogil=True)
+def norms_of_blocks(x: np.ndarray, rows: np.ndarray, sq: np.ndarray, zc: np.ndarray, first: int,
+                    last: int) -> tuple[int, int]:
+    """`_norms_both`'s pass over row blocks first:last of x: the rows' norms into rows, block b's columns' squares
+    into sq[b], their zeros added to zc; (the values below _TINY_LINE, zeros included; the most zeros in a row)."""
     n, width = x.shape
-    sq = np.zeros(width)
-    zc = np.zeros(width, np.int64)
-    # Rows of _WIDE_ROWS values or more four at a time, so that the columns' sums and zero counts are read and
-    # written once per four values. On operands fresh from memory: 0.45 against 0.68 ms on 1024 x 1024 (GPT-2-tiny
-    # d_model 256's hidden layer), 0.50 against 0.71 on 1024 x 768, 0.14 against 0.18 on 256 x 1024; in cache
-    # 0.89-0.91x the time; 9.3 against 11.4 ms a step in that model's training steps. (On 1024 x 256 four rows a
-    # pass took 1.1x the time.)
-    full = n - n % 4 if width >= _WIDE_ROWS else 0
-    small, row_zeros = _four_rows(x[:full], rows[:full], sq, zc)
-    small1, row_zeros1 = _each_row(x[full:], rows[full:], sq, zc)
+    small = row_zeros = 0
+    for b in range(first, last):
+        lo, hi = b * NORM_BLOCK, min(n, (b + 1) * NORM_BLOCK)
+        # Rows of _WIDE_ROWS values or more four at a time, so that the columns' sums and zero counts are read and
+        # written once per four values. On operands fresh from memory: 0.45 against 0.68 ms on 1024 x 1024
+        # (GPT-2-tiny d_model 256's hidden layer), 0.50 against 0.71 on 1024 x 768, 0.14 against 0.18 on 256 x
+        # 1024; in cache 0.89-0.91x the time; 9.3 against 11.4 ms a step in that model's training steps. (On 1024
+        # x 256 four rows a pass took 1.1x the time.)
+        full = hi - (hi - lo) % 4 if width >= _WIDE_ROWS else lo
+        small4, zeros4 = _four_rows(x[lo:full], rows[lo:full], sq[b], zc)
+        small1, zeros1 = _each_row(x[full:hi], rows[full:hi], sq[b], zc)
+        small, row_zeros = small + small4 + small1, max(row_zeros, zeros4, zeros1)
+    return small, row_zeros
+
+
+@njit(cache=True, nogil=True)
+def norms_finish(sq: np.ndarray, zc: np.ndarray, rows: np.ndarray, cols: np.ndarray, small: int,
+                 row_zeros: int) -> tuple[bool, int, int, int]:
+    """`_norms_both`'s answer from its blocks' column squares sq, the columns' zeros zc and the rows' norms (and
+    `norms_of_blocks`' counts): the columns' norms into cols, the blocks' squares summed in order."""
+    total = sq[0].copy()
+    for b in range(1, sq.shape[0]):
+        total += sq[b]
     col_zeros = zeros = 0
-    for k in range(width):
-        cols[k] = math.sqrt(sq[k])
+    for k in range(total.size):
+        cols[k] = math.sqrt(total[k])
         zeros += zc[k]
-        col_zeros = max(col_zeros, _line_zeros(zc[k], n))
+        col_zeros = max(col_zeros, _line_zeros(zc[k], rows.size))
     finite = True
-    for i in range(n):
+    for i in range(rows.size):
         finite &= rows[i] < np.inf  # (False for NaN too)
-    return finite, small + small1 - zeros, max(row_zeros, row_zeros1), col_zeros
+    return finite, small - zeros, row_zeros, col_zeros
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from vtrain import fused, fused_binary, fused_optim, omp, omp_kernels
+from vtrain import fused, fused_binary, fused_optim, omp, omp_kernels, prefilter
 from vtrain.fused import POW2
 from vtrain.grid import grid_max
 
@@ -122,6 +122,35 @@ def test_matmul_prefilter_in_parts(batches: int, m: int, n: int, words: int) -> 
         assert whole[0] > 10 and whole[1] >= 0
         for parts in PARTS:
             assert _same(_outer(v, rows, cols, add, sa, sb, out_is_v, parts), whole)
+
+
+@pytest.mark.parametrize("m,k", [(1030, 600), (600, 100), (257, 40)])
+def test_prefilter_norms_in_parts(m: int, k: int) -> None:
+    """Whole row blocks of one matrix (the last one short) and whole batches: the rows' and columns' norms and the
+    flags (finite, tiny values, the most zeros in a row and in a column) of the one pass, bit for bit."""
+    rng = np.random.default_rng(m)
+    x = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-20, 20, (m, k))
+    x[rng.random(x.shape) < 0.3] = 0
+    x[m // 2] = 0  # a row of zeros only (left out of the most zeros)
+    x[m - 1, 0], x[m - 1, 1:] = 1.0, 0  # the row with the most zeros
+    x[3, 2] = 1e-300  # a tiny value
+    rows, cols = np.empty(m), np.empty(k)
+    whole = prefilter._norms_both(x, rows, cols)
+    assert whole[1] == 1 and whole[2] == k - 1
+    for parts in PARTS:
+        parts = min(parts, prefilter.norm_blocks(m))
+        got_rows, got_cols = np.empty(m), np.empty(k)
+        assert omp_kernels.norms(parts, x, got_rows, got_cols) == whole
+        assert np.array_equal(got_rows, rows) and np.array_equal(got_cols, cols)
+    x[1, 0] = np.inf
+    batched = x[:(m // 8) * 8].reshape(8, m // 8, k)
+    rows, cols = np.empty(batched.shape[:2]), np.empty((8, k))
+    whole = prefilter._norms_batched(batched, rows, cols)
+    assert not whole[0]
+    for parts in PARTS:
+        got_rows, got_cols = np.empty_like(rows), np.empty_like(cols)
+        assert omp_kernels.norms_batched(parts, batched, got_rows, got_cols) == whole
+        assert np.array_equal(got_rows, rows, equal_nan=True) and np.array_equal(got_cols, cols, equal_nan=True)
 
 
 def test_rounding_in_parts() -> None:

@@ -692,7 +692,8 @@ def test_a_batch_is_normed_in_one_call_as_slice_by_slice() -> None:
 
 
 def test_both_axes_norms_and_flags_match_a_plain_reference_on_short_and_wide_rows() -> None:
-    # `_norms_both` takes rows of `_WIDE_ROWS` values or more four at a time and the rest one by one: on row counts
+    # `_norms_both` takes rows of `_WIDE_ROWS` values or more four at a time and the rest one by one, in blocks of
+    # `NORM_BLOCK` rows whose column sums are summed in order (the last case: three blocks): on row counts
     # that leave remainders, with a row of zeros only (left out of the most zeros), the row with the most zeros,
     # and a tiny value, the largest one and an infinity, a NaN or a value whose square overflows in a third row,
     # each at every place of a block of four in some case and in a remainder row, its flags are numpy's (finite:
@@ -701,7 +702,7 @@ def test_both_axes_norms_and_flags_match_a_plain_reference_on_short_and_wide_row
     # (rows, columns, the row with the most zeros, the row with the tiny, largest and non-finite values); the row of
     # zeros only is the middle one
     cases = [(9, 600, 3, 2), (4, 512, 1, 3), (7, 511, 2, 4), (13, 1030, 12, 1), (8, 520, 0, 7), (11, 700, 6, 4),
-             (7, 600, 5, 1), (6, 900, 1, 5), (3, 40, 0, 2), (1, 700, 0, 0), (6, 1, 0, 5)]
+             (7, 600, 5, 1), (6, 900, 1, 5), (3, 40, 0, 2), (1, 700, 0, 0), (6, 1, 0, 5), (530, 600, 400, 260)]
     for trial, (m, k, busiest, hot) in enumerate(cases):
         x = rng.standard_normal((m, k)) * 2.0 ** rng.integers(-40, 40, (m, k))
         x[rng.random(x.shape) < 0.3] = 0
