@@ -1,8 +1,8 @@
 """Training on two torch threads, where vtrain's own kernels split their passes across torch's OpenMP team
 (vtrain.omp), gives the one-thread run's logs, losses and states bit for bit. Parts are made small here
 (MIN_VALUES 512), and the one-pass binary ops, the matmul pre-filter and the CPU device's line sums taken at every
-size, so that the families' default sizes split every kind of pass; the kernels' parts against their whole passes
-are tested in tests/numerics/test_num_omp.py."""
+size, so that the families' default sizes split every kind of pass but a matrix's norms (below); the kernels' parts
+against their whole passes are tested in tests/numerics/test_num_omp.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from vtrain.state import state_hash
 from vtrain.train import TrainingSession
 
 KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "outer": omp_kernels._outer_part,
-           "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "update": omp_kernels._update_part}
+           "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "update": omp_kernels._update_part,
+           "norms": omp_kernels._norms_part, "norms_batched": omp_kernels._norms_batched_part}
 
 
 def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -40,10 +41,12 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
     return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), ran
 
 
+# (the pre-filter's norms split a matrix in blocks of prefilter.NORM_BLOCK rows, more than the default sizes' operands
+# have: the attention's batched operands split here, a matrix in tests/numerics/test_num_omp.py)
 @pytest.mark.parametrize("family,resolution,kernels", [
-    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update"}),
+    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched"}),
     ("resnet-tiny", "log", {"binary", "outer", "lanes", "update"}),
-    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "update"})])
+    ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched"})])
 def test_two_threads_train_as_one(family_data, family: str, resolution: str, kernels: set,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     spec = family_spec(family, family_data, steps=10, resolution=resolution)
