@@ -153,6 +153,32 @@ def test_prefilter_norms_in_parts(m: int, k: int) -> None:
         assert np.array_equal(got_rows, rows, equal_nan=True) and np.array_equal(got_cols, cols, equal_nan=True)
 
 
+def test_prefilter_takes_the_split_norms_where_passes_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefilter._both_norms` hands a float64 matrix of several row blocks, and a batch, to the split kernels where
+    vtrain.omp splits passes: the one pass's norms and flags."""
+    rng = np.random.default_rng(8)
+    matrix, batch = rng.standard_normal((1, 600, 300)), rng.standard_normal((6, 40, 50))
+    rows, cols = np.empty((1, 600)), np.empty((1, 300))
+    flags = prefilter._norms_both(matrix[0], rows[0], cols[0])
+    want = [(rows, cols, (flags[0] and flags[1] == 0, flags[2], flags[3]))]
+    rows, cols = np.empty((6, 40)), np.empty((6, 50))
+    flags = prefilter._norms_batched(batch, rows, cols)
+    want.append((rows, cols, (flags[0] and flags[1] == 0, flags[2], flags[3])))
+    ran, run = [], omp.run
+
+    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
+        ran.append((kernel, parts))
+        run(kernel, block, parts)
+
+    monkeypatch.setattr(omp, "run", noting)
+    monkeypatch.setattr(omp, "parts", lambda size: 2)
+    for x, (rows, cols, flags), kernel in zip((matrix, batch), want,
+                                              (omp_kernels._norms_part, omp_kernels._norms_batched_part)):
+        got = prefilter._both_norms(x)
+        assert np.array_equal(got[0], rows) and np.array_equal(got[1], cols) and got[2] == flags
+        assert ran.pop() == (kernel.address, 2)
+
+
 def test_rounding_in_parts() -> None:
     rng = np.random.default_rng(2)
     v = _values(rng, 5 * fused.NEAR_BLOCK + 3)
