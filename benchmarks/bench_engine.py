@@ -45,7 +45,7 @@ from vtrain.state import state_hash  # noqa: E402
 from vtrain.train import TrainingSession  # noqa: E402
 
 
-class PassThrough(TorchDispatchMode):
+class PassThrough(native_views.ViewsPastModes, TorchDispatchMode):
     """A dispatch mode that runs every aten op unchanged, the views of vtrain.native_views past it as they go
     past RoundedExecution: the floor of the same mechanism."""
 
@@ -54,16 +54,6 @@ class PassThrough(TorchDispatchMode):
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False  # as RoundedExecution
-
-    def __enter__(self) -> PassThrough:
-        native_views.acquire()
-        return super().__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            super().__exit__(*exc)
-        finally:
-            native_views.release()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         return func(*args, **(kwargs or {}))

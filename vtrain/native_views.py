@@ -19,6 +19,7 @@ is overridden meanwhile, with torch's warning, and back when the last execution 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -53,3 +54,22 @@ def release() -> None:
 def active() -> bool:
     """Whether the fallthrough kernels stand now."""
     return _library is not None
+
+
+class ViewsPastModes:
+    """A mixin for a dispatch mode (before TorchDispatchMode in its bases) that holds the fallthrough kernels while
+    it runs: `acquire` on entering, `release` on leaving, and on an entry that fails."""
+
+    def __enter__(self) -> Any:
+        acquire()
+        try:
+            return super().__enter__()
+        except BaseException:
+            release()
+            raise
+
+    def __exit__(self, *exc: Any) -> Any:
+        try:
+            return super().__exit__(*exc)
+        finally:
+            release()

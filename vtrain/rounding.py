@@ -123,7 +123,7 @@ def _describe(op: str, shape: tuple[int, ...]) -> str:
     return f"{op} {list(shape)}"
 
 
-class RoundedExecution(TorchDispatchMode):
+class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
     """Round every floating op output to the `bits`-bit grid; record or replay the rounding log."""
 
     @classmethod
@@ -196,19 +196,11 @@ class RoundedExecution(TorchDispatchMode):
         self._nnpack = backends.nnpack.set_flags(False)[0]
         self._norms = LineNorms()  # (it holds operands: they go with it at the end)
         sole_owners()  # (measured once a process: see vtrain.accumulation)
-        native_views.acquire()  # (views skip the modes while this runs)
-        try:
-            super().__enter__()
-        except BaseException:
-            native_views.release()
-            raise
+        super().__enter__()  # (views skip the modes while this runs: native_views.ViewsPastModes)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            super().__exit__(exc_type, exc, tb)
-        finally:
-            native_views.release()
+        super().__exit__(exc_type, exc, tb)
         self._norms = None
         backends = torch.backends
         backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.enabled = self._cuda_flags
