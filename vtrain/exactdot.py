@@ -462,26 +462,9 @@ def _unknown(lines: int) -> np.ndarray:
     return np.full(lines, -1, dtype=np.int8)
 
 
-def _lines(x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(contiguous float64 lines holding x[batch, line, :], their short flags, index per position): x's own
-    memory as (N R, K) where x is float64 and C-contiguous (a row-major matrix's rows, a transposed weight's
-    columns), else copies of the distinct lines. (Copying them cost ~20 % of the resolution's time at
-    GPT-2-tiny d_model 512: docs/benchmarks.md, session 28.)"""
-    keys = batch * x.shape[1] + line
-    if keys.size and (keys.min() < 0 or keys.max() >= x.shape[0] * x.shape[1]):
-        raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {x.shape}")
-    if x.dtype == np.float64 and x.flags.c_contiguous:
-        return x.reshape(x.shape[0] * x.shape[1], x.shape[2]), _unknown(x.shape[0] * x.shape[1]), keys
-    uniq, inverse = distinct(keys, x.shape[0] * x.shape[1])
-    out = np.empty((uniq.size, x.shape[2]))
-    copy_lines(x, uniq // x.shape[1], uniq % x.shape[1], out)
-    return out, _unknown(uniq.size), inverse
-
-
 def distinct(keys: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
     """np.unique(keys, return_inverse=True) for integer keys in [0, top): through a table where that is small beside
-    the keys (a matmul operand's 1K-4K lines for its ~10-200 positions, a certificate's rows or channels), whose sort
-    cost ~20 us a call in the exact resolution's ~70 a step at GPT-2-tiny d_model 256."""
+    the keys (a certificate's rows or channels), whose sort cost ~20 us a call in a training step."""
     if top > max(16 * keys.size, 1 << 14):
         uniq, inverse = np.unique(keys, return_inverse=True)
         return uniq, inverse.reshape(-1)
@@ -491,6 +474,54 @@ def distinct(keys: np.ndarray, top: int) -> tuple[np.ndarray, np.ndarray]:
     table = np.empty(top, np.int64)
     table[uniq] = np.arange(uniq.size)
     return uniq, table[keys]
+
+
+@njit(cache=True, nogil=True)
+def _side(direct: bool, x2: np.ndarray, x: np.ndarray, batch: np.ndarray, line: np.ndarray) -> tuple:
+    """(contiguous float64 lines holding x[batch, line, :], their short flags, index per position, whether every
+    position lies inside x): x's own memory x2, (N R, K), where `direct` (x float64 and C-contiguous: a row-major
+    matrix's rows, a transposed weight's columns), else copies of the distinct lines, in memory order. (Copying
+    them cost ~20 % of the resolution's time at GPT-2-tiny d_model 512: docs/benchmarks.md, session 28.)"""
+    top = x.shape[0] * x.shape[1]
+    keys = batch * x.shape[1] + line
+    if keys.size and (keys.min() < 0 or keys.max() >= top):
+        return x2[:0], np.zeros(0, np.int8), keys, False
+    if direct:
+        return x2, np.full(top, -1, np.int8), keys, True
+    # the distinct keys ascending and each position's index among them (np.unique's, with its inverse)
+    order = np.argsort(keys, kind="mergesort")
+    uniq, inverse, count = np.empty(keys.size, np.int64), np.empty(keys.size, np.int64), 0
+    for t in order:
+        if count == 0 or keys[t] != uniq[count - 1]:
+            uniq[count] = keys[t]
+            count += 1
+        inverse[t] = count - 1
+    uniq = uniq[:count]
+    lines = np.empty((count, x.shape[2]))
+    copy_lines(x, uniq // x.shape[1], uniq % x.shape[1], lines)
+    return lines, np.full(count, -1, np.int8), inverse, True
+
+
+@njit(cache=True, nogil=True)
+def _gathered_dots(a_direct: bool, a2: np.ndarray, a: np.ndarray, b_direct: bool, b2: np.ndarray, bt: np.ndarray,
+                   batch: np.ndarray, rows: np.ndarray, cols: np.ndarray, extra: np.ndarray, m: int, gmax: float,
+                   out: np.ndarray, flag: np.ndarray) -> tuple:
+    """`_dots` at the positions (batch, rows, cols) of a @ b (bt: b's columns as lines, (N, C, K)), their lines
+    gathered by `_side`, in one compiled call: in Python, the gathers' ~10 numpy calls a matmul took ~120 us of
+    each resolution's ~240 in a training step (GPT-2-tiny d_model 256, ~36 a step). (a's lines, their index, b's,
+    theirs, whether every position lies inside the operands: else nothing is computed.)"""
+    ag, ashort, ia, inside_a = _side(a_direct, a2, a, batch, rows)
+    bg, bshort, ib, inside_b = _side(b_direct, b2, bt, batch, cols)
+    if inside_a and inside_b:
+        _dots(ag, ashort, bg, bshort, ia, ib, extra, m, gmax, out, flag)
+    return ag, ia, bg, ib, inside_a and inside_b
+
+
+def _direct(x: np.ndarray) -> tuple[bool, np.ndarray]:
+    """(whether `_side` reads x's lines in place, x as (N R, K) lines then, else an empty stand-in)."""
+    if x.dtype == np.float64 and x.flags.c_contiguous:
+        return True, x.reshape(x.shape[0] * x.shape[1], x.shape[2])
+    return False, np.zeros((0, x.shape[2]))
 
 
 def rounded_dots_at(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.ndarray, cols: np.ndarray,
@@ -508,9 +539,13 @@ def rounded_dots_at(a: np.ndarray, b: np.ndarray, batch: np.ndarray, rows: np.nd
         raise exactmath.ExactMathError(f"rounded_dots_at: operands {a.shape} and {b.shape} do not multiply, "
                                        f"or positions of different lengths")
     ex = _addend(extra, batch.size, "rounded_dots_at")
-    ag, ashort, ia = _lines(a, batch, rows)
-    bg, bshort, ib = _lines(b.transpose(0, 2, 1), batch, cols)  # (N, C, K): b's columns as lines
-    return _finish(ag, ashort, ia, bg, bshort, ib, ex, m, bits, extra is not None)
+    bt = b.transpose(0, 2, 1)  # (N, C, K): b's columns as lines
+    out, flag = np.zeros(batch.size), np.zeros(batch.size, dtype=np.bool_)
+    ag, ia, bg, ib, inside = _gathered_dots(*_direct(a), a, *_direct(bt), bt, batch, rows, cols, ex, m,
+                                            grid_max(m + 9), out, flag)
+    if not inside:
+        raise exactmath.ExactMathError(f"rounded_dots_at: a position lies outside the operands {a.shape} @ {b.shape}")
+    return _complete(out, flag, ag, ia, bg, ib, ex, bits, extra is not None)
 
 
 def _rows(a: np.ndarray, b: np.ndarray, bits: int, extra: np.ndarray | None, where: str) -> tuple:
@@ -544,7 +579,12 @@ def _run(ag: np.ndarray, ashort: np.ndarray, ia: np.ndarray, bg: np.ndarray, bsh
 
 def _finish(ag: np.ndarray, ashort: np.ndarray, ia: np.ndarray, bg: np.ndarray, bshort: np.ndarray,
             ib: np.ndarray, ex: np.ndarray, m: int, bits: int, has_extra: bool) -> np.ndarray:
-    out, flag = _run(ag, ashort, ia, bg, bshort, ib, ex, m)
+    return _complete(*_run(ag, ashort, ia, bg, bshort, ib, ex, m), ag, ia, bg, ib, ex, bits, has_extra)
+
+
+def _complete(out: np.ndarray, flag: np.ndarray, ag: np.ndarray, ia: np.ndarray, bg: np.ndarray, ib: np.ndarray,
+              ex: np.ndarray, bits: int, has_extra: bool) -> np.ndarray:
+    """out, with the positions the kernel flagged settled by the reference."""
     f = np.flatnonzero(flag)
     if f.size:  # the reference settles these exactly (Fractions) or raises its error
         out[f] = exactmath.rounded_dots(ag[ia[f]], bg[ib[f]], bits, extra=ex[f] if has_extra else None)
