@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 from vtrain import draws, native_views, refine, spare, valuecode
@@ -415,14 +416,19 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             certify = functools.partial(self._certified, func, spec, args, kwargs, floats, i) \
                 if self.policy == "bound" else None
             if self.mode == "record":
+                # (the candidates, E and the band there in numpy: torch's calls on their few values cost ~5 us
+                # each in a training step, numpy's ~1)
                 if self.policy == "bound":
-                    # (None: no band at all, or no candidate: a multiply on an empty tensor costs ~3 us)
-                    ww = None if e_cand is None or not cand.numel() else e_cand * (2 * BAND_SLACK)
+                    idx = cand.cpu().numpy()
+                    e_np = None if e_cand is None else e_cand.cpu().numpy()
+                    # (None: no band at all, or no candidate; 2 BAND_SLACK is exact in float32 too, so float32
+                    # work's product is torch's)
+                    ww = None if e_np is None or not idx.size else e_np * (2 * BAND_SLACK)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
-                    cand = self._candidates(v, r, band)
-                    ww, e_cand, values = band[cand], None, _at(v, cand.cpu().numpy())
-                entry = self._find_entries(site, spec.name, shape, values, r, cand, ww, e_cand, certify)
+                    idx = self._candidates(v, r, band).cpu().numpy()
+                    ww, e_np, values = band.cpu().numpy()[idx], None, _at(v, idx)
+                entry = self._find_entries(site, spec.name, shape, values, r, idx, ww, e_np, certify)
                 self._sites.append(entry)
                 self._offsets.append(offset)
                 self._counts["logged"] += entry.num_entries
@@ -505,19 +511,26 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                     key, exact = (self._counts["ops"], i, spec.name, "certificates"), None
                     if self._worth_trying(key):
                         exact = self._certified(func, spec, args, kwargs, floats, i, pos, e_pos, held_pos)
+                        # (in numpy from here: torch's calls on these few values cost ~5 us each in a step)
+                        exact = None if exact is None else exact.cpu().numpy()
                         self._tried(key, exact is not None and bool(exact.any()))
                     if exact is not None:
                         if any_bad:  # an exactly computed overflow is still an overflow: the resolver says so
-                            exact &= ~bad.reshape(-1)[pos]
+                            exact = exact & ~bad.reshape(-1)[pos].cpu().numpy()
                         certified = int(exact.sum())
                         self._counts["certified"] += certified
                         tally[2] += certified
-                        pos = pos[~exact]
+                        if certified:
+                            pos = pos[torch.from_numpy(~exact).to(pos.device)]
                 if pos.numel():
                     self._counts["recomputed"] += pos.numel()
                     tally[4] += pos.numel()
                     values = self._resolve(op, spec, args, kwargs, i, pos) + 0.0
-                    r.view(-1)[pos] = torch.from_numpy(values).to(device=r.device, dtype=r.dtype)
+                    if self._fused.usable(r):  # (numpy's scatter: the values are grid values, exact in r's dtype)
+                        self._fused.flat(r)[pos.numpy()] = values
+                        increment_version(r)  # (as torch's own write would: caches key on it)
+                    else:
+                        r.view(-1)[pos] = torch.from_numpy(values).to(device=r.device, dtype=r.dtype)
                 self._exact_seconds += time.perf_counter() - start
             # -0 + 0 = +0: one zero for every summation order (the fused kernels added it as they rounded)
             outs[i] = r.add_(0.0) if r.numel() and fused is None else r
@@ -563,11 +576,13 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         if not (v.numel() and fused.usable(v)):
             return None
         out = v if in_place else spare.take(v)
-        cand, held = self._scratch(v.numel(), np.int64), self._scratch(v.numel(), fused.flat(v).dtype)
+        fv = fused.flat(v)  # (v's and out's numpy views, made once: ~5 us each in a training step)
+        fo = fv if out is v else fused.flat(out)
+        cand, held = self._scratch(v.numel(), np.int64), self._scratch(v.numel(), fv.dtype)
         e_cand: torch.Tensor | None = None
         if spec.exact_all is not None and self._exact_all(spec, args, kwargs, floats, i):
             # every element is its exact value on every device (vtrain.grains): no band, no candidates
-            count, bad = 0, self._round_alone(v, out)
+            count, bad = 0, self._round_alone(fv, fo)
             self._counts["exact_sums"] += v.numel() if bad < 0 else 0
         else:
             inline = None
@@ -575,31 +590,31 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 inline = spec.bound_inline(args, kwargs, floats)
             if inline is not None:  # a small matmul's E, computed as it rounds (vtrain.inline)
                 e_all = np.empty(v.numel())
-                count, bad = fused.round_near_mm(fused.flat(v), inline.a, inline.b, inline.bias, inline.alpha,
+                count, bad = fused.round_near_mm(fv, inline.a, inline.b, inline.bias, inline.alpha,
                                                  inline.beta, inline.scale, inline.floor, factor, self._limit,
-                                                 fused.flat(out), cand, held, e_all, self._plus)
+                                                 fo, cand, held, e_all, self._plus)
                 e_cand = torch.from_numpy(e_all[:count].copy())
             elif bounds is None and spec.bound_relative is not None and self._cast32(v):
                 # a function's E, computed as it rounds
                 k, a, c, f = spec.bound_relative(v.dtype)
-                count, bad = fused.round_near_relative(fused.flat(v), k, a, c, f, factor, self._limit, fused.flat(out),
-                                                       cand, held, self._plus)
+                count, bad = fused.round_near_relative(fv, k, a, c, f, factor, self._limit, fo, cand, held,
+                                                       self._plus)
                 e_cand = torch.from_numpy(fused.relative_at(held[:count], k, a, c, f))
             else:
                 pre = self._prefilter(spec, args, kwargs, floats, i) if bounds is None else None
                 if pre is not None:  # the matmul pre-filter (vtrain.prefilter)
-                    count, bad = self._kernel_near(v, pre, factor, out, cand, held)
+                    count, bad = self._kernel_near(v, pre, factor, fv, fo, cand, held)
                 else:
                     bounds = bounds if bounds is not None else spec.bound(args, kwargs, floats)
                     e = bounds[i]
                     if e is None:  # an output without a bound (an exact count)
-                        count, bad = 0, self._round_alone(v, out)
+                        count, bad = 0, self._round_alone(fv, fo)
                     else:
                         if e.numel() == 1:
                             e = e.reshape(1)
                         elif e.shape != v.shape or not e.is_contiguous():  # (most bounds come in the output's shape)
                             e = e.expand(v.shape).contiguous()
-                        count, bad = self._kernel_near(v, e, factor, out, cand, held)
+                        count, bad = self._kernel_near(v, e, factor, fv, fo, cand, held)
                         # E at the candidates gathered in numpy: a fraction of torch's indexing cost on a few values
                         e_cand = torch.from_numpy(fused.flat(e)[cand[:count]]) if e.numel() > 1 \
                             else e.expand(count)
@@ -654,31 +669,32 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         else:
             hints[key] = (hints.get(key, (0, 0))[0] + 1, self.step)
 
-    def _round_alone(self, v: torch.Tensor, out: torch.Tensor) -> int:
-        """v rounded into out (v itself: in place) for an output with no band (an exact count, or exact sums),
-        with the exact resolution's +0 for -0: the first position off the grid, or -1."""
+    def _round_alone(self, fv: np.ndarray, fo: np.ndarray) -> int:
+        """v rounded into out (their flat views fv and fo; fo fv itself: in place) for an output with no band (an
+        exact count, or exact sums), with the exact resolution's +0 for -0: the first position off the grid, or
+        -1."""
         fused, m = self._fused, self.bits - 9
-        if out is v:
-            bad = fused.round_in_place(fused.flat(v), m, self._limit)
+        if fo is fv:
+            bad = fused.round_in_place(fv, m, self._limit)
         else:
-            bad = fused.round_into(fused.flat(v), fused.flat(out), m, self._limit)
+            bad = fused.round_into(fv, fo, m, self._limit)
         if self.exact:
-            out.add_(0.0)  # (the kernels below do it as they round)
+            fo += 0.0  # (the kernels below do it as they round)
         return bad
 
-    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor | Prefilter, factor: float, out: torch.Tensor,
-                     cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
-        """v rounded into out (which may be v), and in cand[:count] and held[:count] the candidate positions
-        for a band of factor * e and v's values there: (count, the first bad position or -1)."""
+    def _kernel_near(self, v: torch.Tensor, e: torch.Tensor | Prefilter, factor: float, fv: np.ndarray,
+                     fo: np.ndarray, cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
+        """v rounded into out (their flat views fv and fo, which may be fv), and in cand[:count] and held[:count]
+        the candidate positions for a band of factor * e and v's values there: (count, the first bad position or
+        -1)."""
         fused = self._fused
         if isinstance(e, Prefilter):
             if self._cast32(v):  # the kernel builds U as it goes
                 # (and drops the sums with no nonzero term as it goes: `_settle` need not)
-                return fused.round_near_outer(fused.flat(v), e.rows, e.cols, e.add, factor, self._limit,
-                                              fused.flat(out), cand, held, self._plus, e.support)
+                return fused.round_near_outer(fv, e.rows, e.cols, e.add, factor, self._limit, fo, cand, held,
+                                              self._plus, e.support)
             e = e.upper()
-        return fused.round_near(fused.flat(v), fused.flat(e), factor, self.bits - 9, self._limit, fused.flat(out),
-                                cand, held, self._plus)
+        return fused.round_near(fv, fused.flat(e), factor, self.bits - 9, self._limit, fo, cand, held, self._plus)
 
     def _prefilter(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int) -> Prefilter | None:
         """Output i's norm pre-filter (vtrain.prefilter), where the op has one and it applies: built for all
@@ -778,21 +794,20 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         return full[i].expand(v.shape).reshape(-1)[pos]
 
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], held: np.ndarray, r: torch.Tensor,
-                      cand: torch.Tensor, band: torch.Tensor | None, e: torch.Tensor | None = None,
+                      idx: np.ndarray, ww: np.ndarray | None, e: np.ndarray | None = None,
                       certify: Any = None) -> SiteLog:
-        """The log entries of one output: the candidates (see _candidates; `held`: the unrounded values there)
-        within `band` (at them) of a boundary, less those `certify` (with E at them, `e`) proves exact: an
-        exact tie of a quantised sum is a tie on every device, and round-half-even settles it."""
-        if cand.numel() == 0 or band is None:
+        """The log entries of one output: the candidates (flat positions idx, see _candidates; `held`: the
+        unrounded values there) within the band `ww` (at them) of a boundary, less those `certify` (with E at
+        them, `e`) proves exact: an exact tie of a quantised sum is a tie on every device, and round-half-even
+        settles it."""
+        if idx.size == 0 or ww is None:
             return SiteLog(site, op, shape)
-        idx = cand.cpu().numpy()
-        ww = band.cpu().numpy()
         rr = _at(r, idx)
         near_lo, logged, wide = self._classify(held, rr, ww)
         if certify is not None and logged.any():
             sel = np.flatnonzero(logged)
             # (gathered in numpy: torch indexing costs ~20 us a call here; the certifiers read numpy anyway)
-            exact = certify(torch.from_numpy(idx[sel]), e.cpu().numpy()[sel], held[sel])
+            exact = certify(torch.from_numpy(idx[sel]), e[sel], held[sel])
             if exact is not None:
                 exact = exact.cpu().numpy()
                 logged[sel[exact]] = False
