@@ -1067,6 +1067,26 @@ def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: tor
         assert got.tolist() == want.tolist() and want.any() and not want.all(), name
         assert not (got[c == 3].any() or got[(n == 0) & (c == 6)].any()), name  # (the zeros' and the NaN's columns)
         assert not none.any()  # (the answer is a new array)
+        # The one compiled pass over both rules (`_all_refused`) answers as the two together: held zeros (lsb inf) and
+        # a NaN rule nothing out, so the samples decide, on the positions they refuse and on those and one they leave
+        # open; values that rule a position out refuse it whatever its samples say.
+        monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
+        held = np.zeros(len(pos))
+        held[0] = math.nan
+        refused, open_ = torch.from_numpy(np.flatnonzero(want)), torch.from_numpy(np.flatnonzero(~want))
+        for sel, answer in ((refused, True), (torch.cat([refused, open_[-1:]]), False), (open_, False)):
+            sub = resolve._sum_bound(e[sel], k, out)
+            together = resolve._sampled_out(op, args, {}, sub, k, out, pos[sel], resolve._ruled_out(held[sel], sub))
+            assert together.all() == answer
+            assert resolve._all_refused(op, args, {}, sub, k, out, pos[sel], held[sel]) is answer
+        # (a lowest set bit far below every finite S: each value rules its sum out, but not where S is NaN, the
+        # NaN's column; float32 values take the two rules apart: None)
+        tiny, finite = np.full(len(pos), 2.0**-1074), np.isfinite(bound[0])
+        for sel, answer in ((torch.from_numpy(np.flatnonzero(finite)), True), (torch.arange(len(pos)), False)):
+            sub = resolve._sum_bound(e[sel], k, out)
+            assert resolve._all_refused(op, args, {}, sub, k, out, pos[sel], tiny[sel]) is (answer or bool(finite.all()))
+        assert resolve._all_refused(op, args, {}, bound, k, out, pos, tiny.astype(np.float32)) is None
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("dim", [0, 1])
