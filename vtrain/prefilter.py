@@ -855,6 +855,34 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy()
 
 
+_NO_BIAS_2D = np.zeros((0, 0))
+
+
+@njit(cache=True, nogil=True)
+def _e_at(a: np.ndarray, b: np.ndarray, by_rows: bool, pos: np.ndarray, alpha: float, bias: np.ndarray, beta: float,
+          g: float) -> np.ndarray:
+    """gamma (|alpha| sum_k |a_ik| |b_kj| + |beta| |bias_ij|) at flat positions pos of the (B, M, N) output, in
+    float64, in this order (`_matmul_at`'s; a term with alpha or beta 0 left out, as torch leaves it out whatever
+    it holds, inf and NaN included; bias (M, N), (0, 0) for none). by_rows: b is laid out row-major
+    (`_abs_dots_by_rows`), else along k (`_abs_dots`)."""
+    m, n = a.shape[1], b.shape[2]
+    batch, rem = pos // (m * n), pos % (m * n)
+    rows, cols = rem // n, rem % n
+    e = np.zeros(pos.size)
+    if alpha != 0:
+        if by_rows:
+            _abs_dots_by_rows(a, b, batch, rows, cols, e)
+        else:
+            _abs_dots(a, b, batch, rows, cols, e)
+        if alpha != 1:
+            e *= abs(alpha)
+    if bias.size and beta != 0:
+        for t in range(pos.size):
+            e[t] += abs(beta) * np.float64(abs(bias[rows[t], cols[t]]))
+    e *= g
+    return e
+
+
 def _matmul_at(func: Any) -> PositionBound:
     on_device = bounds.BOUNDS_AT[func]  # other devices gather in torch
 
@@ -867,20 +895,13 @@ def _matmul_at(func: Any) -> PositionBound:
             return on_device(args, kwargs, outs, i, pos)
         bias, beta, alpha, a, b, terms = _mm_operands(func, args, kwargs)
         u, k = unit_roundoff(v.dtype), a.shape[-1] + terms
-        m, n = a.shape[1], b.shape[2]
-        batch, rem = np.divmod(pos.numpy().astype(np.int64, copy=False), m * n)
-        rows, cols = np.divmod(rem, n)
-        # In numpy, as the dots: an op's few positions cost a fraction of torch's per-call time (~20 us a matmul)
-        e = np.zeros(rows.size)
-        # alpha 0 and beta 0: torch skips that term whatever it holds (inf and NaN included), and so does E
-        if alpha != 0:
-            dots = _abs_dots_by_rows if b.stride(1) > b.stride(2) else _abs_dots
-            dots(_numpy(a), _numpy(b), batch, rows, cols, e)
-            if alpha != 1:
-                e *= abs(alpha)
-        if bias is not None and beta != 0:  # (addmm: v is (m, n); indexed by row and column, no copy)
-            e += abs(beta) * np.abs(np.broadcast_to(_numpy(bias), v.shape)[rows, cols]).astype(np.float64)
-        e *= gamma(k, u)
+        # In one compiled call: an op's few positions cost a fraction of torch's per-call time (~20 us a matmul),
+        # and of the ~10 numpy calls that took it apart. (addmm's bias: v is (m, n), its rows and columns a
+        # broadcast view's, no copy.)
+        with_bias = bias is not None and beta != 0
+        e = _e_at(_numpy(a), _numpy(b), b.stride(1) > b.stride(2), pos.numpy().astype(np.int64, copy=False),
+                  float(alpha), np.broadcast_to(_numpy(bias), v.shape) if with_bias else _NO_BIAS_2D, float(beta),
+                  gamma(k, u))
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
         return torch.from_numpy(_finish(e.astype(_NUMPY_DTYPES[v.dtype], copy=False), k, u, v.dtype))
 
