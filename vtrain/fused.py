@@ -552,11 +552,25 @@ def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], te
         x = vb[j]
         r, near, bad = _near32(x, band(j, x, terms), factor, limit)
         keep[j] = x
-        dest[j] = x + 0.0 if bad else r + plus
+        # (every value's rounding stored, the off-grid ones put back below: a select here cost ~10 % of the pass,
+        # 1.14 against 1.06 ms on a 1M-value matmul output with 0.1 % candidates, session 47)
+        dest[j] = r + plus
         flags[j] = near
         nflag += near
         nbad += bad
+    if nbad:  # (the values as they were: in keep where dest is vb, else in vb)
+        _keep_off_grid(keep if _same(vb, dest) else vb, dest, limit)
     return nflag, nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _keep_off_grid(src: np.ndarray, dest: np.ndarray, limit: float) -> None:
+    """dest[j] = src[j] + 0.0 (the value as it was, a NaN quieted) where `_near32` finds src[j] off the grid, for
+    dest's values (src may be a longer block buffer)."""
+    for j in range(dest.size):
+        x = src[j]
+        if not abs(np.float64(np.float32(x))) <= limit:
+            dest[j] = x + 0.0
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -576,12 +590,15 @@ def _finish_block(keep: np.ndarray, flags: np.ndarray, nflag: int, offset: int, 
                   held: np.ndarray, count: int) -> int:
     """Append offset + j and keep[j] (the block's unrounded values) for the flagged j to cand[:count] and
     held[:count]; the new count. (Only blocks with a candidate scan their flags: candidates are ~0.1 % of
-    the values.)"""
+    the values, so ~40 % of 512-value blocks have one, and a branch on each flag, almost always not taken,
+    beats appending every value branch-free: 1.14 against 1.49 ms a 1M-value matmul output at 0.1 %
+    candidates, 0.99 against 0.99 at 0.002 %; session 47.)"""
     if nflag:
         for j in range(keep.size):
-            cand[count] = offset + j
-            held[count] = keep[j]
-            count += flags[j]
+            if flags[j]:
+                cand[count] = offset + j
+                held[count] = keep[j]
+                count += 1
     return count
 
 

@@ -86,6 +86,33 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
         assert np.array_equal(out, want, equal_nan=True), (bad, out)  # rounded but for the values off the grid
 
 
+@pytest.mark.parametrize("size", [1, 700, 3 * fused.NEAR_BLOCK])
+def test_values_off_the_grid_in_a_short_block_are_put_back_within_it(size: int) -> None:
+    # The band kernels store every value's rounding and then put the values off the grid back (as they were, a NaN
+    # quieted) from the block's kept copy, which in place is a whole NEAR_BLOCK buffer: a block shorter than that
+    # (a row's last, or the array's) takes back its own values only, and the memory after the output is untouched.
+    top = grid_max(32)
+    x = np.resize(np.array([1.0 + 2.0**-40, -3.0, 0.1]), size)
+    x[-1], x[size // 2] = np.nan, -np.inf
+    rows, cols, add = np.full((1, 1), 2.0**-30), np.ones((1, size)), np.zeros((1, size))
+    kernels = [lambda v, o, c, h: fused.round_near(v, np.full(size, 2.0**-30), 1.0, 23, top, o, c, h),
+               lambda v, o, c, h: fused.round_near_relative(v, 2.0**-30, 0.0, 1.0, 0.0, 1.0, top, o, c, h, -0.0),
+               lambda v, o, c, h: fused.round_near_outer(v, rows, cols, add, 1.0, top, o, c, h, -0.0)]
+    want = np.float32(x).astype(np.float64)
+    off = ~np.isfinite(want)
+    want[off] = x[off]
+    for kernel in kernels:
+        for in_place in (True, False):
+            memory = np.full(size + 64, 7.0)  # (the output, then 64 values that nothing may write)
+            v = memory[:size] if in_place else x.copy()
+            if in_place:
+                v[:] = x
+            cand, held = np.empty(size, np.int64), np.empty(size)
+            _, bad = kernel(v, memory[:size], cand, held)
+            assert bad == (size // 2 if size > 1 else size - 1)
+            assert np.array_equal(memory[:size], want, equal_nan=True) and (memory[size:] == 7.0).all()
+
+
 @pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
 def test_round_near_gives_the_torch_candidates(bits: int, dtype: np.dtype) -> None:
     # and values just above powers of two, rounding down onto them: there the spacing below r is half the
