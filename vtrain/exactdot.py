@@ -484,7 +484,8 @@ def _side(direct: bool, x2: np.ndarray, x: np.ndarray, batch: np.ndarray, line: 
     them cost ~20 % of the resolution's time at GPT-2-tiny d_model 512: docs/benchmarks.md, session 28.)"""
     top = x.shape[0] * x.shape[1]
     keys = batch * x.shape[1] + line
-    if keys.size and (keys.min() < 0 or keys.max() >= top):
+    # (each index in its own range: a key in range alone let (0, R) read batch 1's first line)
+    if keys.size and (batch.min() < 0 or batch.max() >= x.shape[0] or line.min() < 0 or line.max() >= x.shape[1]):
         return x2[:0], np.zeros(0, np.int8), keys, False
     if direct:
         return x2, np.full(top, -1, np.int8), keys, True

@@ -31,7 +31,7 @@ from vtrain.bounds import _floor_unit, gamma, unit_roundoff
 aten = torch.ops.aten
 
 INLINE_PRODUCTS = 1 << 24
-_NO_BIAS = np.zeros((0, 0))
+NO_BIAS = np.zeros((0, 0))  # (no bias: a matmul's, for the kernels that take one as a 2-d array)
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def _inline(func: Any) -> InlineBound:
         kk = k + terms
         g = gamma(kk, unit_roundoff(v.dtype))
         # (beta 0: torch ignores the bias)
-        bias_np = _NO_BIAS if bias is None or beta == 0 else _numpy(bias.expand(v.shape))
+        bias_np = NO_BIAS if bias is None or beta == 0 else _numpy(bias.expand(v.shape))
         a_np, b_np = _numpy(a), _numpy(b)
         if a_np.ndim == 2:  # a batch of one
             a_np, b_np = a_np[None], b_np[None]

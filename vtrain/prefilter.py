@@ -65,7 +65,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from vtrain import bounds, fused, omp
+from vtrain import bounds, fused, inline, omp
 from vtrain.bounds import PositionBound, _finish, _floor_unit, _mm_operands, gamma, unit_roundoff
 
 aten = torch.ops.aten
@@ -139,7 +139,13 @@ def _envelope(kk: int, k: int, largest: float, dtype: torch.dtype) -> tuple[floa
     (A review found U below the full bound with 2^-148 where products of operands near 2^-72 fell below
     float32's normal range.)"""
     factor, c, head, tail = _envelope_terms(kk, k, dtype)
-    return factor, head * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + tail
+    return factor, _envelope_floor(largest, c, head, tail)
+
+
+@njit(cache=True, nogil=True)
+def _envelope_floor(largest: float, c: float, head: float, tail: float) -> float:
+    """`_envelope`'s floor from `_envelope_terms`' (c, head, tail) (compiled: `_upper_terms` takes it too)."""
+    return head * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + tail
 
 
 @functools.lru_cache(maxsize=1024)
@@ -196,10 +202,9 @@ def _matmul_upper(func: Any) -> Upper:
             bias_abs = np.broadcast_to(bias_abs, v.shape).max(0) if bias_abs.ndim == 2 \
                 else np.broadcast_to(bias_abs, (b.shape[2],))
         factor, c, head, tail = _envelope_terms(kk, k, v.dtype)  # (the factor goes into the short row norms)
-        # (an infinite factor: a gamma of 2^24 terms or more in float32's, of 2^53 in float64's)
         add = np.empty(cols.shape)
-        applies, empty_lines = _upper_terms(rows, cols, abs(alpha), bias_abs, abs(beta), factor, c, head, tail,
-                                           v.dtype == torch.float64, add)
+        applies, empty_lines = _upper_terms(rows, cols, float(abs(alpha)), bias_abs, float(abs(beta)), factor, c,
+                                           head, tail, v.dtype == torch.float64, add)
         if not applies:
             return None
         # No nonzero-term filter for an input gradient: its W is dense, so the filter would drop nothing, and its
@@ -249,9 +254,10 @@ def _upper_terms(rows: np.ndarray, cols: np.ndarray, alpha: float, bias: np.ndar
         bias_max = _largest(bias)
         largest = bias_max if bias_max > largest else largest
         scale += beta * bias_max
-    floor = head * (1 + 3 * largest * (1 + 2.0**-8)) * c * (1 + 2.0**-8) + tail  # (`_envelope`'s)
+    floor = _envelope_floor(largest, c, head, tail)
     # float64 holds U below 2^1000; float32 work's full bound overflows (to an infinite E, which U would not
-    # cover) once its float32 sums pass 2^128
+    # cover) once its float32 sums pass 2^128; an infinite factor: a gamma of 2^24 terms or more in float32's,
+    # of 2^53 in float64's
     if not (math.isfinite(factor) and largest < 2.0**400 and (float64 or scale < 2.0**126)):
         return False, False
     # (lines of zeros only, which have norm zero: see `_one`; looked for only where the floor is that large)
@@ -884,9 +890,6 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
     return (t.detach() if t.requires_grad else t).numpy()
 
 
-_NO_BIAS_2D = np.zeros((0, 0))
-
-
 @njit(cache=True, nogil=True)
 def _e_at(a: np.ndarray, b: np.ndarray, by_rows: bool, pos: np.ndarray, alpha: float, bias: np.ndarray, beta: float,
           g: float) -> np.ndarray:
@@ -929,7 +932,7 @@ def _matmul_at(func: Any) -> PositionBound:
         # broadcast view's, no copy.)
         with_bias = bias is not None and beta != 0
         e = _e_at(_numpy(a), _numpy(b), b.stride(1) > b.stride(2), pos.numpy().astype(np.int64, copy=False),
-                  float(alpha), np.broadcast_to(_numpy(bias), v.shape) if with_bias else _NO_BIAS_2D, float(beta),
+                  float(alpha), np.broadcast_to(_numpy(bias), v.shape) if with_bias else inline.NO_BIAS, float(beta),
                   gamma(k, u))
         # (float32 work: rounding the float64 sum to float32 takes 2^-24 of _finish's 2^-20 slack)
         return torch.from_numpy(_finish(e.astype(_NUMPY_DTYPES[v.dtype], copy=False), k, u, v.dtype))

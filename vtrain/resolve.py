@@ -1318,7 +1318,7 @@ def _all_refused(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: 
         return None
     (abits, am), (bbits, bm) = lines
     return _refuse_all(held.view(np.int64), s_upper, 2.0**p, abits, am, *a.stride(), bbits, bm, *b.stride(),
-                       pos.numpy(), *out.shape[-2:], min(k, _SAMPLE))
+                       pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE))
 
 
 @njit(cache=True, nogil=True)

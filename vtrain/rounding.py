@@ -426,8 +426,9 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                     ww = None if e_np is None or not idx.size else e_np * (2 * BAND_SLACK)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
-                    idx = self._candidates(v, r, band).cpu().numpy()
-                    ww, e_np, values = band.cpu().numpy()[idx], None, _at(v, idx)
+                    cand = self._candidates(v, r, band)
+                    idx = cand.cpu().numpy()
+                    ww, e_np, values = band[cand].cpu().numpy(), None, _at(v, idx)
                 entry = self._find_entries(site, spec.name, shape, values, r, idx, ww, e_np, certify)
                 self._sites.append(entry)
                 self._offsets.append(offset)
@@ -678,8 +679,8 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             bad = fused.round_in_place(fv, m, self._limit)
         else:
             bad = fused.round_into(fv, fo, m, self._limit)
-        if self.exact:
-            fo += 0.0  # (the kernels below do it as they round)
+        if self.exact:  # (the kernels below do it as they round; out is fresh, so no cache keys on its version)
+            fo += 0.0
         return bad
 
     def _kernel_near(self, v: torch.Tensor, e: torch.Tensor | Prefilter, factor: float, fv: np.ndarray,

@@ -277,6 +277,21 @@ def test_empty_sums_are_their_addends(dtype: type) -> None:
     assert got.tolist() == [1.5, 0.25]
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("batch,row,col", [(2, 0, 0), (-1, 0, 0), (0, 3, 0), (1, -1, 0), (0, 0, 4), (0, 0, -1)])
+def test_a_position_outside_the_operands_is_an_error(dtype: type, batch: int, row: int, col: int) -> None:
+    # Each index against its own axis (numba reads unchecked): a batch, row or column out of range, also where the
+    # flat line key would be in range ((0, 3) is batch 1's first row), raises, with the lines read in place (float64,
+    # row-major) or copied (float32), and a transposed b (its columns in place) alike.
+    gen = np.random.default_rng(5)
+    a = gen.standard_normal((2, 3, 4)).astype(dtype)
+    square = gen.standard_normal((2, 4, 4)).astype(dtype)
+    for b in (square, square.transpose(0, 2, 1)):
+        with pytest.raises(exactmath.ExactMathError, match="outside the operands"):
+            exactdot.rounded_dots_at(a, b, np.array([0, batch]), np.array([0, row]), np.array([1, col]), 32)
+        assert exactdot.rounded_dots_at(a, b, np.array([1]), np.array([2]), np.array([3]), 32).shape == (1,)
+
+
 def _short_reference(x: float) -> bool:
     """exactdot.short's definition for one value, on the rational value: 0, or <= 24 significant bits and a magnitude
     in [2^-149, 2^128)."""
