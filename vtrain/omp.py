@@ -94,11 +94,10 @@ _CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 def run(kernel: int, block: np.ndarray, threads: int) -> None:
     """Run the C function at address `kernel` on `threads` threads of torch's OpenMP team, each given the
-    int64 array `block` (its last block[1] values, one a part, flag the parts taken: set to 0 here), and return
+    int64 array `block` (from block[0] on, one a part, the flags of the parts taken: set to 0 here), and return
     once all are done. Without libgomp (`parts` then never splits a pass, but a test may ask for parts), this
     thread alone runs it: the function takes every part in turn."""
-    parts = int(block[1])
-    block[block.size - parts:] = 0
+    block[int(block[0]):] = 0
     parallel = _parallel()
     if parallel is None or threads == 1:
         _CALLBACK(kernel)(block.ctypes.data)

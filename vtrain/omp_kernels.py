@@ -32,7 +32,7 @@ from vtrain import fused, fused_binary, fused_optim, omp, prefilter
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
-_HEAD = 2  # block[0]: unused; block[1]: the number of parts
+_HEAD = 2  # block[0]: where the parts' flags begin (the block's last block[1] values); block[1]: the number of parts
 
 # The callbacks ask libgomp for their thread's number in the team by a symbol of ours: the compiled code in numba's
 # cache names it, and the name is bound here, in every process, before the callbacks are compiled or loaded. Without
@@ -69,11 +69,11 @@ def _take(typingctx, block, index):  # noqa: ANN001, ANN202
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _part(block: Any, flags: int, j: int, parts: int) -> int:
+def _part(block: Any, j: int, parts: int) -> int:
     """The j-th part this thread tries (its own, thread t's part t, first, then the next ones round), or -1 where
-    another thread has taken it; flags: where the block's part flags begin."""
+    another thread has taken it (`_take`, of the part's flag past block[0])."""
     p = (_thread() + j) % parts
-    return p if _take(block, flags + p) else -1
+    return p if _take(block, block[0] + p) else -1
 
 
 def _cut(size: int, part: int, parts: int, grain: int) -> int:
@@ -90,12 +90,18 @@ def _floats(*values: float) -> np.ndarray:
 
 def _block(parts: int, fields: list[int], count: int, results: int) -> np.ndarray:
     """An argument block: the head, the fields (`count` of them, as the callback reads them), `results` slots for
-    each part, and a flag for each part (`_part`)."""
+    each part (`_slots`), and a flag for each part (`_part`)."""
     assert len(fields) == count, "a callback's fields and its caller's differ"
     block = np.zeros(_HEAD + len(fields) + (results + 1) * parts, np.int64)
-    block[1] = parts
+    block[0], block[1] = block.size - parts, parts
     block[_HEAD:_HEAD + len(fields)] = fields
     return block
+
+
+def _slots(block: np.ndarray, results: int) -> np.ndarray:
+    """The parts' result slots of a block that ran (`_block`'s), a row a part."""
+    flags, parts = int(block[0]), int(block[1])
+    return block[flags - results * parts:flags].reshape(parts, results)
 
 
 def _address(a: np.ndarray | None) -> int:
@@ -119,13 +125,12 @@ def _require(dtype: type, *arrays: np.ndarray | None) -> None:
                             f"strides {a.strides}")
 
 
-def _gather(block: np.ndarray, at: int, starts: list[int], cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
-    """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad) at block[at:],
-    the parts' candidates moved from cand[start:start + count] (positions counted from start) and held's alongside
-    to the front, in order."""
+def _gather(block: np.ndarray, starts: list[int], cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
+    """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad), the parts'
+    candidates moved from cand[start:start + count] (positions counted from start) and held's alongside to the
+    front, in order."""
     total, bad = 0, -1
-    for p, start in enumerate(starts):
-        found, first_bad = int(block[at + 2 * p]), int(block[at + 2 * p + 1])
+    for (found, first_bad), start in zip(_slots(block, 2).tolist(), starts):
         if found:
             if start != total:
                 for a in (cand, held):
@@ -150,7 +155,7 @@ def _binary_part(d):  # noqa: ANN001, ANN202
     sa, sb, dims = blk[5:9], blk[11:15], blk[15:19]
     limit = carray(_pointer(blk[22], np.float64), 1)[0]
     for j in range(parts):
-        p = _part(d, _HEAD + _B_FIELDS + parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
@@ -171,7 +176,7 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
     block = _block(parts, [code, _address(a), a.size, *sa.tolist(), _address(b), b.size, *sb.tolist(),
                            *dims.tolist(), _address(out), m, cast32, _address(floats), size], _B_FIELDS, 1)
     omp.run(_binary_part.address, block, parts)
-    return sum(block[_HEAD + _B_FIELDS:_HEAD + _B_FIELDS + parts].tolist())
+    return int(_slots(block, 1).sum())
 
 
 # fused.round_near (bits = 32) and round_near_relative: fields v, out, cand, held (addresses), size, e (address,
@@ -186,7 +191,7 @@ def _near_part(d):  # noqa: ANN001, ANN202
     floats = carray(_pointer(blk[9], np.float64), 7)
     factor, limit, plus, k, a, c, f = floats[0], floats[1], floats[2], floats[3], floats[4], floats[5], floats[6]
     for j in range(parts):
-        p = _part(d, _HEAD + _N_FIELDS + 2 * parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
@@ -216,7 +221,7 @@ def round_near32(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarra
                            _address(e), 0 if e is None else e.size, _address(floats)], _N_FIELDS, 2)
     omp.run(_near_part.address, block, parts)
     starts = [_cut(size, p, parts, NEAR_BLOCK) for p in range(parts)]
-    return _gather(block, _HEAD + _N_FIELDS, starts, cand, held)
+    return _gather(block, starts, cand, held)
 
 
 # fused.round_near_outer: fields v, out, cand, held (addresses), batches, rows a batch, columns, rows, cols, add,
@@ -232,7 +237,7 @@ def _outer_part(d):  # noqa: ANN001, ANN202
     floats = carray(_pointer(blk[15], np.float64), 3)
     size = m if batches == 1 else batches  # (the units the parts are cut in)
     for j in range(parts):
-        p = _part(d, _HEAD + _O_FIELDS + 2 * parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
@@ -277,7 +282,7 @@ def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.nda
     omp.run(_outer_part.address, block, parts)
     per_unit = n if batches == 1 else m * n
     starts = [_cut(units, p, parts, 1) * per_unit for p in range(parts)]
-    return _gather(block, _HEAD + _O_FIELDS, starts, cand, held)
+    return _gather(block, starts, cand, held)
 
 
 # fused.round_in_place and round_into (float64 values): fields v, out (0: in place), size, m, cast32, floats
@@ -291,7 +296,7 @@ def _round_part(d):  # noqa: ANN001, ANN202
     parts, size, m, cast32 = blk[1], blk[4], blk[5], blk[6] != 0
     limit = carray(_pointer(blk[7], np.float64), 1)[0]
     for j in range(parts):
-        p = _part(d, _HEAD + _R_FIELDS + parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
@@ -312,8 +317,7 @@ def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, lim
     size = v.size
     block = _block(parts, [_address(v), _address(out), size, m, m == 23, _address(floats)], _R_FIELDS, 1)
     omp.run(_round_part.address, block, parts)
-    for p in range(parts):
-        bad = int(block[_HEAD + _R_FIELDS + p])
+    for p, bad in enumerate(_slots(block, 1)[:, 0].tolist()):
         if bad >= 0:
             return _cut(size, p, parts, NEAR_BLOCK) + bad
     return -1
@@ -332,7 +336,7 @@ def _lanes_part(d):  # noqa: ANN001, ANN202
     total, out = carray(_pointer(blk[6], np.float64), kept), carray(_pointer(blk[7], np.float64), kept)
     divisor = carray(_pointer(blk[8], np.float64), 1)[0]
     for j in range(parts):
-        p = _part(d, _HEAD + _S_FIELDS, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         fused._lane_sums_with_abs(x, total, out, divisor, _jit_cut(kept, p, parts, 1), _jit_cut(kept, p + 1, parts, 1))
@@ -366,7 +370,7 @@ def _update_part(d):  # noqa: ANN001, ANN202
     coef = carray(_pointer(blk[5], np.float64), (count, 8))
     limit = carray(_pointer(blk[8], np.float64), 1)[0]
     for j in range(parts):
-        p = _part(d, _HEAD + _U_FIELDS + 2 * parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
@@ -408,7 +412,7 @@ def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: 
     block = _block(parts, [kind, _address(table), len(arrays), _address(coef), m, start, _address(floats)],
                    _U_FIELDS, 2)
     omp.run(_update_part.address, block, parts)
-    slots = block[_HEAD + _U_FIELDS:_HEAD + _U_FIELDS + 2 * parts].reshape(parts, 2)
+    slots = _slots(block, 2)
     first = int(slots[:, 0].min())
     return (-1, 0) if first == len(arrays) else (first, int(np.bitwise_or.reduce(slots[slots[:, 0] == first, 1])))
 
@@ -429,7 +433,7 @@ def _norms_part(d):  # noqa: ANN001, ANN202
     sq = carray(_pointer(blk[6], np.float64), (blocks, width))
     zc = carray(_pointer(blk[7], np.int64), (parts, width))
     for j in range(parts):
-        p = _part(d, _HEAD + _M_FIELDS + 2 * parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         at = _HEAD + _M_FIELDS + 2 * p
@@ -445,7 +449,7 @@ def norms(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tupl
     sq, zc = np.zeros((prefilter.norm_blocks(n), width)), np.zeros((parts, width), np.int64)
     block = _block(parts, [_address(x), n, width, _address(rows), _address(sq), _address(zc)], _M_FIELDS, 2)
     omp.run(_norms_part.address, block, parts)
-    slots = block[_HEAD + _M_FIELDS:_HEAD + _M_FIELDS + 2 * parts].reshape(parts, 2)
+    slots = _slots(block, 2)
     return prefilter.norms_finish(sq, zc.sum(0), rows, cols, int(slots[:, 0].sum()), int(slots[:, 1].max()))
 
 
@@ -461,7 +465,7 @@ def _norms_batched_part(d):  # noqa: ANN001, ANN202
     x = carray(_pointer(blk[2], np.float64), (batches, m, k))
     rows, cols = carray(_pointer(blk[6], np.float64), (batches, m)), carray(_pointer(blk[7], np.float64), (batches, k))
     for j in range(parts):
-        p = _part(d, _HEAD + _BN_FIELDS + 4 * parts, j, parts)
+        p = _part(d, j, parts)
         if p < 0:
             continue
         lo, hi = _jit_cut(batches, p, parts, 1), _jit_cut(batches, p + 1, parts, 1)
@@ -476,5 +480,5 @@ def norms_batched(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray)
     _require(np.float64, x, rows, cols)
     block = _block(parts, [_address(x), *x.shape, _address(rows), _address(cols)], _BN_FIELDS, 4)
     omp.run(_norms_batched_part.address, block, parts)
-    slots = block[_HEAD + _BN_FIELDS:_HEAD + _BN_FIELDS + 4 * parts].reshape(parts, 4)
+    slots = _slots(block, 4)
     return bool(slots[:, 0].all()), int(slots[:, 1].sum()), int(slots[:, 2].max()), int(slots[:, 3].max())
