@@ -308,7 +308,7 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
             ob = out[start:stop]
             nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, ob, ob, flags, plus)
         nbad += bad
-        count = _finish_block(keep[:vb.size] if same else vb, flags, nflag, start, cand, held, count)
+        count = _finish_block(keep if same else vb, vb.size, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
 
 
@@ -329,7 +329,7 @@ def _round_near32_relative(v: np.ndarray, k: float, a: float, c: float, f: float
             ob = out[start:stop]
             nflag, bad = _near_block32(vb, _band_relative, terms, factor, limit, ob, ob, flags, plus)
         nbad += bad
-        count = _finish_block(keep[:vb.size] if same else vb, flags, nflag, start, cand, held, count)
+        count = _finish_block(keep if same else vb, vb.size, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
 
 
@@ -341,10 +341,26 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
     # add[n, j] (float64, two roundings), computed in the pass itself: a matmul's pre-filter
     # (vtrain.prefilter) with no U in memory. (Written to a block buffer first and read back, U cost a
     # second pass: 1.57 against 0.83 ms on 1M values.)
+    if _same(v, out):
+        count, nbad = _outer_pass(v, rows, cols, add, factor, limit, None, cand, held, plus, sa, sb)
+    else:
+        count, nbad = _outer_pass(v, rows, cols, add, factor, limit, out, cand, held, plus, sa, sb)
+    return count, _first_bad(out, limit) if nbad else -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _outer_pass(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray, factor: float, limit: float,
+                out: np.ndarray | None, cand: np.ndarray, held: np.ndarray, plus: float, sa: np.ndarray,
+                sb: np.ndarray) -> tuple[int, int]:
+    """`_round_near32_outer`'s pass, in place for out None: (the candidate count, the off-grid count). In place or
+    not is the argument's type, so numba compiles each pass on its own, with no choice in the loop over blocks.
+    With the choice made there, from a flag (and the off-grid values put back after each block's loop, see
+    `_near_block32`), a block cost ~60 ns besides its values, and a matmul's rows of 128 or 256 values are a
+    block each: GPT-2-tiny's 1024 x 256 output, in place, in cache, 0.30 against 0.54 ns a value, its 16 x 128 x
+    128 attention scores 0.32 against 0.79 (session 48)."""
     m, n_cols = rows.shape[1], cols.shape[1]
     count = nbad = 0
     flags, keep = _block_buffers(NEAR_BLOCK)
-    same = _same(v, out)
     for n in range(rows.shape[0]):
         cn, an = cols[n], add[n]
         for i in range(m):
@@ -353,13 +369,15 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
             for start in range(0, n_cols, NEAR_BLOCK):
                 stop = min(start + NEAR_BLOCK, n_cols)
                 vb, terms = v[row + start:row + stop], (ri, cn[start:stop], an[start:stop])
-                if same:
+                if out is None:
                     nflag, bad = _near_block32(vb, _band_outer, terms, factor, limit, vb, keep, flags, plus)
+                    src = keep
                 else:
                     ob = out[row + start:row + stop]
                     nflag, bad = _near_block32(vb, _band_outer, terms, factor, limit, ob, ob, flags, plus)
+                    src = vb
                 nbad += bad
-                new = _finish_block(keep[:vb.size] if same else vb, flags, nflag, row + start, cand, held, count)
+                new = _finish_block(src, vb.size, flags, nflag, row + start, cand, held, count)
                 if sa.size:
                     # (in a relu network's weight gradient ~4 % of all outputs, unit pairs never active
                     # together, which U cannot tell from others: checked on the new candidates only,
@@ -371,7 +389,7 @@ def _round_near32_outer(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: 
                         kept += x != 0.0 or _share_a_bit(sa[n, i], sb[n, c - row])
                     new = kept
                 count = new
-    return count, _first_bad(out, limit) if nbad else -1
+    return count, nbad
 
 
 # The bands of `_near_block32`, at value j (x) of a block: given per value (terms: (the block's bands,)), the matmul
@@ -461,7 +479,7 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
                     near = _near32(kb[t], eb[t], factor, limit)[1]
                     fb[t] = near
                     nflag -= not near
-            new = _finish_block(kb, fb, nflag, start, cand, held, count)
+            new = _finish_block(kb, size, fb, nflag, start, cand, held, count)
             for t in range(count, new):
                 e_cand[t] = eb[cand[t] - start]
             count = new
@@ -535,9 +553,11 @@ def _near32(x: float, e: float, factor: float, limit: float) -> tuple[float, boo
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], terms: tuple, factor: float,
                   limit: float, dest: np.ndarray, keep: np.ndarray, flags: np.ndarray, plus: float) -> tuple[int, int]:
-    """dest = vb rounded (bits = 32) + plus (a value off the grid as it was), keep = vb, flags = `_near32`'s
-    test against the band band(j, vb[j], terms) * factor; (the number of candidates, the number of off-grid
-    values). (`band`: a compiled function, which numba specialises and inlines.)
+    """dest = vb rounded (bits = 32) + plus (a value off the grid as it was, + 0.0: a NaN quieted), keep = vb,
+    flags = `_near32`'s test against the band band(j, vb[j], terms) * factor; (the number of candidates, the
+    number of off-grid values). (`band`: a compiled function, which numba specialises and inlines.) The off-grid
+    values are selected in the loop: put back after it, by a loop inlined into every block, they cost the
+    matmul pass ~25 ns a block though none was there (session 48).
 
     In place, the caller passes vb itself as dest, and a block buffer as keep, which then holds the values
     for the candidates; otherwise the output's block as both dest and keep (vb keeps its values). Either
@@ -552,25 +572,11 @@ def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], te
         x = vb[j]
         r, near, bad = _near32(x, band(j, x, terms), factor, limit)
         keep[j] = x
-        # (every value's rounding stored, the off-grid ones put back below: with a select here the pass took 1.14
-        # against 1.06 ms on a 1M-value matmul output with 0.1 % candidates, session 47)
-        dest[j] = r + plus
+        dest[j] = x + 0.0 if bad else r + plus
         flags[j] = near
         nflag += near
         nbad += bad
-    if nbad:  # (the values as they were: in keep where dest is vb, else in vb)
-        _keep_off_grid(keep if _same(vb, dest) else vb, dest, limit)
     return nflag, nbad
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _keep_off_grid(src: np.ndarray, dest: np.ndarray, limit: float) -> None:
-    """dest[j] = src[j] + 0.0 (the value as it was, a NaN quieted) where `_near32` finds src[j] off the grid, for
-    dest's values (src may be a longer block buffer)."""
-    for j in range(dest.size):
-        x = src[j]
-        if not abs(np.float64(np.float32(x))) <= limit:
-            dest[j] = x + 0.0
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -586,7 +592,7 @@ def _same(v: np.ndarray, out: np.ndarray) -> bool:
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _finish_block(keep: np.ndarray, flags: np.ndarray, nflag: int, offset: int, cand: np.ndarray,
+def _finish_block(keep: np.ndarray, size: int, flags: np.ndarray, nflag: int, offset: int, cand: np.ndarray,
                   held: np.ndarray, count: int) -> int:
     """Append offset + j and keep[j] (the block's unrounded values) for the flagged j to cand[:count] and
     held[:count]; the new count. (Only blocks with a candidate scan their flags: candidates are ~0.1 % of
@@ -594,7 +600,7 @@ def _finish_block(keep: np.ndarray, flags: np.ndarray, nflag: int, offset: int, 
     beats appending every value branch-free: the pass took 1.14 against 1.49 ms a 1M-value matmul output at
     0.1 % candidates, 0.99 against 0.99 at 0.002 %; session 47.)"""
     if nflag:
-        for j in range(keep.size):
+        for j in range(size):
             if flags[j]:
                 cand[count] = offset + j
                 held[count] = keep[j]
