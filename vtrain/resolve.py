@@ -1293,8 +1293,9 @@ def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: Bound | None,
         if refused is None:  # (the two rules one by one)
             ruled = _ruled_out(held, bound)
             refused = ruled.all() or _sampled_out(op, args, kwargs, bound, k, outs[i], pos, ruled, i).all()
-        if refused:
-            return torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
+        if refused:  # (numpy's zeros on the CPU: torch.zeros cost ~20 us a call in a training step, ~35 calls a step)
+            return torch.from_numpy(np.zeros(len(pos), np.bool_)) if pos.is_cpu else \
+                torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
     return certifier(args, kwargs, outs, e, i, pos)
 
 

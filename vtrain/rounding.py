@@ -548,8 +548,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         `held`, if known) is provably its exact value whatever order any device summed in (vtrain.resolve's
         certificates), or None: there every honest device holds the same value, so its rounding is nobody's
         choice (no log entry, no exact recomputation)."""
-        from vtrain.resolve import certify  # noqa: PLC0415 (resolve pulls in mpmath: only ops near a boundary pay)
-        return certify(spec.functional or func, args, kwargs, floats, e, i, pos, held)
+        return _resolve().certify(spec.functional or func, args, kwargs, floats, e, i, pos, held)
 
     def _round_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
                     bounds: list | None, in_place: bool = False) -> Near:
@@ -775,9 +774,8 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         return pos, torch.from_numpy(e_np[within]).to(e.device), held[within]
 
     def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
-        from vtrain.resolve import resolver_for  # noqa: PLC0415
         try:
-            return resolver_for(op)(args, kwargs, i, pos.cpu().numpy(), self.bits)
+            return _resolve().resolver_for(op)(args, kwargs, i, pos.cpu().numpy(), self.bits)
         except GridOverflowError as exc:
             raise self._diverged(spec, str(exc)) from None
 
@@ -805,15 +803,20 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             return SiteLog(site, op, shape)
         rr = _at(r, idx)
         near_lo, logged, wide = self._classify(held, rr, ww)
-        if certify is not None and logged.any():
-            sel = np.flatnonzero(logged)
+        # (the numpy calls here cost ~10-20 us each in a step, so each question is asked once: the logged positions'
+        # count from `sel`, the certified ones' from their positions)
+        sel = np.flatnonzero(logged)
+        if certify is not None and sel.size:
             # (gathered in numpy: torch indexing costs ~20 us a call here; the certifiers read numpy anyway)
             exact = certify(torch.from_numpy(idx[sel]), e[sel], held[sel])
             if exact is not None:
                 exact = exact.cpu().numpy()
-                logged[sel[exact]] = False
-                self._counts["certified"] += int(exact.sum())
-        if not logged.any():  # (the common outcome: exact ties, all certified)
+                certified = sel[exact]
+                logged[certified] = False
+                self._counts["certified"] += certified.size
+                if certified.size == sel.size:  # (the common outcome: exact ties, all certified)
+                    return SiteLog(site, op, shape)
+        if not sel.size:
             return SiteLog(site, op, shape)
         as_value = logged & wide if self.policy == "bound" else np.zeros_like(logged)
         as_dir = logged & ~as_value
@@ -941,6 +944,14 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         if changed.any():
             r.view(-1)[torch.from_numpy(pos[changed]).to(dev)] = torch.from_numpy(claim[changed]).to(dev)
         return r
+
+
+@functools.cache
+def _resolve() -> Any:
+    """vtrain.resolve, imported at its first use: it pulls in mpmath, which only ops near a boundary need. (An
+    import statement in the function that asks costs ~10 us a call in a training step, ~55 calls a step.)"""
+    import vtrain.resolve  # noqa: PLC0415
+    return vtrain.resolve
 
 
 def active_rounding() -> RoundedExecution | None:
