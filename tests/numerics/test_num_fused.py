@@ -87,23 +87,26 @@ def test_off_grid_values_are_reported_at_their_first_position(bits: int) -> None
 
 
 @pytest.mark.parametrize("size", [1, 700, 3 * fused.NEAR_BLOCK])
-def test_values_off_the_grid_in_a_short_block_are_put_back_within_it(size: int) -> None:
-    # The band kernels store every value's rounding and then put the values off the grid back (as they were, a NaN
-    # quieted) from the block's kept copy, which in place is a whole NEAR_BLOCK buffer: a block shorter than that
-    # (a row's last, or the array's) takes back its own values only, and the memory after the output is untouched.
-    # (a finite value beyond the grid, whose rounding is inf, shows which copy it was put back from; the first
-    # block's, at a position past the short last block's end, would be put back there again by a loop over the
-    # whole buffer, into memory after the output)
+def test_values_off_the_grid_in_a_short_block_stay_as_they_were_within_it(size: int) -> None:
+    # The band kernels leave the values off the grid as they were (a NaN quieted), in place too, where the block's
+    # values are kept in a whole NEAR_BLOCK buffer: a block shorter than that (a row's last, or the array's) writes
+    # its own values only, and the memory after the output is untouched. (A finite value beyond the grid, whose
+    # rounding is inf, shows which copy a value came from: the first block's, at a position past the short last
+    # block's end, written there again by a loop over the whole buffer, would land in memory after the output.)
+    # The matmul band's kernel takes the values as one row and as several (its blocks end at each row's end).
     top = grid_max(32)
     x = np.resize(np.array([1.0 + 2.0**-40, -3.0, 0.1]), size)
     x[-1], x[size // 2] = np.nan, -np.inf
     first = size - 1 if size == 1 else size // 2
     if size > 200:
         x[200], first = 1e39, 200
-    rows, cols, add = np.full((1, 1), 2.0**-30), np.ones((1, size)), np.zeros((1, size))
+    m = 7 if size % 7 == 0 else 3 if size % 3 == 0 else 1  # (rows of 100 and of 512 values)
     kernels = [lambda v, o, c, h: fused.round_near(v, np.full(size, 2.0**-30), 1.0, 23, top, o, c, h),
-               lambda v, o, c, h: fused.round_near_relative(v, 2.0**-30, 0.0, 1.0, 0.0, 1.0, top, o, c, h, -0.0),
-               lambda v, o, c, h: fused.round_near_outer(v, rows, cols, add, 1.0, top, o, c, h, -0.0)]
+               lambda v, o, c, h: fused.round_near_relative(v, 2.0**-30, 0.0, 1.0, 0.0, 1.0, top, o, c, h, -0.0)]
+    for rows in (1, m):
+        kernels.append(lambda v, o, c, h, rows=rows: fused.round_near_outer(
+            v, np.full((1, rows), 2.0**-30), np.ones((1, size // rows)), np.zeros((1, size // rows)), 1.0, top, o, c,
+            h, -0.0))
     with np.errstate(over="ignore"):  # (1e39's float32 is inf: off the grid)
         want = np.float32(x).astype(np.float64)
     off = ~np.isfinite(want)
