@@ -548,7 +548,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         `held`, if known) is provably its exact value whatever order any device summed in (vtrain.resolve's
         certificates), or None: there every honest device holds the same value, so its rounding is nobody's
         choice (no log entry, no exact recomputation)."""
-        return _resolve().certify(spec.functional or func, args, kwargs, floats, e, i, pos, held)
+        return _resolve_module().certify(spec.functional or func, args, kwargs, floats, e, i, pos, held)
 
     def _round_near(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, factor: float,
                     bounds: list | None, in_place: bool = False) -> Near:
@@ -775,7 +775,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
 
     def _resolve(self, op: Any, spec: OpSpec, args: tuple, kwargs: dict, i: int, pos: torch.Tensor) -> np.ndarray:
         try:
-            return _resolve().resolver_for(op)(args, kwargs, i, pos.cpu().numpy(), self.bits)
+            return _resolve_module().resolver_for(op)(args, kwargs, i, pos.cpu().numpy(), self.bits)
         except GridOverflowError as exc:
             raise self._diverged(spec, str(exc)) from None
 
@@ -947,7 +947,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
 
 
 @functools.cache
-def _resolve() -> Any:
+def _resolve_module() -> Any:
     """vtrain.resolve, imported at its first use: it pulls in mpmath, which only ops near a boundary need. (An
     import statement in the function that asks costs ~10 us a call in a training step, ~55 calls a step.)"""
     import vtrain.resolve  # noqa: PLC0415

@@ -69,10 +69,8 @@ class CorruptLogError(VtrainError):
 
 
 @functools.lru_cache(maxsize=4096)
-@functools.lru_cache(maxsize=4096)
 def site_tag(op: str, shape: tuple[int, ...]) -> int:
-    """The 2-byte tag of an op site: a hash of its op name and output shape. (Kept per site kind: a step asks for
-    the same few hundred ~90 times each, at ~5-10 us a hash in a training step.)"""
+    """The 2-byte tag of an op site: a hash of its op name and output shape."""
     return int.from_bytes(hashlib.blake2b(f"{op} {list(shape)}".encode(), digest_size=2).digest(), "little")
 
 
