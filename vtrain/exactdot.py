@@ -42,6 +42,9 @@ from numba.extending import intrinsic
 
 from vtrain import exactmath
 from vtrain.grid import check_bits, grid_max
+from vtrain.numba_cache import name_files_by_key
+
+name_files_by_key()  # (before any kernel here compiles: see vtrain.numba_cache)
 
 ENABLED = True  # tests turn it off to compare against the reference path
 

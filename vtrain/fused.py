@@ -36,6 +36,9 @@ import torch
 from numba import njit
 
 from vtrain import omp
+from vtrain.numba_cache import name_files_by_key
+
+name_files_by_key()  # (before any kernel here compiles: see vtrain.numba_cache)
 
 MIN_NORMAL = 2.0**-126
 ENABLED = True  # tests turn it off to compare against the torch path

@@ -20,6 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 PREFIX = "numba-"
 # What the first vtrain import of a process tree chose, for its child processes: the base (a user's
@@ -76,6 +77,41 @@ def _remove_stale(base: Path, keep: Path) -> None:
                     entry.unlink()
         except OSError:  # (another process removed it first)
             pass
+
+
+def name_files_by_key() -> None:
+    """Have numba name each cached kernel's data file after its key (the signature, the target machine, the code),
+    where it takes the lowest number its index does not list yet. Called by every module of vtrain that imports
+    numba without importing vtrain.fused first (which calls it), before any of its kernels compiles.
+
+    numba reads and rewrites the index unlocked and loads whatever file an entry names without checking it. Two
+    processes compiling two signatures of one kernel at once (pytest's workers, a run's shards) could both take
+    number 2; the index could then name, for one signature, the file holding the other's code, and every later
+    process loaded that file at each call and ran the wrong compile. Found in session 49: after a test run on two
+    workers, `vtrain.omp_kernels._data` ran its 3-d array compile on 2-d arrays, loading it anew at every call (1.8
+    ms a call; a kernel that reads its arrays' shapes would have computed with the wrong ones). Named by its key, a
+    file holds only its key's code whichever process wrote it, and is written before the index names it; an entry
+    that a concurrent rewrite of the index drops only costs a compile in a later process."""
+    from numba.core import caching  # noqa: PLC0415 (the caller has imported numba)
+
+    global _numbas_save
+    cls = caching.IndexDataCacheFile
+    if cls.save is not _save_keyed:
+        _numbas_save, cls.save = cls.save, _save_keyed
+
+
+_numbas_save: Any = None  # (numba's own, replaced: the tests show what it does)
+
+
+def _save_keyed(self: Any, key: Any, data: Any) -> None:
+    """numba's IndexDataCacheFile.save, the data file named by the key's digest (`name_files_by_key`)."""
+    digest = hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+    name = f"{self._index_name[:-len('.nbi')]}.{digest}.nbc"
+    self._save_data(name, data)
+    overloads = self._load_index()
+    if overloads.get(key) != name:
+        overloads[key] = name
+        self._save_index(overloads)
 
 
 def use_source_keyed_cache(package: Path) -> Path | None:

@@ -24,6 +24,9 @@ from torch import nn
 
 from vtrain.errors import VtrainError
 from vtrain.leaves import keccak256
+from vtrain.numba_cache import name_files_by_key
+
+name_files_by_key()  # (before any kernel here compiles: see vtrain.numba_cache)
 
 MAGIC = b"VTSTATE\0"
 VERSION = 1

@@ -4,13 +4,17 @@ stale compiled copy of another module's kernel (numba keys each kernel's cache o
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from numba.core import caching
 
+from vtrain import numba_cache
 from vtrain.numba_cache import PREFIX, STALE_SECONDS, source_digest, use_source_keyed_cache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,3 +172,50 @@ def test_an_unwritable_base_leaves_numba_its_own_choice(tmp_path: Path, clean_en
     clean_env.setenv("NUMBA_CACHE_DIR", str(blocker / "cache"))  # (a folder cannot be made under a file)
     assert use_source_keyed_cache(pkg) is None
     assert os.environ["NUMBA_CACHE_DIR"] == str(blocker / "cache")
+
+
+def _interleaved_saves(tmp_path: Path, save: Any) -> dict:
+    """Two processes' cache files over one folder save two signatures of one kernel with `save`: B, whose index
+    was read before A wrote anything, saves whole just before A writes its data file. What a reader then finds
+    for each key its index lists."""
+    tmp_path.mkdir()
+    a, b = (caching.IndexDataCacheFile(str(tmp_path), "m.f-1.py311", ("stamp", 1)) for _ in range(2))
+    ka, kb = (("(float64 2d,)", "machine"), "code"), (("(float64 3d,)", "machine"), "code")
+    b._load_index = lambda: {}  # (read before A saved)
+    write = a._save_data
+
+    def racing(name: str, data: Any) -> None:
+        a._save_data = write
+        save(b, kb, "b's code")
+        write(name, data)
+
+    a._save_data = racing
+    save(a, ka, "a's code")
+    reader = caching.IndexDataCacheFile(str(tmp_path), "m.f-1.py311", ("stamp", 1))
+    return {key: reader.load(key) for key in reader._load_index()}
+
+
+def test_cache_files_are_named_by_key_so_concurrent_saves_never_mix_signatures(tmp_path: Path) -> None:
+    """numba numbers a kernel's data files from an index it reads and rewrites unlocked, and loads what an entry
+    names unchecked: in this interleaving its own save leaves one signature's entry naming the other's code (a
+    later process then ran that code on the wrong arrays). Named by key, every entry loads its own key's code."""
+    import vtrain.fused  # noqa: F401, PLC0415 (imports numba and names its files by key)
+
+    assert caching.IndexDataCacheFile.save is numba_cache._save_keyed
+    theirs = _interleaved_saves(tmp_path / "numba", numba_cache._numbas_save)
+    assert theirs == {(("(float64 3d,)", "machine"), "code"): "a's code"}  # (b's entry, a's code)
+    ours = _interleaved_saves(tmp_path / "keyed", numba_cache._save_keyed)
+    assert ours == {(("(float64 2d,)", "machine"), "code"): "a's code", (("(float64 3d,)", "machine"), "code"): "b's code"}
+
+
+def test_every_vtrain_module_that_imports_numba_names_its_files_by_key() -> None:
+    """Each module of vtrain that compiles kernels, imported alone in a fresh interpreter, has numba's cache name
+    its files by key before any kernel compiles."""
+    modules = sorted(p.stem for p in (ROOT / "vtrain").glob("*.py") if re.search("^from numba", p.read_text(), re.M))
+    assert {"fused", "exactdot", "state", "prefilter"} <= set(modules)
+    check = "from numba.core import caching; import vtrain.{}; from vtrain import numba_cache; " \
+            "print(caching.IndexDataCacheFile.save is numba_cache._save_keyed)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    runs = {m: subprocess.Popen([sys.executable, "-c", check.format(m)], env=env, stdout=subprocess.PIPE, text=True)
+            for m in modules}
+    assert {m: run.communicate(timeout=300)[0].strip() for m, run in runs.items()} == {m: "True" for m in modules}
