@@ -72,12 +72,13 @@ def thread_number() -> int | None:
     return None if lib is None else ctypes.cast(lib.omp_get_thread_num, ctypes.c_void_p).value
 
 
-def parts(size: int) -> int:
+def parts(size: int, least: int | None = None) -> int:
     """In how many parts a pass over `size` values runs: torch's thread count, fewer where a part would hold
-    under MIN_VALUES, 1 where torch's threads are not libgomp's."""
-    if not ENABLED or size < 2 * MIN_VALUES:
+    under `least` of them (MIN_VALUES if None), 1 where torch's threads are not libgomp's."""
+    least = MIN_VALUES if least is None else least
+    if not ENABLED or size < 2 * least:
         return 1
-    n = min(torch.get_num_threads(), size // MIN_VALUES)
+    n = min(torch.get_num_threads(), size // least)
     return n if n > 1 and _parallel() is not None else 1
 
 

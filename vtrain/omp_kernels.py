@@ -482,3 +482,77 @@ def norms_batched(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray)
     omp.run(_norms_batched_part.address, block, parts)
     slots = _slots(block, 4)
     return bool(slots[:, 0].all()), int(slots[:, 1].sum()), int(slots[:, 2].max()), int(slots[:, 3].max())
+
+
+# prefilter's E at a convolution's candidates (float64): fields kind (CONV_FORWARD, CONV_INPUT, CONV_WEIGHT), the
+# kernel's two operands (address and four dims each), the bias (address, size), pos (address, size), geometry
+# (address, size), groups, the gradient's shape (address of four values), out (address). Parts are runs of
+# positions, each position's E summed by one thread in the whole pass's order; no slots.
+_C_FIELDS = 20
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _conv_abs_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _C_FIELDS)
+    parts, kind, size = blk[1], blk[2], blk[16]
+    a = carray(_pointer(blk[3], np.float64), (blk[4], blk[5], blk[6], blk[7]))
+    b = carray(_pointer(blk[8], np.float64), (blk[9], blk[10], blk[11], blk[12]))
+    bias, pos = carray(_pointer(blk[13], np.float64), blk[14]), carray(_pointer(blk[15], np.int64), size)
+    geometry, groups = carray(_pointer(blk[17], np.int64), blk[18]), blk[19]
+    shape, out = carray(_pointer(blk[20], np.int64), 4), carray(_pointer(blk[21], np.float64), size)
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p < 0:
+            continue
+        lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
+        if kind == prefilter.CONV_FORWARD:
+            prefilter._conv_abs_forward(a, b, bias, pos[lo:hi], geometry, groups, out[lo:hi])
+        elif kind == prefilter.CONV_INPUT:
+            prefilter._conv_abs_input(a, b, pos[lo:hi], geometry, groups, shape, out[lo:hi])
+        else:
+            prefilter._conv_abs_weight(a, b, pos[lo:hi], geometry, groups, shape, out[lo:hi])
+
+
+def conv_abs(parts: int, kind: int, a: np.ndarray, b: np.ndarray, bias: np.ndarray, pos: np.ndarray,
+             geometry: np.ndarray, groups: int, shape: np.ndarray, out: np.ndarray) -> None:
+    """`prefilter._conv_abs`'s kernel of `kind` at C-contiguous float64 operands, in `parts` runs of the positions
+    `pos`: out as the one pass's, bit for bit."""
+    _require(np.float64, a, b, bias, out)
+    _require(np.int64, pos, geometry, shape)
+    block = _block(parts, [kind, _address(a), *a.shape, _address(b), *b.shape, _address(bias), bias.size,
+                           _address(pos), pos.size, _address(geometry), geometry.size, groups, _address(shape),
+                           _address(out)], _C_FIELDS, 0)
+    omp.run(_conv_abs_part.address, block, parts)
+
+
+# prefilter._squares (float64): fields x (address, four dims), pixel, plane, row (addresses; 0: not wanted); two
+# slots a part: its largest |x| as bits and its count of tiny values. Parts are whole images.
+_Q_FIELDS = 8
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _squares_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _Q_FIELDS + 2 * d[1])
+    parts, n, c, h, w = blk[1], blk[3], blk[4], blk[5], blk[6]
+    x = carray(_pointer(blk[2], np.float64), (n, c, h, w))
+    pixel = carray(_pointer(blk[7], np.float64), (n if blk[7] else 0, h, w))
+    plane = carray(_pointer(blk[8], np.float64), (n if blk[8] else 0, c))
+    row = carray(_pointer(blk[9], np.float64), (n if blk[9] else 0, c, h))
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p < 0:
+            continue
+        lo, hi = _jit_cut(n, p, parts, 1), _jit_cut(n, p + 1, parts, 1)
+        at = _HEAD + _Q_FIELDS + 2 * p
+        blk[at], blk[at + 1] = prefilter._squares(x[lo:hi], pixel[lo:hi], plane[lo:hi], row[lo:hi])
+
+
+def squares(parts: int, x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarray) -> tuple[int, int]:
+    """`prefilter._squares` over a C-contiguous float64 (N, C, H, W) x in `parts` parts of whole images (at most N):
+    the sums (each image's on one thread, in the one pass's order) and the answer, bit for bit."""
+    _require(np.float64, x, pixel, plane, row)
+    block = _block(parts, [_address(x), *x.shape, *(_address(a) if a.size else 0 for a in (pixel, plane, row))],
+                   _Q_FIELDS, 2)
+    omp.run(_squares_part.address, block, parts)
+    slots = _slots(block, 2)
+    return int(slots[:, 0].max()), int(slots[:, 1].sum())

@@ -435,13 +435,14 @@ def _convolution_at(func: Any) -> PositionBound:
                             [*stride, *padding, *dilation, 1, v.shape[-1]], np.int64)
         if func is aten.convolution.default:
             bias = kw["bias"]
-            _conv_abs_forward(x, w, _NO_BIAS if bias is None else _numpy(bias.contiguous()), p, geometry, groups, s)
+            bias = _NO_BIAS if bias is None else _numpy(bias.contiguous())
+            _conv_abs(CONV_FORWARD, x, w, bias, p, geometry, groups, np.array(x.shape, np.int64), s)
         else:
             g = _numpy((g.unsqueeze(2) if g.dim() == 3 else g).contiguous())
             if i == 0:
-                _conv_abs_input(g, w, p, geometry, groups, np.array(x.shape, np.int64), s)
+                _conv_abs(CONV_INPUT, g, w, _NO_BIAS, p, geometry, groups, np.array(x.shape, np.int64), s)
             elif i == 1:
-                _conv_abs_weight(g, x, p, geometry, groups, np.array(w.shape, np.int64), s)
+                _conv_abs(CONV_WEIGHT, g, x, _NO_BIAS, p, geometry, groups, np.array(w.shape, np.int64), s)
             else:  # grad_bias: channel co's |grad| summed
                 s = np.abs(g[:, p]).sum(axis=(0, 2, 3), dtype=np.float64)
         return bounds.convolution_e(func, args, i, torch.from_numpy(s), v.dtype)
@@ -450,6 +451,33 @@ def _convolution_at(func: Any) -> PositionBound:
 
 
 _NO_BIAS = np.zeros(0)
+
+CONV_FORWARD, CONV_INPUT, CONV_WEIGHT = range(3)  # (the kernels' kinds, as vtrain.omp_kernels.conv_abs takes them)
+# A gathering of this many terms or more runs in parts on torch's threads: a part of 32K terms takes ~0.1-0.4 ms in
+# a training step (its planes come from L2 or memory), several times what waking the team costs.
+_SPLIT_TERMS = 1 << 15
+
+
+def _conv_abs(kind: int, a: np.ndarray, b: np.ndarray, bias: np.ndarray, pos: np.ndarray, geometry: np.ndarray,
+              groups: int, shape: np.ndarray, out: np.ndarray) -> None:
+    """out = the sums of |terms| at a convolution's flat positions pos: `_conv_abs_forward` (kind CONV_FORWARD, a
+    x, b w), `_conv_abs_input` (a the output gradient, b w) or `_conv_abs_weight` (a the output gradient, b x).
+    Float64 operands with many terms are split into runs of positions across torch's threads (vtrain.omp): each
+    position is summed by one thread in the one pass's order, so out holds the same bits either way. At two
+    threads, resnet-tiny width 32's six weight gradients gathered E in 7.0 ms a step on one
+    (docs/benchmarks.md, session 49)."""
+    per = b[0].size if kind == CONV_FORWARD else a[:, 0].size if kind == CONV_WEIGHT else \
+        b.shape[0] // groups * b[0, 0].size  # (terms a position)
+    usable = a.dtype == b.dtype == bias.dtype == np.float64
+    parts = min(omp.parts(pos.size * per, _SPLIT_TERMS), pos.size) if usable else 1
+    if parts > 1:
+        omp.kernels().conv_abs(parts, kind, a, b, bias, np.ascontiguousarray(pos), geometry, groups, shape, out)
+    elif kind == CONV_FORWARD:
+        _conv_abs_forward(a, b, bias, pos, geometry, groups, out)
+    elif kind == CONV_INPUT:
+        _conv_abs_input(a, b, pos, geometry, groups, shape, out)
+    else:
+        _conv_abs_weight(a, b, pos, geometry, groups, shape, out)
 
 
 def _lines(x: np.ndarray, n: int) -> tuple[np.ndarray, bool]:
@@ -984,6 +1012,16 @@ def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarra
     return top, tiny
 
 
+def _squares_of(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarray) -> tuple[int, int]:
+    """`_squares`, split into whole images across torch's threads where x is float64 and large (vtrain.omp): each
+    image's sums on one thread in the one pass's order, the same bits. At two threads resnet-tiny width 32's 17
+    calls a step took 5.7 ms on one (docs/benchmarks.md, session 49)."""
+    parts = min(omp.parts(x.size), x.shape[0]) if x.dtype == np.float64 else 1
+    if parts > 1:
+        return omp.kernels().squares(parts, x, pixel, plane, row)
+    return _squares(x, pixel, plane, row)
+
+
 Squares = tuple[np.ndarray, np.ndarray, np.ndarray, int, int]  # (pixel, plane, row, top, tiny) of `_squares`
 
 
@@ -992,7 +1030,7 @@ def _conv_squares(t: torch.Tensor) -> Squares:
     pixels' at no cost worth a second reading), as float64 arrays (N, H, W), (N, C) and (N, C, H)."""
     x = _numpy(t.contiguous())
     pixel, plane, row = np.empty((x.shape[0], *x.shape[2:])), np.empty(x.shape[:2]), np.empty(x.shape[:3])
-    return (pixel, plane, row, *_squares(x, pixel, plane, row))
+    return (pixel, plane, row, *_squares_of(x, pixel, plane, row))
 
 
 @njit(cache=True, nogil=True)
@@ -1108,7 +1146,7 @@ def _convolution_upper(func: Any) -> Upper:
             g_pixel = np.empty((n_img, *g.shape[2:])) if want[0] else _NONE[0]
             g_row = np.empty(g.shape[:3]) if want[1] else _NONE[0]
             g_plane = np.empty(g.shape[:2]) if want[2] else _NONE[1]
-            tops.append(_squares(g, g_pixel, g_plane, g_row))
+            tops.append(_squares_of(g, g_pixel, g_plane, g_row))
         bias_max = float(bias.abs().max()) if bias is not None and bias.numel() else 0.0
         top = max(t for t, _ in tops)  # the largest |operand| as float64 bits (NaN's above infinity's)
         if top >= 0x7FF0000000000000 or any(n for _, n in tops) or not math.isfinite(bias_max):

@@ -1,8 +1,8 @@
 """Training on two torch threads, where vtrain's own kernels split their passes across torch's OpenMP team
-(vtrain.omp), gives the one-thread run's logs, losses and states bit for bit. Parts are made small here
-(MIN_VALUES 512), and the one-pass binary ops, the matmul pre-filter and the CPU device's line sums taken at every
-size, so that the families' default sizes split every kind of pass but a matrix's norms (below); the kernels' parts
-against their whole passes are tested in tests/numerics/test_num_omp.py."""
+(vtrain.omp), gives the one-thread run's logs, losses and states bit for bit. Parts are made small here (MIN_VALUES
+512), and the one-pass binary ops, the matmul pre-filter, the CPU device's line sums and the convolutions' E at
+candidates taken at every size, so that the families' default sizes split every kind of pass but a matrix's norms
+(below); the kernels' parts against their whole passes are tested in tests/numerics/test_num_omp.py."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 import torch
 
 from familykit import family_spec
-from vtrain import fused, fused_binary, inline, omp, omp_kernels
+from vtrain import fused, fused_binary, inline, omp, omp_kernels, prefilter
 from vtrain.state import state_hash
 from vtrain.train import TrainingSession
 
 KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "outer": omp_kernels._outer_part,
            "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "update": omp_kernels._update_part,
-           "norms": omp_kernels._norms_part, "norms_batched": omp_kernels._norms_batched_part}
+           "norms": omp_kernels._norms_part, "norms_batched": omp_kernels._norms_batched_part,
+           "squares": omp_kernels._squares_part, "conv_abs": omp_kernels._conv_abs_part}
 
 
 def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -32,6 +33,7 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
     monkeypatch.setattr(fused_binary, "MIN_ELEMENTS", 0)
     monkeypatch.setattr(inline, "INLINE_PRODUCTS", 0)
     monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 0)
+    monkeypatch.setattr(prefilter, "_SPLIT_TERMS", 64)
     torch.set_num_threads(threads)
     try:
         s = TrainingSession(spec, "cpu")
@@ -45,7 +47,7 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
 # have: the attention's batched operands split here, a matrix in tests/numerics/test_num_omp.py)
 @pytest.mark.parametrize("family,resolution,kernels", [
     ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched"}),
-    ("resnet-tiny", "log", {"binary", "outer", "lanes", "update"}),
+    ("resnet-tiny", "log", {"binary", "outer", "lanes", "update", "squares", "conv_abs"}),
     ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched"})])
 def test_two_threads_train_as_one(family_data, family: str, resolution: str, kernels: set,
                                   monkeypatch: pytest.MonkeyPatch) -> None:

@@ -179,6 +179,103 @@ def test_prefilter_takes_the_split_norms_where_passes_split(monkeypatch: pytest.
         assert ran.pop() == (kernel.address, 2)
 
 
+@pytest.mark.parametrize("geometry", [([1, 1], [1, 1], [1, 1], 1), ([2, 1], [0, 2], [1, 2], 2), ([1, 3], [3, 0], [2, 1], 1)],
+                         ids=["3x3", "strided-grouped", "dilated-padded"])
+def test_convolution_e_at_positions_in_parts(geometry: tuple) -> None:
+    """E's sums of |terms| at a convolution's positions (forward, input and weight gradients) in runs of positions
+    on several threads: each position's sum as the one pass's, bit for bit, whatever the positions' order."""
+    stride, padding, dilation, groups = geometry
+    gen, rng = torch.Generator().manual_seed(groups), np.random.default_rng(groups)
+    x = torch.randn(3, 4 * groups, 11, 9, generator=gen, dtype=torch.float64) * 2.0 ** 40
+    w = torch.randn(6 * groups, 4, 3, 2, generator=gen, dtype=torch.float64)
+    bias = torch.randn(6 * groups, generator=gen, dtype=torch.float64)
+    v = aten.convolution.default(x, w, bias, stride, padding, dilation, False, [0, 0], groups)
+    g = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+    geo = np.array([*stride, *padding, *dilation, *v.shape[-2:]], np.int64)
+    for kind, a, b, size, shape in ((prefilter.CONV_FORWARD, x, w, v.numel(), x.shape),
+                                    (prefilter.CONV_INPUT, g, w, x.numel(), x.shape),
+                                    (prefilter.CONV_WEIGHT, g, x, w.numel(), w.shape)):
+        a, b, shape = a.numpy(), b.numpy(), np.array(shape, np.int64)
+        biases = bias.numpy() if kind == prefilter.CONV_FORWARD else np.zeros(0)
+        pos = rng.permutation(size)[:size // 2 + 7]
+        whole = np.empty(pos.size)
+        prefilter._conv_abs(kind, a, b, biases, pos, geo, groups, shape, whole)  # (too few terms to split)
+        assert (whole > 0).sum() > pos.size // 2  # (a stride skips some input pixels: no terms there)
+        for parts in PARTS:
+            out = np.empty(pos.size)
+            omp_kernels.conv_abs(parts, kind, a, b, biases, pos, geo, groups, shape, out)
+            assert np.array_equal(out, whole), (kind, parts)
+
+
+def test_convolution_e_takes_the_split_kernel_where_passes_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefilter._conv_abs` hands float64 operands with many terms to the split kernel, float32 ones to the one
+    pass: the same sums."""
+    rng = np.random.default_rng(5)
+    g, x = rng.standard_normal((4, 3, 20, 20)), rng.standard_normal((4, 2, 20, 20))
+    geo, shape, pos = np.array([1, 1, 1, 1, 1, 1], np.int64), np.array([3, 2, 3, 3], np.int64), np.arange(0, 54, 5)
+    want = np.empty(pos.size)
+    prefilter._conv_abs(prefilter.CONV_WEIGHT, g, x, np.zeros(0), pos, geo, 1, shape, want)
+    ran, run = [], omp.run
+
+    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
+        ran.append((kernel, parts))
+        run(kernel, block, parts)
+
+    monkeypatch.setattr(omp, "run", noting)
+    monkeypatch.setattr(omp, "parts", lambda size, least=None: 2 if size >= 2 * least else 1)
+    monkeypatch.setattr(prefilter, "_SPLIT_TERMS", 1000)  # (11 positions of 1,600 terms)
+    got = np.empty(pos.size)
+    prefilter._conv_abs(prefilter.CONV_WEIGHT, g, x, np.zeros(0), pos, geo, 1, shape, got)
+    assert np.array_equal(got, want) and ran == [(omp_kernels._conv_abs_part.address, 2)]
+    got32 = np.empty(pos.size)
+    prefilter._conv_abs(prefilter.CONV_WEIGHT, g.astype(np.float32), x.astype(np.float32), np.zeros(0), pos, geo, 1,
+                        shape, got32)
+    assert len(ran) == 1 and np.allclose(got32, want, rtol=2.0**-20)
+
+
+@pytest.mark.parametrize("wanted", [(True, True, True), (True, False, False), (False, True, True)],
+                         ids=["all", "pixels", "planes-rows"])
+def test_convolution_squares_in_parts(wanted: tuple) -> None:
+    """A convolution operand's sums of squares (pixels across channels, rows, planes) in parts of whole images: each
+    image's sums and the answer (the largest |x|, the count of tiny values) as the one pass's, bit for bit; the
+    sums not wanted stay unwritten."""
+    rng = np.random.default_rng(len(wanted))
+    x = rng.standard_normal((7, 5, 6, 9)) * 2.0 ** rng.integers(-30, 30, (7, 5, 6, 9))
+    x[4, 2, 1, 3], x[1, 0, 0, 0] = 1e-300, -7e20  # a tiny value; the largest in an image no part starts with
+
+    def arrays() -> list[np.ndarray]:
+        shapes = ((7, 6, 9), (7, 5), (7, 5, 6))
+        return [np.full(shape, -1.0) if want else np.empty((0,) * len(shape)) for shape, want in zip(shapes, wanted)]
+
+    whole = arrays()
+    answer = prefilter._squares(x, *whole)
+    assert answer == (np.float64(7e20).view(np.int64), 1)
+    for parts in PARTS:
+        got = arrays()
+        assert omp_kernels.squares(parts, x, *got) == answer
+        assert all(np.array_equal(a, b) for a, b in zip(got, whole))
+
+
+def test_convolution_squares_take_the_split_kernel_where_passes_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 3, 8, 8))
+    want = [np.empty((4, 8, 8)), np.empty((4, 3)), np.empty((4, 3, 8))]
+    answer = prefilter._squares(x, *want)
+    ran, run = [], omp.run
+
+    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
+        ran.append((kernel, parts))
+        run(kernel, block, parts)
+
+    monkeypatch.setattr(omp, "run", noting)
+    monkeypatch.setattr(omp, "parts", lambda size: 3)
+    got = [np.empty_like(a) for a in want]
+    assert prefilter._squares_of(x, *got) == answer and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert ran == [(omp_kernels._squares_part.address, 3)]
+    x32 = x.astype(np.float32)
+    assert prefilter._squares_of(x32, *got) == prefilter._squares(x32, *want) and len(ran) == 1  # (the one pass)
+
+
 def test_rounding_in_parts() -> None:
     rng = np.random.default_rng(2)
     v = _values(rng, 5 * fused.NEAR_BLOCK + 3)
