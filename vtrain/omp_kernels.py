@@ -556,3 +556,38 @@ def squares(parts: int, x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row
     omp.run(_squares_part.address, block, parts)
     slots = _slots(block, 2)
     return int(slots[:, 0].max()), int(slots[:, 1].sum())
+
+
+# prefilter._window_norms (kind 0) and _cover_norms (kind 1): fields kind, sq (address, three dims), geometry (address,
+# size), kh, kw, h, wd (the input's height and width: the cover's), out (address, two dims). Parts are whole images.
+_W_FIELDS = 14
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _window_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _W_FIELDS)
+    parts, kind, n = blk[1], blk[2], blk[4]
+    sq = carray(_pointer(blk[3], np.float64), (n, blk[5], blk[6]))
+    geometry = carray(_pointer(blk[7], np.int64), blk[8])
+    kh, kw, h, wd = blk[9], blk[10], blk[11], blk[12]
+    out = carray(_pointer(blk[13], np.float64), (blk[14], blk[15]))
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p < 0:
+            continue
+        lo, hi = _jit_cut(n, p, parts, 1), _jit_cut(n, p + 1, parts, 1)
+        if kind == 0:
+            prefilter._window_norms(sq[lo:hi], geometry, kh, kw, out[lo:hi])
+        else:
+            prefilter._cover_norms(sq[lo:hi], geometry, kh, kw, h, wd, out[lo:hi])
+
+
+def window_norms(parts: int, cover: bool, sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int, wd: int,
+                 out: np.ndarray) -> None:
+    """`prefilter._window_norms` (cover False; h and wd unused) or `_cover_norms` over C-contiguous float64 squares
+    in `parts` parts of whole images: out as the one pass's, bit for bit."""
+    _require(np.float64, sq, out)
+    _require(np.int64, geometry)
+    block = _block(parts, [int(cover), _address(sq), *sq.shape, _address(geometry), geometry.size, kh, kw, h, wd,
+                           _address(out), *out.shape], _W_FIELDS, 0)
+    omp.run(_window_part.address, block, parts)

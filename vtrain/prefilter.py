@@ -1078,6 +1078,19 @@ def _cover_norms(sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int,
         out.flat[t] = math.sqrt(out.flat[t])
 
 
+def _norms_over(cover: bool, sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int, wd: int,
+                out: np.ndarray) -> None:
+    """`_window_norms` (cover False; h and wd unused) or `_cover_norms`, split into whole images across torch's
+    threads where the taps' additions are many (vtrain.omp): each image's on one thread, the same bits."""
+    parts = min(omp.parts(out.size * kh * kw), sq.shape[0])
+    if parts > 1:
+        omp.kernels().window_norms(parts, cover, sq, geometry, kh, kw, h, wd, out)
+    elif cover:
+        _cover_norms(sq, geometry, kh, kw, h, wd, out)
+    else:
+        _window_norms(sq, geometry, kh, kw, out)
+
+
 def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], padding: Sequence[int],
                  dilation: Sequence[int], groups: int, kh: int, kw: int) -> np.ndarray:
     """(Co, Cg * KH * KW), at weight (co, cl, a, b): the sum over images n and output rows oy of
@@ -1161,12 +1174,12 @@ def _convolution_upper(func: Any) -> Upper:
                 geometry = np.array([*stride, *padding, *dilation, *o.shape[-2:]] if o.dim() == 4 else
                                     [*stride, *padding, *dilation, 1, o.shape[-1]], np.int64)
                 cols = np.empty((n_img, int(geometry[6] * geometry[7])))
-                _window_norms(x_pixel, geometry, kh, kwd, cols)
+                _norms_over(False, x_pixel, geometry, kh, kwd, 0, 0, cols)
                 rows = np.broadcast_to(np.sqrt(w_plane.sum(1)), (n_img, c_out))
             elif i == 0:  # grad_input (N, Cin, H * W): a channel's weights (every group's: a bound) times its cover's
                 cols = np.empty((n_img, x.shape[2] * x.shape[3]))
-                _cover_norms(g_pixel, np.array([*stride, *padding, *dilation], np.int64), kh, kwd, x.shape[2],
-                             x.shape[3], cols)
+                _norms_over(True, g_pixel, np.array([*stride, *padding, *dilation], np.int64), kh, kwd, x.shape[2],
+                            x.shape[3], cols)
                 rows = np.broadcast_to(np.tile(np.sqrt(w_plane.sum(0)), groups), (n_img, x.shape[1]))
             elif i == 1:  # grad_weight (Co, 1, Cg * KH * KW): one "row" a filter, U = factor * its sums + floor
                 cols = _weight_sums(np.sqrt(g_row), np.sqrt(x_row), stride, padding, dilation, groups, kh, kwd)

@@ -17,7 +17,8 @@ from vtrain.train import TrainingSession
 KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "outer": omp_kernels._outer_part,
            "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "update": omp_kernels._update_part,
            "norms": omp_kernels._norms_part, "norms_batched": omp_kernels._norms_batched_part,
-           "squares": omp_kernels._squares_part, "conv_abs": omp_kernels._conv_abs_part}
+           "squares": omp_kernels._squares_part, "conv_abs": omp_kernels._conv_abs_part,
+           "window": omp_kernels._window_part}
 
 
 def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -47,7 +48,7 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
 # have: the attention's batched operands split here, a matrix in tests/numerics/test_num_omp.py)
 @pytest.mark.parametrize("family,resolution,kernels", [
     ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched"}),
-    ("resnet-tiny", "log", {"binary", "outer", "lanes", "update", "squares", "conv_abs"}),
+    ("resnet-tiny", "log", {"binary", "outer", "lanes", "update", "squares", "conv_abs", "window"}),
     ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched"})])
 def test_two_threads_train_as_one(family_data, family: str, resolution: str, kernels: set,
                                   monkeypatch: pytest.MonkeyPatch) -> None:

@@ -276,6 +276,32 @@ def test_convolution_squares_take_the_split_kernel_where_passes_split(monkeypatc
     assert prefilter._squares_of(x32, *got) == prefilter._squares(x32, *want) and len(ran) == 1  # (the one pass)
 
 
+@pytest.mark.parametrize("geometry", [(1, 1, 1, 1, 1, 1), (2, 1, 0, 2, 1, 2), (1, 3, 3, 0, 2, 1)],
+                         ids=["3x3", "strided", "dilated-padded"])
+def test_convolution_window_and_cover_norms_in_parts(geometry: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The forward pre-filter's window norms and the input gradient's cover norms in parts of whole images (and
+    through `prefilter._norms_over` where passes split): the one pass's, bit for bit."""
+    rng = np.random.default_rng(sum(geometry))
+    s0, s1, p0, p1, d0, d1 = geometry
+    kh, kw, h, w = 3, 2, 11, 9
+    oh, ow = (h + 2 * p0 - d0 * (kh - 1) - 1) // s0 + 1, (w + 2 * p1 - d1 * (kw - 1) - 1) // s1 + 1
+    pixels, out_pixels = rng.random((5, h, w)) * 2.0 ** 60, rng.random((5, oh, ow))
+    window, cover = np.array([*geometry, oh, ow], np.int64), np.array(geometry, np.int64)
+    want_window, want_cover = np.empty((5, oh * ow)), np.empty((5, h * w))
+    prefilter._window_norms(pixels, window, kh, kw, want_window)
+    prefilter._cover_norms(out_pixels, cover, kh, kw, h, w, want_cover)
+    for parts in PARTS:
+        got_window, got_cover = np.empty_like(want_window), np.empty_like(want_cover)
+        omp_kernels.window_norms(parts, False, pixels, window, kh, kw, 0, 0, got_window)
+        omp_kernels.window_norms(parts, True, out_pixels, cover, kh, kw, h, w, got_cover)
+        assert np.array_equal(got_window, want_window) and np.array_equal(got_cover, want_cover)
+    monkeypatch.setattr(omp, "parts", lambda size: 2)
+    got_window, got_cover = np.empty_like(want_window), np.empty_like(want_cover)
+    prefilter._norms_over(False, pixels, window, kh, kw, 0, 0, got_window)
+    prefilter._norms_over(True, out_pixels, cover, kh, kw, h, w, got_cover)
+    assert np.array_equal(got_window, want_window) and np.array_equal(got_cover, want_cover)
+
+
 def test_rounding_in_parts() -> None:
     rng = np.random.default_rng(2)
     v = _values(rng, 5 * fused.NEAR_BLOCK + 3)
