@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 from torch.autograd.graph import increment_version
 
 from vtrain import fused, omp
@@ -54,7 +55,6 @@ _CODES = {aten.tanh_backward.default: TANH_BACKWARD, aten.sigmoid_backward.defau
           aten.div.Tensor: DIV, aten.div_.Tensor: DIV, aten.div.Scalar: DIV, aten.div_.Scalar: DIV}
 _IN_PLACE = frozenset(op for op in _CODES if op._schema.name.endswith("_"))
 _DIMS = 4
-_BLOCK = 2048
 
 
 def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: bool = False) -> torch.Tensor | None:
@@ -262,22 +262,34 @@ def _op(code: int, x: float, y: float) -> float:
     return x * ((1.0 - y) * y)
 
 
+def _item(v: Any, i: int) -> float:
+    """v[i] for an array, v itself for a number (compiled: `_item_at`)."""
+    raise NotImplementedError("compiled only")
+
+
+@overload(_item)
+def _item_at(v, i):  # noqa: ANN001, ANN202, ARG001 (numba's overload protocol: its lambdas' signature, unannotated)
+    if isinstance(v, types.Array):
+        return lambda v, i: v[i]
+    return lambda v, i: v
+
+
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _pairs_as(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float,
-              pow2: np.ndarray) -> int:
+def _pairs_as(code: int, x: np.ndarray | float, y: np.ndarray | float, out: np.ndarray, m: int, cast32: bool,
+              limit: float, pow2: np.ndarray) -> int:
     nbad = 0
     for i in range(out.size):
-        r = round_value(_op(code, x[i], y[i]), m, cast32, pow2)
+        r = round_value(_op(code, _item(x, i), _item(y, i)), m, cast32, pow2)
         nbad += not abs(r) <= limit
         out[i] = r
     return nbad
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _pairs(code: int, x: np.ndarray, y: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float,
-           pow2: np.ndarray) -> int:
-    """out = rounded x op y elementwise (arrays of one length; out may be x itself); the count of values off the
-    grid."""
+def _pairs(code: int, x: np.ndarray | float, y: np.ndarray | float, out: np.ndarray, m: int, cast32: bool,
+           limit: float, pow2: np.ndarray) -> int:
+    """out = rounded x op y elementwise (x and y arrays of out's length, or one value for all; out may be x itself);
+    the count of values off the grid."""
     if not cast32:  # (the other grids' rounding does not vectorise)
         return _pairs_as(code, x, y, out, m, False, limit, pow2)
     # One loop per op, each with its op a constant. With the op read at run time, LLVM kept its tests, and
@@ -304,10 +316,6 @@ def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndar
     # (numba compiles a None out and an array apart, each with its own loop below only: with both loops in one
     # function, every op's out-of-place kernel ran 3-11 % slower in situ)
     n = dims[3]
-    # A broadcast operand's value along a line, repeated in a buffer of up to _BLOCK values that stays in cache:
-    # then one loop shape, which vectorises, serves every case.
-    w = min(n, _BLOCK)
-    xs, ys = np.empty(w), np.empty(w)
     nbad, o = 0, lo
     line, start = lo // n, lo % n  # [lo, hi) may start and end inside a line (vtrain.omp's parts)
     i0, i1, i2 = line // (dims[1] * dims[2]), line // dims[2] % dims[1], line % dims[2]
@@ -315,24 +323,30 @@ def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndar
         stop = min(n, start + hi - o)
         pa = i0 * sa[0] + i1 * sa[1] + i2 * sa[2]
         pb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2]
-        if not sa[3]:
-            xs[:] = a[pa]
-        if not sb[3]:
-            ys[:] = b[pb]
         first = o - start  # (the line's first value in out)
-        for j in range(start, stop, w):
-            k = min(w, stop - j)
-            if out is None:
-                # the line read and written as one array: given as two (one memory), the vectorised loop's
-                # run-time check finds them overlapping and takes its scalar fallback (1.88 against 0.94 ms
-                # for a 1M-value sum; 1.19 into a fresh tensor)
-                part = a[first + j:first + j + k]
-                nbad += _pairs(code, part, b[pb + j:pb + j + k] if sb[3] else ys[:k], part, m, cast32, limit,
-                               pow2)
+        # An operand broadcast along the line (innermost step 0) is its one value there, a number in the loop:
+        # against its value repeated in a buffer (session 48's loop), 0.28 against 0.40 ms for a (32, 32, 32, 32)
+        # by (1, 32, 1, 1) product (docs/benchmarks.md, session 49). Each case is a call of its own (numba types
+        # each argument once).
+        if out is None:
+            # the line read and written as one array: given as two (one memory), the vectorised loop's run-time
+            # check finds them overlapping and takes its scalar fallback (1.88 against 0.94 ms for a 1M-value sum;
+            # 1.19 into a fresh tensor)
+            part = a[first + start:first + stop]
+            if sb[3]:
+                nbad += _pairs(code, part, b[pb + start:pb + stop], part, m, cast32, limit, pow2)
             else:
-                nbad += _pairs(code, a[pa + j:pa + j + k] if sa[3] else xs[:k],
-                               b[pb + j:pb + j + k] if sb[3] else ys[:k], out[first + j:first + j + k], m, cast32,
-                               limit, pow2)
+                nbad += _pairs(code, part, b[pb], part, m, cast32, limit, pow2)
+        else:
+            dest = out[first + start:first + stop]
+            if sa[3] and sb[3]:
+                nbad += _pairs(code, a[pa + start:pa + stop], b[pb + start:pb + stop], dest, m, cast32, limit, pow2)
+            elif sa[3]:
+                nbad += _pairs(code, a[pa + start:pa + stop], b[pb], dest, m, cast32, limit, pow2)
+            elif sb[3]:
+                nbad += _pairs(code, a[pa], b[pb + start:pb + stop], dest, m, cast32, limit, pow2)
+            else:
+                nbad += _pairs(code, a[pa], b[pb], dest, m, cast32, limit, pow2)
         o += stop - start
         start = 0
         i2 += 1  # (the next line's indices by carries: a division a line cost ~10 % on 256-value lines)

@@ -6,6 +6,8 @@ After an update that changed only the called module, numba would load the caller
 would then compute with code that is no longer in it, and two machines on the same commit could differ.
 Keyed by the contents of every source file instead, the cache of any other version is never read: a changed
 package compiles afresh once (about a minute for the test suite).
+Inside the folder each compiled signature's file is named by its key (`name_files_by_key`), so that processes
+compiling at once cannot leave one signature's index entry naming another's code.
 
 Imported by vtrain/__init__.py before any module that compiles: the folder must be set before numba creates
 a kernel's cache. It imports no numba itself (the chain side imports vtrain without it); where numba is

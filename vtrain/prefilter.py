@@ -464,8 +464,8 @@ def _conv_abs(kind: int, a: np.ndarray, b: np.ndarray, bias: np.ndarray, pos: np
     x, b w), `_conv_abs_input` (a the output gradient, b w) or `_conv_abs_weight` (a the output gradient, b x).
     Float64 operands with many terms are split into runs of positions across torch's threads (vtrain.omp): each
     position is summed by one thread in the one pass's order, so out holds the same bits either way. At two
-    threads, resnet-tiny width 32's six weight gradients gathered E in 7.0 ms a step on one
-    (docs/benchmarks.md, session 49)."""
+    threads resnet-tiny width 32's 17 gatherings a step took 11.0 ms whole, 7.0 in parts (docs/benchmarks.md,
+    session 49)."""
     per = b[0].size if kind == CONV_FORWARD else a[:, 0].size if kind == CONV_WEIGHT else \
         b.shape[0] // groups * b[0, 0].size  # (terms a position)
     usable = a.dtype == b.dtype == bias.dtype == np.float64
@@ -1015,7 +1015,7 @@ def _squares(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarra
 def _squares_of(x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarray) -> tuple[int, int]:
     """`_squares`, split into whole images across torch's threads where x is float64 and large (vtrain.omp): each
     image's sums on one thread in the one pass's order, the same bits. At two threads resnet-tiny width 32's 17
-    calls a step took 5.7 ms on one (docs/benchmarks.md, session 49)."""
+    calls a step took 5.7 ms whole, 4.4 in parts (docs/benchmarks.md, session 49)."""
     parts = min(omp.parts(x.size), x.shape[0]) if x.dtype == np.float64 else 1
     if parts > 1:
         return omp.kernels().squares(parts, x, pixel, plane, row)
