@@ -839,30 +839,61 @@ def _halving_tree(acc: np.ndarray) -> float:
     return acc[0]
 
 
+# Where x holds _LANE_IMAGES outer lines (images) or more, `_lane_sums_with_abs` holds the lanes of a block of kept
+# elements at once, the two sums' lanes filling 32 KB (an L1 data cache)
+_LANE_BYTES, _LANE_IMAGES = 1 << 15, 16
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float, lo: int, hi: int) -> None:
-    # `sums_with_abs`'s lines, of kept elements lo:hi: the inner loop runs across SUM_LANES independent lanes, so
-    # LLVM vectorises it with nothing reassociated (eight partial sums held in scalars had stayed scalar: 1.20
-    # against 0.82 ms on 1M values from memory). No fast-math here: the order defines the CPU device's sums.
+    # `sums_with_abs`'s lines, of kept elements lo:hi. No fast-math here: the order defines the CPU device's sums.
+    # With many images the lanes of a block of elements are held together and x is read image by image (a, then
+    # the block's elements), one stream through memory, where element by element each read its lines at a stride
+    # of a whole image: the same additions in each lane, in the same order. On Zen 3 (AVX2), batch norm's (32, 32,
+    # 32, 32) input from memory 519-628 -> 457-531 us, (32, 64, 16, 16) 270-327 -> 253-269 (docs/benchmarks.md,
+    # session 49). With fewer images, element by element: a layer norm's one outer line (1, 1024, 256) took ~10 %
+    # longer in blocks of one element.
     lanes = min(x.shape[2], SUM_LANES)
-    acc, acc_abs = np.empty(lanes), np.empty(lanes)
-    for c in range(lo, hi):
+    if x.shape[0] < _LANE_IMAGES:
+        lane, lane_abs = np.empty(lanes), np.empty(lanes)
+        for c in range(lo, hi):
+            lane[:] = 0.0
+            lane_abs[:] = 0.0
+            for a in range(x.shape[0]):
+                _add_lanes(x[a, c], lane, lane_abs)
+            total[c] = _halving_tree(lane) / divisor
+            out[c] = _halving_tree(lane_abs)
+        return
+    block = min(max(1, _LANE_BYTES // (16 * lanes)), hi - lo)
+    acc, acc_abs = np.empty((block, lanes)), np.empty((block, lanes))
+    for c0 in range(lo, hi, block):
+        c1 = min(hi, c0 + block)
         acc[:] = 0.0
         acc_abs[:] = 0.0
         for a in range(x.shape[0]):
-            line, k0 = x[a, c], 0
-            while k0 + lanes <= line.size:  # (whole rows of lanes apart from the rest: a loop LLVM vectorises)
-                for j in range(lanes):
-                    v = line[k0 + j]
-                    acc[j] += v
-                    acc_abs[j] += abs(v)
-                k0 += lanes
-            for j in range(line.size - k0):
-                v = line[k0 + j]
-                acc[j] += v
-                acc_abs[j] += abs(v)
-        total[c] = _halving_tree(acc) / divisor
-        out[c] = _halving_tree(acc_abs)
+            for c in range(c0, c1):
+                _add_lanes(x[a, c], acc[c - c0], acc_abs[c - c0])
+        for c in range(c0, c1):
+            total[c] = _halving_tree(acc[c - c0]) / divisor
+            out[c] = _halving_tree(acc_abs[c - c0])
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _add_lanes(line: np.ndarray, lane: np.ndarray, lane_abs: np.ndarray) -> None:
+    # value k of the line to lane k % lanes: the inner loop runs across the independent lanes, so LLVM vectorises it
+    # with nothing reassociated (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
+    # values from memory)
+    lanes, k0 = lane.size, 0
+    while k0 + lanes <= line.size:  # (whole rows of lanes apart from the rest: a loop LLVM vectorises)
+        for j in range(lanes):
+            v = line[k0 + j]
+            lane[j] += v
+            lane_abs[j] += abs(v)
+        k0 += lanes
+    for j in range(line.size - k0):
+        v = line[k0 + j]
+        lane[j] += v
+        lane_abs[j] += abs(v)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")

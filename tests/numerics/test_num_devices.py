@@ -109,9 +109,9 @@ def _fixed_order_sums(lines: list[list[float]], lanes: int) -> float:
 
 @pytest.mark.parametrize("shape,dims", [((3, 5, 37), [2]), ((4, 6, 5, 7), [0, 2, 3]), ((3, 4, 10, 13), [0, 2, 3]),
                                         ((2, 3, 128), [0, 2]), ((6, 13), [0]), ((2, 3, 9), [0, 1]), ((5, 19), [0, 1]),
-                                        ((2, 6, 70), [2])],
+                                        ((2, 6, 70), [2]), ((17, 5, 3, 50), [0, 2, 3]), ((16, 40, 70), [0, 2])],
                          ids=["trailing", "batch-norm", "batch-norm-rows", "rows-exactly", "leading", "leading-2",
-                              "all", "special"])
+                              "all", "special", "many-images", "many-images-blocks"])
 def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: list[int],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     from vtrain import fused

@@ -153,6 +153,18 @@ def test_prefilter_norms_in_parts(m: int, k: int) -> None:
         assert np.array_equal(got_rows, rows, equal_nan=True) and np.array_equal(got_cols, cols, equal_nan=True)
 
 
+def _noted_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (kernel, parts) of every split pass from here on, in order (each still runs)."""
+    ran, run = [], omp.run
+
+    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
+        ran.append((kernel, parts))
+        run(kernel, block, parts)
+
+    monkeypatch.setattr(omp, "run", noting)
+    return ran
+
+
 def test_prefilter_takes_the_split_norms_where_passes_split(monkeypatch: pytest.MonkeyPatch) -> None:
     """`prefilter._both_norms` hands a float64 matrix of several row blocks, and a batch, to the split kernels where
     vtrain.omp splits passes: the one pass's norms and flags."""
@@ -164,13 +176,7 @@ def test_prefilter_takes_the_split_norms_where_passes_split(monkeypatch: pytest.
     rows, cols = np.empty((6, 40)), np.empty((6, 50))
     flags = prefilter._norms_batched(batch, rows, cols)
     want.append((rows, cols, (flags[0] and flags[1] == 0, flags[2], flags[3])))
-    ran, run = [], omp.run
-
-    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
-        ran.append((kernel, parts))
-        run(kernel, block, parts)
-
-    monkeypatch.setattr(omp, "run", noting)
+    ran = _noted_runs(monkeypatch)
     monkeypatch.setattr(omp, "parts", lambda size: 2)
     for x, (rows, cols, flags), kernel in zip((matrix, batch), want,
                                               (omp_kernels._norms_part, omp_kernels._norms_batched_part)):
@@ -215,13 +221,7 @@ def test_convolution_e_takes_the_split_kernel_where_passes_split(monkeypatch: py
     geo, shape, pos = np.array([1, 1, 1, 1, 1, 1], np.int64), np.array([3, 2, 3, 3], np.int64), np.arange(0, 54, 5)
     want = np.empty(pos.size)
     prefilter._conv_abs(prefilter.CONV_WEIGHT, g, x, np.zeros(0), pos, geo, 1, shape, want)
-    ran, run = [], omp.run
-
-    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
-        ran.append((kernel, parts))
-        run(kernel, block, parts)
-
-    monkeypatch.setattr(omp, "run", noting)
+    ran = _noted_runs(monkeypatch)
     monkeypatch.setattr(omp, "parts", lambda size, least=None: 2 if size >= 2 * least else 1)
     monkeypatch.setattr(prefilter, "_SPLIT_TERMS", 1000)  # (11 positions of 1,600 terms)
     got = np.empty(pos.size)
@@ -261,13 +261,7 @@ def test_convolution_squares_take_the_split_kernel_where_passes_split(monkeypatc
     x = rng.standard_normal((4, 3, 8, 8))
     want = [np.empty((4, 8, 8)), np.empty((4, 3)), np.empty((4, 3, 8))]
     answer = prefilter._squares(x, *want)
-    ran, run = [], omp.run
-
-    def noting(kernel: int, block: np.ndarray, parts: int) -> None:
-        ran.append((kernel, parts))
-        run(kernel, block, parts)
-
-    monkeypatch.setattr(omp, "run", noting)
+    ran = _noted_runs(monkeypatch)
     monkeypatch.setattr(omp, "parts", lambda size: 3)
     got = [np.empty_like(a) for a in want]
     assert prefilter._squares_of(x, *got) == answer and all(np.array_equal(a, b) for a, b in zip(got, want))
@@ -295,11 +289,13 @@ def test_convolution_window_and_cover_norms_in_parts(geometry: tuple, monkeypatc
         omp_kernels.window_norms(parts, False, pixels, window, kh, kw, 0, 0, got_window)
         omp_kernels.window_norms(parts, True, out_pixels, cover, kh, kw, h, w, got_cover)
         assert np.array_equal(got_window, want_window) and np.array_equal(got_cover, want_cover)
+    ran = _noted_runs(monkeypatch)
     monkeypatch.setattr(omp, "parts", lambda size: 2)
     got_window, got_cover = np.empty_like(want_window), np.empty_like(want_cover)
     prefilter._norms_over(False, pixels, window, kh, kw, 0, 0, got_window)
     prefilter._norms_over(True, out_pixels, cover, kh, kw, h, w, got_cover)
     assert np.array_equal(got_window, want_window) and np.array_equal(got_cover, want_cover)
+    assert ran == [(omp_kernels._window_part.address, 2)] * 2
 
 
 def test_rounding_in_parts() -> None:
