@@ -850,7 +850,7 @@ def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, divis
     # With many images the lanes of a block of elements are held together and x is read image by image (a, then
     # the block's elements), one stream through memory, where element by element each read its lines at a stride
     # of a whole image: the same additions in each lane, in the same order. On Zen 3 (AVX2), batch norm's (32, 32,
-    # 32, 32) input from memory 519-628 -> 457-531 us, (32, 64, 16, 16) 270-327 -> 253-269 (docs/benchmarks.md,
+    # 32, 32) input from memory 508-661 -> 463-537 us, (32, 64, 16, 16) 261-368 -> 238-294 (docs/benchmarks.md,
     # session 49). With fewer images, element by element: a layer norm's one outer line (1, 1024, 256) took ~10 %
     # longer in blocks of one element.
     lanes = min(x.shape[2], SUM_LANES)
