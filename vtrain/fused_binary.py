@@ -325,7 +325,7 @@ def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndar
         pb = i0 * sb[0] + i1 * sb[1] + i2 * sb[2]
         first = o - start  # (the line's first value in out)
         # An operand broadcast along the line (innermost step 0) is its one value there, a number in the loop:
-        # against its value repeated in a buffer (session 48's loop), 0.28 against 0.40 ms for a (32, 32, 32, 32)
+        # against its value repeated in a buffer (session 48's loop), 0.30 against 0.38 ms for a (32, 32, 32, 32)
         # by (1, 32, 1, 1) product (docs/benchmarks.md, session 49). Each case is a call of its own (numba types
         # each argument once).
         if out is None:

@@ -205,7 +205,8 @@ def test_cache_files_are_named_by_key_so_concurrent_saves_never_mix_signatures(t
     theirs = _interleaved_saves(tmp_path / "numba", numba_cache._numbas_save)
     assert theirs == {(("(float64 3d,)", "machine"), "code"): "a's code"}  # (b's entry, a's code)
     ours = _interleaved_saves(tmp_path / "keyed", numba_cache._save_keyed)
-    assert ours == {(("(float64 2d,)", "machine"), "code"): "a's code", (("(float64 3d,)", "machine"), "code"): "b's code"}
+    assert ours == {(("(float64 2d,)", "machine"), "code"): "a's code",
+                    (("(float64 3d,)", "machine"), "code"): "b's code"}
 
 
 def test_every_vtrain_module_that_imports_numba_names_its_files_by_key() -> None:

@@ -185,8 +185,8 @@ def test_prefilter_takes_the_split_norms_where_passes_split(monkeypatch: pytest.
         assert ran.pop() == (kernel.address, 2)
 
 
-@pytest.mark.parametrize("geometry", [([1, 1], [1, 1], [1, 1], 1), ([2, 1], [0, 2], [1, 2], 2), ([1, 3], [3, 0], [2, 1], 1)],
-                         ids=["3x3", "strided-grouped", "dilated-padded"])
+@pytest.mark.parametrize("geometry", [([1, 1], [1, 1], [1, 1], 1), ([2, 1], [0, 2], [1, 2], 2),
+                                      ([1, 3], [3, 0], [2, 1], 1)], ids=["3x3", "strided-grouped", "dilated-padded"])
 def test_convolution_e_at_positions_in_parts(geometry: tuple) -> None:
     """E's sums of |terms| at a convolution's positions (forward, input and weight gradients) in runs of positions
     on several threads: each position's sum as the one pass's, bit for bit, whatever the positions' order."""
