@@ -262,9 +262,9 @@ def _op(code: int, x: float, y: float) -> float:
     return x * ((1.0 - y) * y)
 
 
-def _item(v: Any, i: int) -> float:
-    """v[i] for an array, v itself for a number (compiled: `_item_at`)."""
-    raise NotImplementedError("compiled only")
+def _item(v: np.ndarray | float, i: int) -> float:
+    """v[i] for an array, v itself for a number (`_item_at` gives compiled code each case's own)."""
+    return v[i] if isinstance(v, np.ndarray) else v
 
 
 @overload(_item)

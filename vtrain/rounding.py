@@ -806,7 +806,9 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         # (the numpy calls here cost ~10-20 us each in a step, so each question is asked once: the logged positions'
         # count from `sel`, the certified ones' from their positions)
         sel = np.flatnonzero(logged)
-        if certify is not None and sel.size:
+        if not sel.size:
+            return SiteLog(site, op, shape)
+        if certify is not None:
             # (gathered in numpy: torch indexing costs ~20 us a call here; the certifiers read numpy anyway)
             exact = certify(torch.from_numpy(idx[sel]), e[sel], held[sel])
             if exact is not None:
@@ -816,8 +818,6 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 self._counts["certified"] += certified.size
                 if certified.size == sel.size:  # (the common outcome: exact ties, all certified)
                     return SiteLog(site, op, shape)
-        if not sel.size:
-            return SiteLog(site, op, shape)
         as_value = logged & wide if self.policy == "bound" else np.zeros_like(logged)
         as_dir = logged & ~as_value
         res, widths = valuecode.encode(held[as_value], rr[as_value], ww[as_value], self.bits)

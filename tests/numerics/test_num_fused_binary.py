@@ -231,3 +231,9 @@ def test_the_path_obeys_the_kernels_switch(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(fused, "ENABLED", False)
     x = torch.randn(64, 64, dtype=torch.float64)
     assert fused_binary.binary(aten.mul.Tensor, (x, x), {}, 23, grid_max(32)) is None
+
+
+def test_an_operand_is_read_as_an_array_or_as_one_number() -> None:
+    # (the loop's operand access: an array's value i, or a broadcast operand's one value at every i; the compiled
+    # cases are covered above through the layouts "per-channel", "channel-first", "outer" and the scalars)
+    assert fused_binary._item(np.array([1.5, -2.0]), 1) == -2.0 and fused_binary._item(0.25, 7) == 0.25
