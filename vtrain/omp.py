@@ -54,15 +54,10 @@ def _libgomp() -> Any:
     return lib
 
 
-@functools.cache
-def _parallel() -> Any:
-    """libgomp's GOMP_parallel in the copy torch loaded, or None (`_libgomp`)."""
+def parallel_address() -> int | None:
+    """The address of GOMP_parallel in the libgomp torch loaded (`_libgomp`), which `run` calls, or None."""
     lib = _libgomp()
-    if lib is None:
-        return None
-    fn = lib.GOMP_parallel
-    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint], None
-    return fn
+    return None if lib is None else ctypes.cast(lib.GOMP_parallel, ctypes.c_void_p).value
 
 
 def thread_number() -> int | None:
@@ -79,7 +74,7 @@ def parts(size: int, least: int | None = None) -> int:
     if not ENABLED or size < 2 * least:
         return 1
     n = min(torch.get_num_threads(), size // least)
-    return n if n > 1 and _parallel() is not None else 1
+    return n if n > 1 and _libgomp() is not None else 1
 
 
 def kernels() -> Any:
@@ -90,17 +85,11 @@ def kernels() -> Any:
     return omp_kernels
 
 
-_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
 def run(kernel: int, block: np.ndarray, threads: int) -> None:
     """Run the C function at address `kernel` on `threads` threads of torch's OpenMP team, each given the
     int64 array `block` (from block[0] on, one a part, the flags of the parts taken: set to 0 here), and return
     once all are done. Without libgomp (`parts` then never splits a pass, but a test may ask for parts), this
-    thread alone runs it: the function takes every part in turn."""
-    block[int(block[0]):] = 0
-    parallel = _parallel()
-    if parallel is None or threads == 1:
-        _CALLBACK(kernel)(block.ctypes.data)
-    else:
-        parallel(kernel, block.ctypes.data, threads, 0)
+    thread alone runs it: the function takes every part in turn. (One compiled call, vtrain.omp_kernels.launch:
+    through ctypes, the block's address and the call took ~5 us of Python a pass, and a training step splits
+    ~250 passes.)"""
+    kernels().launch(kernel, block, threads)

@@ -1,11 +1,11 @@
 """The kernels vtrain.omp splits across torch's OpenMP threads, as C callbacks (numba cfuncs).
 
 libgomp calls a callback with one pointer, so each call's arguments travel in an int64 block: addresses and sizes of
-arrays, integers, and the address of a float64 block for floats. Every thread of the team takes parts of the pass,
+arrays, integers, and floats (their bits, in the block, and their address). Every thread of the team takes parts of the pass,
 its own first (thread t's is part t) and then any other not yet taken (a flag a part, set by an atomic addition),
 and runs the kernel of vtrain.fused, vtrain.fused_binary or vtrain.fused_optim on each, unchanged, writing its
 results into the block's slots for that part. A part's candidates go into its own stretch of the candidate buffers
-(a part of n values has at most n); `_gather` then packs them to the front, part by part, so they come out in the
+(a part of n values has at most n); `_gathered` then packs them to the front, part by part, so they come out in the
 whole pass's order.
 
 Thread t takes part t first as torch's own parallel loops give thread t the t-th share of a pass: each core then
@@ -41,6 +41,14 @@ _THREAD_ZERO = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
 llvm.add_symbol("vtrain_omp_thread", omp.thread_number() or ctypes.cast(_THREAD_ZERO, ctypes.c_void_p).value)
 _thread = types.ExternalFunction("vtrain_omp_thread", types.int32())
 
+# `launch` calls libgomp's GOMP_parallel the same way, by a symbol of ours; without libgomp, a stand-in that runs the
+# callback on this thread alone.
+_ALONE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)(
+    lambda kernel, data, threads, flags: ctypes.CFUNCTYPE(None, ctypes.c_void_p)(kernel)(data))
+llvm.add_symbol("vtrain_gomp_parallel", omp.parallel_address() or ctypes.cast(_ALONE, ctypes.c_void_p).value)
+_gomp_parallel = types.ExternalFunction("vtrain_gomp_parallel",
+                                        types.void(types.voidptr, types.voidptr, types.uint32, types.uint32))
+
 
 @intrinsic
 def _pointer(typingctx, address, dtype):  # noqa: ANN001, ANN202 (numba's intrinsic protocol)
@@ -53,6 +61,24 @@ def _pointer(typingctx, address, dtype):  # noqa: ANN001, ANN202 (numba's intrin
         return builder.inttoptr(args[0], context.get_value_type(target))
 
     return target(types.int64, dtype), codegen
+
+
+@intrinsic
+def _void(typingctx, address):  # noqa: ANN001, ANN202
+    """An address (an int64) as a C void pointer, for `_gomp_parallel`."""
+
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+
+    return types.voidptr(types.int64), codegen
+
+
+@njit(cache=True, nogil=True)
+def launch(kernel: int, block: np.ndarray, threads: int) -> None:
+    """vtrain.omp.run's pass: the flags cleared, then the callback at address `kernel` on `threads` threads of
+    torch's team, each given the block."""
+    block[block[0]:] = 0
+    _gomp_parallel(_void(kernel), _void(block.ctypes.data), threads, 0)
 
 
 @intrinsic
@@ -84,35 +110,67 @@ def _cut(size: int, part: int, parts: int, grain: int) -> int:
 _jit_cut = njit(cache=True, nogil=True, inline="always")(_cut)
 
 
-def _floats(*values: float) -> np.ndarray:
-    return np.array(values, np.float64)
+def _as_floats(*values: float) -> tuple[float, ...]:
+    """Values as Python floats: the compiled block builders take them as one tuple of one type."""
+    return tuple(float(v) for v in values)
 
 
-def _block(parts: int, fields: list[int], count: int, results: int) -> np.ndarray:
-    """An argument block: the head, the fields (`count` of them, as the callback reads them), `results` slots for
-    each part (`_slots`), and a flag for each part (`_part`)."""
-    assert len(fields) == count, "a callback's fields and its caller's differ"
-    block = np.zeros(_HEAD + len(fields) + (results + 1) * parts, np.int64)
+@njit(cache=True, nogil=True, inline="always")
+def _new_block(parts: int, count: int, results: int) -> np.ndarray:
+    """An argument block for `parts` parts, zeros: the head, `count` fields (the caller's to fill, as the callback
+    reads them), `results` slots for each part (`_slot`), and a flag for each part (`_part`). Each wrapper below
+    builds its block in one compiled call: in Python (a list of fields made an array, the arrays' addresses, a
+    float64 array for the floats, the slots read back by numpy) a 262K-value product's call took ~10 us more, of
+    ~60 at two threads, and a training step splits ~250 passes."""
+    block = np.zeros(_HEAD + count + (results + 1) * parts, np.int64)
     block[0], block[1] = block.size - parts, parts
-    block[_HEAD:_HEAD + len(fields)] = fields
     return block
 
 
-def _slots(block: np.ndarray, results: int) -> np.ndarray:
-    """The parts' result slots of a block that ran (`_block`'s), a row a part."""
-    flags, parts = int(block[0]), int(block[1])
-    return block[flags - results * parts:flags].reshape(parts, results)
+@njit(cache=True, nogil=True, inline="always")
+def _put_float(block: np.ndarray, field: int, value: float) -> None:
+    """A float field kept in the block itself: block[field] holds the address of block[field + 1], which holds
+    value's bits (a callback reads it as it reads a float64 array's first value)."""
+    block[field] = block.ctypes.data + 8 * (field + 1)
+    carray(_pointer(block[field], np.float64), 1)[0] = value
 
 
-def _address(a: np.ndarray | None) -> int:
-    """An array's data address (0 for None). Read by a compiled function: numpy's `a.ctypes.data` builds a ctypes
-    object, ~2 us, and a split pass passes four to six (at two threads a 262K-value product's call took 86 us,
-    its kernel 50; torch's own product 50)."""
-    return 0 if a is None else _data(a)
+@njit(cache=True, nogil=True, inline="always")
+def _put_floats(block: np.ndarray, field: int, values: Any) -> None:
+    """`_put_float` for a tuple of floats, in the fields after block[field]."""
+    block[field] = block.ctypes.data + 8 * (field + 1)
+    floats = carray(_pointer(block[field], np.float64), len(values))
+    for i in range(len(values)):
+        floats[i] = values[i]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _slot(block: np.ndarray, results: int, p: int, column: int) -> int:
+    """Part p's result slot `column` in a block that ran (`results` slots a part, just before the flags)."""
+    return block[block[0] - results * block[1] + results * p + column]
+
+
+@njit(cache=True, nogil=True)
+def _slot_sum(block: np.ndarray, results: int, column: int) -> int:
+    """The sum over the parts of their result slot `column`."""
+    total = 0
+    for p in range(block[1]):
+        total += _slot(block, results, p, column)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _slot_max(block: np.ndarray, results: int, column: int) -> int:
+    """The largest of the parts' result slots `column`."""
+    top = _slot(block, results, 0, column)
+    for p in range(1, block[1]):
+        top = max(top, _slot(block, results, p, column))
+    return top
 
 
 @njit(cache=True, nogil=True)
 def _data(a: np.ndarray) -> int:
+    """An array's data address, read by a compiled function (numpy's `a.ctypes.data` builds a ctypes object)."""
     return a.ctypes.data
 
 
@@ -125,17 +183,19 @@ def _require(dtype: type, *arrays: np.ndarray | None) -> None:
                             f"strides {a.strides}")
 
 
-def _gather(block: np.ndarray, starts: list[int], cand: np.ndarray, held: np.ndarray) -> tuple[int, int]:
-    """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad), the parts'
-    candidates moved from cand[start:start + count] (positions counted from start) and held's alongside to the
-    front, in order."""
+@njit(cache=True, nogil=True)
+def _gathered(block: np.ndarray, units: int, grain: int, per_unit: int, cand: np.ndarray,
+              held: np.ndarray) -> tuple[int, int]:
+    """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad), part p having begun
+    at `_cut`(units, p, parts, grain) * per_unit: the parts' candidates moved from cand[start:start + count]
+    (positions counted from start) and held's alongside to the front, in order."""
     total, bad = 0, -1
-    for (found, first_bad), start in zip(_slots(block, 2).tolist(), starts):
-        if found:
-            if start != total:
-                for a in (cand, held):
-                    a[total:total + found] = a[start:start + found].copy()  # (the stretches may overlap)
-            cand[total:total + found] += start
+    for p in range(block[1]):
+        found, first_bad = _slot(block, 2, p, 0), _slot(block, 2, p, 1)
+        start = _jit_cut(units, p, block[1], grain) * per_unit
+        for i in range(found):  # (forward: a stretch moves down, to where the ones before it ended)
+            cand[total + i] = cand[start + i] + start
+            held[total + i] = held[start + i]
         total += found
         if bad < 0 <= first_bad:
             bad = start + first_bad
@@ -143,14 +203,15 @@ def _gather(block: np.ndarray, starts: list[int], cand: np.ndarray, held: np.nda
 
 
 # fused_binary.binary: fields code, a (address, size), sa[4], b (address, size), sb[4], dims[4], out (address, 0:
-# in place), m, cast32, floats (limit), size; one slot a part: its count of values off the grid.
-_B_FIELDS = 22
+# in place), m, cast32, floats (the address of the next field), limit (float64 bits), size; one slot a part: its
+# count of values off the grid.
+_B_FIELDS = 23
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
 def _binary_part(d):  # noqa: ANN001, ANN202
     blk = carray(d, _HEAD + _B_FIELDS + d[1])
-    code, m, cast32, size, parts = blk[2], blk[20], blk[21] != 0, blk[23], blk[1]
+    code, m, cast32, size, parts = blk[2], blk[20], blk[21] != 0, blk[24], blk[1]
     a, b = carray(_pointer(blk[3], np.float64), blk[4]), carray(_pointer(blk[9], np.float64), blk[10])
     sa, sb, dims = blk[5:9], blk[11:15], blk[15:19]
     limit = carray(_pointer(blk[22], np.float64), 1)[0]
@@ -167,21 +228,36 @@ def _binary_part(d):  # noqa: ANN001, ANN202
         blk[_HEAD + _B_FIELDS + p] = nbad
 
 
+@njit(cache=True, nogil=True)
+def _binary_block(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray,
+                  dims: np.ndarray, out: np.ndarray | None, m: int, cast32: bool, limit: float,
+                  size: int) -> np.ndarray:
+    block = _new_block(parts, _B_FIELDS, 1)
+    block[2], block[3], block[4] = code, a.ctypes.data, a.size
+    block[5:9] = sa
+    block[9], block[10] = b.ctypes.data, b.size
+    block[11:15] = sb
+    block[15:19] = dims
+    block[19] = 0 if out is None else out.ctypes.data
+    block[20], block[21], block[24] = m, cast32, size
+    _put_float(block, 22, limit)
+    return block
+
+
 def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
            out: np.ndarray | None, m: int, cast32: bool, limit: float, size: int) -> int:
     """`fused_binary._binary` over all `size` output values, in `parts` parts: the count of values off the grid."""
     _require(np.float64, a, b, out)
     _require(np.int64, sa, sb, dims)
-    floats = _floats(limit)
-    block = _block(parts, [code, _address(a), a.size, *sa.tolist(), _address(b), b.size, *sb.tolist(),
-                           *dims.tolist(), _address(out), m, cast32, _address(floats), size], _B_FIELDS, 1)
+    block = _binary_block(parts, code, a, sa, b, sb, dims, out, m, cast32, limit, size)
     omp.run(_binary_part.address, block, parts)
-    return int(_slots(block, 1).sum())
+    return _slot_sum(block, 1, 0)
 
 
 # fused.round_near (bits = 32) and round_near_relative: fields v, out, cand, held (addresses), size, e (address,
-# size; size 0: the relative band), floats (factor, limit, plus, k, a, c, f); two slots a part: count, bad.
-_N_FIELDS = 8
+# size; size 0: the relative band), floats (the address of the next seven fields: factor, limit, plus, k, a, c, f,
+# as `_put_floats` keeps them); two slots a part: count, bad.
+_N_FIELDS = 15
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
@@ -208,6 +284,18 @@ def _near_part(d):  # noqa: ANN001, ANN202
         blk[at], blk[at + 1] = count, bad
 
 
+@njit(cache=True, nogil=True)
+def _near_block(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarray, cand: np.ndarray,
+                held: np.ndarray, floats: tuple) -> np.ndarray:
+    block = _new_block(parts, _N_FIELDS, 2)
+    block[2], block[3], block[4], block[5], block[6] = v.ctypes.data, out.ctypes.data, cand.ctypes.data, \
+        held.ctypes.data, v.size
+    if e is not None:
+        block[7], block[8] = e.ctypes.data, e.size
+    _put_floats(block, 9, floats)
+    return block
+
+
 def round_near32(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarray, cand: np.ndarray,
                  held: np.ndarray, factor: float, limit: float, plus: float,
                  relative: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)) -> tuple[int, int]:
@@ -215,19 +303,15 @@ def round_near32(parts: int, v: np.ndarray, e: np.ndarray | None, out: np.ndarra
     in `parts` parts: (count, first bad position or -1), cand[:count] and held[:count] as the whole pass's."""
     _require(np.float64, v, e, out, held)
     _require(np.int64, cand)
-    floats = _floats(factor, limit, plus, *relative)
-    size = v.size
-    block = _block(parts, [_address(v), _address(out), _address(cand), _address(held), size,
-                           _address(e), 0 if e is None else e.size, _address(floats)], _N_FIELDS, 2)
+    block = _near_block(parts, v, e, out, cand, held, _as_floats(factor, limit, plus, *relative))
     omp.run(_near_part.address, block, parts)
-    starts = [_cut(size, p, parts, NEAR_BLOCK) for p in range(parts)]
-    return _gather(block, starts, cand, held)
+    return _gathered(block, v.size, NEAR_BLOCK, 1, cand, held)
 
 
 # fused.round_near_outer: fields v, out, cand, held (addresses), batches, rows a batch, columns, rows, cols, add,
-# sa, sb (addresses; sa 0: no support), words a bitset, floats (factor, limit, plus); two slots a part. Parts are
-# whole rows of the one batch, or whole batches.
-_O_FIELDS = 14
+# sa, sb (addresses; sa 0: no support), words a bitset, floats (the address of the next three fields: factor,
+# limit, plus); two slots a part. Parts are whole rows of the one batch, or whole batches.
+_O_FIELDS = 17
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
@@ -262,6 +346,19 @@ def _outer_part(d):  # noqa: ANN001, ANN202
         blk[at], blk[at + 1] = count, bad
 
 
+@njit(cache=True, nogil=True)
+def _outer_block(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray, out: np.ndarray,
+                 cand: np.ndarray, held: np.ndarray, sa: np.ndarray, sb: np.ndarray, floats: tuple) -> np.ndarray:
+    block = _new_block(parts, _O_FIELDS, 2)
+    block[2], block[3], block[4], block[5] = v.ctypes.data, out.ctypes.data, cand.ctypes.data, held.ctypes.data
+    block[6], block[7], block[8] = rows.shape[0], rows.shape[1], cols.shape[1]
+    block[9], block[10], block[11] = rows.ctypes.data, cols.ctypes.data, add.ctypes.data
+    if sa.size:
+        block[12], block[13], block[14] = sa.ctypes.data, sb.ctypes.data, sa.shape[2]
+    _put_floats(block, 15, floats)
+    return block
+
+
 def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarray,
                        factor: float, limit: float, out: np.ndarray, cand: np.ndarray, held: np.ndarray, plus: float,
                        sa: np.ndarray, sb: np.ndarray) -> tuple[int, int]:
@@ -274,20 +371,14 @@ def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.nda
     batches, m, n = rows.shape[0], rows.shape[1], cols.shape[1]
     units = m if batches == 1 else batches
     parts = min(parts, units)
-    floats = _floats(factor, limit, plus)
-    words = sa.shape[2] if sa.size else 0
-    block = _block(parts, [_address(v), _address(out), _address(cand), _address(held), batches, m, n,
-                           _address(rows), _address(cols), _address(add), _address(sa if words else None),
-                           _address(sb if words else None), words, _address(floats)], _O_FIELDS, 2)
+    block = _outer_block(parts, v, rows, cols, add, out, cand, held, sa, sb, _as_floats(factor, limit, plus))
     omp.run(_outer_part.address, block, parts)
-    per_unit = n if batches == 1 else m * n
-    starts = [_cut(units, p, parts, 1) * per_unit for p in range(parts)]
-    return _gather(block, starts, cand, held)
+    return _gathered(block, units, 1, n if batches == 1 else m * n, cand, held)
 
 
-# fused.round_in_place and round_into (float64 values): fields v, out (0: in place), size, m, cast32, floats
-# (limit); one slot a part: its first position off the grid, or -1.
-_R_FIELDS = 6
+# fused.round_in_place and round_into (float64 values): fields v, out (0: in place), size, m, cast32, floats (the
+# address of the next field: limit); one slot a part: its first position off the grid, or -1.
+_R_FIELDS = 7
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
@@ -309,23 +400,38 @@ def _round_part(d):  # noqa: ANN001, ANN202
         blk[_HEAD + _R_FIELDS + p] = bad
 
 
+@njit(cache=True, nogil=True)
+def _round_block(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, limit: float) -> np.ndarray:
+    block = _new_block(parts, _R_FIELDS, 1)
+    block[2], block[4], block[5], block[6] = v.ctypes.data, v.size, m, m == 23
+    if out is not None:
+        block[3] = out.ctypes.data
+    _put_float(block, 7, limit)
+    return block
+
+
+@njit(cache=True, nogil=True)
+def _first_bad(block: np.ndarray, size: int) -> int:
+    """The first position off the grid over the parts' slots (each counted from its part's start), or -1."""
+    for p in range(block[1]):
+        bad = _slot(block, 1, p, 0)
+        if bad >= 0:
+            return _jit_cut(size, p, block[1], NEAR_BLOCK) + bad
+    return -1
+
+
 def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, limit: float) -> int:
     """`fused._round_in_place` (out None) or `fused._round_into` over float64 v in `parts` parts: the first
     position whose rounding is off the grid, or -1."""
     _require(np.float64, v, out)
-    floats = _floats(limit)
-    size = v.size
-    block = _block(parts, [_address(v), _address(out), size, m, m == 23, _address(floats)], _R_FIELDS, 1)
+    block = _round_block(parts, v, out, m, float(limit))
     omp.run(_round_part.address, block, parts)
-    for p, bad in enumerate(_slots(block, 1)[:, 0].tolist()):
-        if bad >= 0:
-            return _cut(size, p, parts, NEAR_BLOCK) + bad
-    return -1
+    return _first_bad(block, v.size)
 
 
 # fused.sums_with_abs's lines (float64): fields x (address), its shape (3 values), total, out (addresses), floats
-# (divisor). Parts are whole kept elements; no slots.
-_S_FIELDS = 7
+# (the address of the next field: divisor). Parts are whole kept elements; no slots.
+_S_FIELDS = 8
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
@@ -342,23 +448,29 @@ def _lanes_part(d):  # noqa: ANN001, ANN202
         fused._lane_sums_with_abs(x, total, out, divisor, _jit_cut(kept, p, parts, 1), _jit_cut(kept, p + 1, parts, 1))
 
 
+@njit(cache=True, nogil=True)
+def _lanes_block(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> np.ndarray:
+    block = _new_block(parts, _S_FIELDS, 0)
+    block[2], block[3], block[4], block[5] = lines.ctypes.data, lines.shape[0], lines.shape[1], lines.shape[2]
+    block[6], block[7] = total.ctypes.data, out.ctypes.data
+    _put_float(block, 8, divisor)
+    return block
+
+
 def lane_sums_with_abs(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
     """`fused._lane_sums_with_abs` over C-contiguous float64 lines (outer, kept, inner) into total and out, in
     `parts` parts of whole kept elements (each element's sums in the one pass's order)."""
     _require(np.float64, lines, total, out)
-    floats = _floats(divisor)
-    block = _block(parts, [_address(lines), *lines.shape, _address(total), _address(out), _address(floats)],
-                   _S_FIELDS, 0)
-    omp.run(_lanes_part.address, block, parts)
+    omp.run(_lanes_part.address, _lanes_block(parts, lines, total, out, float(divisor)), parts)
 
 
 # fused_optim._adam or _sgd over a group's float64 parameters as one pass: fields kind (0 Adam, 1 SGD), tensors
 # (address of an int64 table, a row a parameter: the arrays' addresses (Adam: p, g, m1, m2; SGD: p, g, buf, 0),
 # size, first position in the pass), their count, coefficients (address of a float64 table, a row a parameter:
 # Adam's decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale; SGD's fresh, wd, momentum, alpha, neg_lr, 0, 0, 0), m,
-# values in all, floats (limit); two slots a part: the first parameter whose update failed a check (or the
-# count: none), its flags.
-_U_FIELDS = 7
+# values in all, floats (the address of the next field: limit); two slots a part: the first parameter whose update
+# failed a check (or the count: none), its flags.
+_U_FIELDS = 8
 ADAM, SGD = 0, 1
 
 
@@ -394,6 +506,28 @@ def _update_part(d):  # noqa: ANN001, ANN202
         blk[at], blk[at + 1] = first, flags
 
 
+@njit(cache=True, nogil=True)
+def _update_block(parts: int, kind: int, table: np.ndarray, coef: np.ndarray, m: int, size: int,
+                  limit: float) -> np.ndarray:
+    block = _new_block(parts, _U_FIELDS, 2)
+    block[2], block[3], block[4], block[5] = kind, table.ctypes.data, table.shape[0], coef.ctypes.data
+    block[6], block[7] = m, size
+    _put_float(block, 8, limit)
+    return block
+
+
+@njit(cache=True, nogil=True)
+def _update_answer(block: np.ndarray, count: int) -> tuple[int, int]:
+    """(the first parameter whose update failed a check over the parts' slots, or -1; its flags from every part)."""
+    first, flags = count, 0
+    for p in range(block[1]):
+        first = min(first, _slot(block, 2, p, 0))
+    for p in range(block[1]):
+        if _slot(block, 2, p, 0) == first:
+            flags |= _slot(block, 2, p, 1)
+    return (-1, 0) if first == count else (first, flags)
+
+
 def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: list[tuple], m: int,
            limit: float) -> tuple[int, int]:
     """`fused_optim._adam` (kind ADAM) or `_sgd` (SGD), float64 work, on every parameter's arrays in `arrays`
@@ -402,19 +536,15 @@ def update(kind: int, parts: int, arrays: list[list[np.ndarray]], coefficients: 
     table, start = np.zeros((len(arrays), 6), np.int64), 0
     for row, group in zip(table, arrays):
         _require(np.float64, *group)
-        row[:len(group)] = [_address(a) for a in group]
+        row[:len(group)] = [_data(a) for a in group]
         row[4:] = group[0].size, start
         start += group[0].size
     coef = np.zeros((len(arrays), 8), np.float64)
     for row, c in zip(coef, coefficients):
         row[:len(c)] = c
-    floats = _floats(limit)
-    block = _block(parts, [kind, _address(table), len(arrays), _address(coef), m, start, _address(floats)],
-                   _U_FIELDS, 2)
+    block = _update_block(parts, kind, table, coef, m, start, float(limit))
     omp.run(_update_part.address, block, parts)
-    slots = _slots(block, 2)
-    first = int(slots[:, 0].min())
-    return (-1, 0) if first == len(arrays) else (first, int(np.bitwise_or.reduce(slots[slots[:, 0] == first, 1])))
+    return _update_answer(block, len(arrays))
 
 
 # prefilter._norms_both (float64): fields x, its rows and columns, the rows' norms, the blocks' column squares sq
@@ -441,16 +571,30 @@ def _norms_part(d):  # noqa: ANN001, ANN202
                                                          _jit_cut(blocks, p + 1, parts, 1))
 
 
+@njit(cache=True, nogil=True)
+def _norms_block(parts: int, x: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`norms`' block, with the blocks' column squares and the parts' column zeros it names."""
+    n, width = x.shape
+    sq, zc = np.zeros((prefilter.norm_blocks(n), width)), np.zeros((parts, width), np.int64)
+    block = _new_block(parts, _M_FIELDS, 2)
+    block[2], block[3], block[4], block[5] = x.ctypes.data, n, width, rows.ctypes.data
+    block[6], block[7] = sq.ctypes.data, zc.ctypes.data
+    return block, sq, zc
+
+
+@njit(cache=True, nogil=True)
+def _norms_answer(block: np.ndarray, sq: np.ndarray, zc: np.ndarray, rows: np.ndarray,
+                  cols: np.ndarray) -> tuple[bool, int, int, int]:
+    return prefilter.norms_finish(sq, zc.sum(axis=0), rows, cols, _slot_sum(block, 2, 0), _slot_max(block, 2, 1))
+
+
 def norms(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
     """`prefilter._norms_both` over a C-contiguous float64 x in `parts` parts of whole row blocks (at most as many
     as it has): its answer, and the norms, bit for bit (each block's column squares summed apart, then in order)."""
     _require(np.float64, x, rows, cols)
-    n, width = x.shape
-    sq, zc = np.zeros((prefilter.norm_blocks(n), width)), np.zeros((parts, width), np.int64)
-    block = _block(parts, [_address(x), n, width, _address(rows), _address(sq), _address(zc)], _M_FIELDS, 2)
+    block, sq, zc = _norms_block(parts, x, rows)
     omp.run(_norms_part.address, block, parts)
-    slots = _slots(block, 2)
-    return prefilter.norms_finish(sq, zc.sum(0), rows, cols, int(slots[:, 0].sum()), int(slots[:, 1].max()))
+    return _norms_answer(block, sq, zc, rows, cols)
 
 
 # prefilter._norms_batched (float64): fields x, its batches, rows a batch, columns, the rows' and the columns' norms
@@ -474,14 +618,29 @@ def _norms_batched_part(d):  # noqa: ANN001, ANN202
         blk[at], blk[at + 1], blk[at + 2], blk[at + 3] = finite, tiny, row_zeros, col_zeros
 
 
+@njit(cache=True, nogil=True)
+def _batched_block(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    block = _new_block(parts, _BN_FIELDS, 4)
+    block[2], block[3], block[4], block[5] = x.ctypes.data, x.shape[0], x.shape[1], x.shape[2]
+    block[6], block[7] = rows.ctypes.data, cols.ctypes.data
+    return block
+
+
+@njit(cache=True, nogil=True)
+def _batched_answer(block: np.ndarray) -> tuple[bool, int, int, int]:
+    finite = True
+    for p in range(block[1]):
+        finite &= _slot(block, 4, p, 0) != 0
+    return finite, _slot_sum(block, 4, 1), _slot_max(block, 4, 2), _slot_max(block, 4, 3)
+
+
 def norms_batched(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> tuple[bool, int, int, int]:
     """`prefilter._norms_batched` over a C-contiguous float64 (B, M, K) x in `parts` parts of whole batches (at most
     B): its answer, and the norms, bit for bit."""
     _require(np.float64, x, rows, cols)
-    block = _block(parts, [_address(x), *x.shape, _address(rows), _address(cols)], _BN_FIELDS, 4)
+    block = _batched_block(parts, x, rows, cols)
     omp.run(_norms_batched_part.address, block, parts)
-    slots = _slots(block, 4)
-    return bool(slots[:, 0].all()), int(slots[:, 1].sum()), int(slots[:, 2].max()), int(slots[:, 3].max())
+    return _batched_answer(block)
 
 
 # prefilter's E at a convolution's candidates (float64): fields kind (CONV_FORWARD, CONV_INPUT, CONV_WEIGHT), the
@@ -513,16 +672,26 @@ def _conv_abs_part(d):  # noqa: ANN001, ANN202
             prefilter._conv_abs_weight(a, b, pos[lo:hi], geometry, groups, shape, out[lo:hi])
 
 
+@njit(cache=True, nogil=True)
+def _conv_abs_block(parts: int, kind: int, a: np.ndarray, b: np.ndarray, bias: np.ndarray, pos: np.ndarray,
+                    geometry: np.ndarray, groups: int, shape: np.ndarray, out: np.ndarray) -> np.ndarray:
+    block = _new_block(parts, _C_FIELDS, 0)
+    block[2], block[3], block[8] = kind, a.ctypes.data, b.ctypes.data
+    for i in range(4):
+        block[4 + i], block[9 + i] = a.shape[i], b.shape[i]
+    block[13], block[14], block[15], block[16] = bias.ctypes.data, bias.size, pos.ctypes.data, pos.size
+    block[17], block[18], block[19] = geometry.ctypes.data, geometry.size, groups
+    block[20], block[21] = shape.ctypes.data, out.ctypes.data
+    return block
+
+
 def conv_abs(parts: int, kind: int, a: np.ndarray, b: np.ndarray, bias: np.ndarray, pos: np.ndarray,
              geometry: np.ndarray, groups: int, shape: np.ndarray, out: np.ndarray) -> None:
     """`prefilter._conv_abs`'s kernel of `kind` at C-contiguous float64 operands, in `parts` runs of the positions
     `pos`: out as the one pass's, bit for bit."""
     _require(np.float64, a, b, bias, out)
     _require(np.int64, pos, geometry, shape)
-    block = _block(parts, [kind, _address(a), *a.shape, _address(b), *b.shape, _address(bias), bias.size,
-                           _address(pos), pos.size, _address(geometry), geometry.size, groups, _address(shape),
-                           _address(out)], _C_FIELDS, 0)
-    omp.run(_conv_abs_part.address, block, parts)
+    omp.run(_conv_abs_part.address, _conv_abs_block(parts, kind, a, b, bias, pos, geometry, groups, shape, out), parts)
 
 
 # prefilter._squares (float64): fields x (address, four dims), pixel, plane, row (addresses; 0: not wanted); two
@@ -547,15 +716,25 @@ def _squares_part(d):  # noqa: ANN001, ANN202
         blk[at], blk[at + 1] = prefilter._squares(x[lo:hi], pixel[lo:hi], plane[lo:hi], row[lo:hi])
 
 
+@njit(cache=True, nogil=True)
+def _squares_block(parts: int, x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarray) -> np.ndarray:
+    block = _new_block(parts, _Q_FIELDS, 2)
+    block[2] = x.ctypes.data
+    for i in range(4):
+        block[3 + i] = x.shape[i]
+    block[7] = pixel.ctypes.data if pixel.size else 0
+    block[8] = plane.ctypes.data if plane.size else 0
+    block[9] = row.ctypes.data if row.size else 0
+    return block
+
+
 def squares(parts: int, x: np.ndarray, pixel: np.ndarray, plane: np.ndarray, row: np.ndarray) -> tuple[int, int]:
     """`prefilter._squares` over a C-contiguous float64 (N, C, H, W) x in `parts` parts of whole images (at most N):
     the sums (each image's on one thread, in the one pass's order) and the answer, bit for bit."""
     _require(np.float64, x, pixel, plane, row)
-    block = _block(parts, [_address(x), *x.shape, *(_address(a) if a.size else 0 for a in (pixel, plane, row))],
-                   _Q_FIELDS, 2)
+    block = _squares_block(parts, x, pixel, plane, row)
     omp.run(_squares_part.address, block, parts)
-    slots = _slots(block, 2)
-    return int(slots[:, 0].max()), int(slots[:, 1].sum())
+    return _slot_max(block, 2, 0), _slot_sum(block, 2, 1)
 
 
 # prefilter._window_norms (kind 0) and _cover_norms (kind 1): fields kind, sq (address, three dims), geometry (address,
@@ -582,12 +761,20 @@ def _window_part(d):  # noqa: ANN001, ANN202
             prefilter._cover_norms(sq[lo:hi], geometry, kh, kw, h, wd, out[lo:hi])
 
 
+@njit(cache=True, nogil=True)
+def _window_block(parts: int, cover: bool, sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int, wd: int,
+                  out: np.ndarray) -> np.ndarray:
+    block = _new_block(parts, _W_FIELDS, 0)
+    block[2], block[3], block[4], block[5], block[6] = cover, sq.ctypes.data, sq.shape[0], sq.shape[1], sq.shape[2]
+    block[7], block[8], block[9], block[10], block[11], block[12] = geometry.ctypes.data, geometry.size, kh, kw, h, wd
+    block[13], block[14], block[15] = out.ctypes.data, out.shape[0], out.shape[1]
+    return block
+
+
 def window_norms(parts: int, cover: bool, sq: np.ndarray, geometry: np.ndarray, kh: int, kw: int, h: int, wd: int,
                  out: np.ndarray) -> None:
     """`prefilter._window_norms` (cover False; h and wd unused) or `_cover_norms` over C-contiguous float64 squares
     in `parts` parts of whole images: out as the one pass's, bit for bit."""
     _require(np.float64, sq, out)
     _require(np.int64, geometry)
-    block = _block(parts, [int(cover), _address(sq), *sq.shape, _address(geometry), geometry.size, kh, kw, h, wd,
-                           _address(out), *out.shape], _W_FIELDS, 0)
-    omp.run(_window_part.address, block, parts)
+    omp.run(_window_part.address, _window_block(parts, cover, sq, geometry, kh, kw, h, wd, out), parts)

@@ -61,6 +61,23 @@ def test_binary_in_parts(code: int, shapes: tuple) -> None:
             assert np.array_equal(got, want, equal_nan=True)
 
 
+def test_without_libgomp_a_pass_runs_every_part_on_this_thread() -> None:
+    """Where torch's threads are not libgomp's, `launch` calls a stand-in (`omp_kernels._ALONE`) that runs the
+    callback once, on this thread: it takes every part in turn, so the pass is the whole one's."""
+    rng = np.random.default_rng(11)
+    x, y = (torch.from_numpy(_values(rng, 3000).reshape(30, 100)) for _ in range(2))
+    plan = fused_binary._plan(fused_binary._key(x), fused_binary._key(y))
+    a, b = fused_binary._memory(x, plan.x_span), fused_binary._memory(y, plan.y_span)
+    whole_out, out = np.empty(plan.size), np.empty(plan.size)
+    whole = fused_binary._binary(fused_binary.MUL, a, plan.sa, b, plan.sb, plan.dims, whole_out, 23, True, LIMIT,
+                                 POW2, 0, plan.size)
+    block = omp_kernels._binary_block(3, fused_binary.MUL, a, plan.sa, b, plan.sb, plan.dims, out, 23, True, LIMIT,
+                                      plan.size)
+    omp_kernels._ALONE(omp_kernels._binary_part.address, block.ctypes.data, 3, 0)
+    assert omp_kernels._slot_sum(block, 1, 0) == whole > 0
+    assert np.array_equal(out, whole_out, equal_nan=True)
+
+
 def _near(kind: str, v: np.ndarray, e: np.ndarray, out_is_v: bool, parts: int) -> tuple:
     v = v.copy()
     out = v if out_is_v else np.empty_like(v)
@@ -370,7 +387,7 @@ def test_optimizer_updates_in_parts(kind: str, m: int) -> None:
 def test_parts_follow_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pass splits in torch's thread count where torch runs on libgomp (torch's Linux wheels, which CI installs),
     parts of MIN_VALUES at least; one thread, a small pass, or the switch off: whole. Elsewhere it never splits."""
-    gnu = omp._parallel() is not None
+    gnu = omp.parallel_address() is not None
     size = 10 * omp.MIN_VALUES
     torch.set_num_threads(4)
     try:
