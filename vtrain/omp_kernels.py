@@ -1,12 +1,12 @@
 """The kernels vtrain.omp splits across torch's OpenMP threads, as C callbacks (numba cfuncs).
 
 libgomp calls a callback with one pointer, so each call's arguments travel in an int64 block: addresses and sizes of
-arrays, integers, and floats (their bits, in the block, and their address). Every thread of the team takes parts of the pass,
-its own first (thread t's is part t) and then any other not yet taken (a flag a part, set by an atomic addition),
-and runs the kernel of vtrain.fused, vtrain.fused_binary or vtrain.fused_optim on each, unchanged, writing its
-results into the block's slots for that part. A part's candidates go into its own stretch of the candidate buffers
-(a part of n values has at most n); `_gathered` then packs them to the front, part by part, so they come out in the
-whole pass's order.
+arrays, integers, and floats (their bits, in the block, and their address). Every thread of the team takes parts of
+the pass, its own first (thread t's is part t) and then any other not yet taken (a flag a part, set by an atomic
+addition), and runs the kernel of vtrain.fused, vtrain.fused_binary or vtrain.fused_optim on each, unchanged,
+writing its results into the block's slots for that part. A part's candidates go into its own stretch of the
+candidate buffers (a part of n values has at most n); `_gathered` then packs them to the front, part by part, so
+they come out in the whole pass's order.
 
 Thread t takes part t first as torch's own parallel loops give thread t the t-th share of a pass: each core then
 reads the values it wrote in the op before from its own caches, and a thread that comes late finds its part taken by
