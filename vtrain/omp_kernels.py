@@ -102,12 +102,10 @@ def _part(block: Any, j: int, parts: int) -> int:
     return p if _take(block, block[0] + p) else -1
 
 
+@njit(cache=True, nogil=True, inline="always")
 def _cut(size: int, part: int, parts: int, grain: int) -> int:
     """Where part `part` of `parts` begins in a pass over `size` values, cut at a multiple of `grain`."""
     return min(size, (-(-size // grain) * part // parts) * grain)
-
-
-_jit_cut = njit(cache=True, nogil=True, inline="always")(_cut)
 
 
 def _as_floats(*values: float) -> tuple[float, ...]:
@@ -192,7 +190,7 @@ def _gathered(block: np.ndarray, units: int, grain: int, per_unit: int, cand: np
     total, bad = 0, -1
     for p in range(block[1]):
         found, first_bad = _slot(block, 2, p, 0), _slot(block, 2, p, 1)
-        start = _jit_cut(units, p, block[1], grain) * per_unit
+        start = _cut(units, p, block[1], grain) * per_unit
         for i in range(found):  # (forward: a stretch moves down, to where the ones before it ended)
             cand[total + i] = cand[start + i] + start
             held[total + i] = held[start + i]
@@ -219,7 +217,7 @@ def _binary_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
+        lo, hi = _cut(size, p, parts, 1), _cut(size, p + 1, parts, 1)
         if blk[19] == 0:
             nbad = fused_binary._binary(code, a, sa, b, sb, dims, None, m, cast32, limit, POW2, lo, hi)
         else:
@@ -270,7 +268,7 @@ def _near_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
+        lo, hi = _cut(size, p, parts, NEAR_BLOCK), _cut(size, p + 1, parts, NEAR_BLOCK)
         v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
         out = carray(_pointer(blk[3] + 8 * lo, np.float64), hi - lo)
         cand = carray(_pointer(blk[4] + 8 * lo, np.int64), hi - lo)
@@ -324,7 +322,7 @@ def _outer_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
+        lo, hi = _cut(size, p, parts, 1), _cut(size, p + 1, parts, 1)
         # rows r0:r1 of the one batch, or batches lo:hi: (batches of the part, rows a batch, first batch, first row)
         nb, nm, b0, r0 = (1, hi - lo, 0, lo) if batches == 1 else (hi - lo, m, lo, 0)
         start = (b0 * m + r0) * n
@@ -390,7 +388,7 @@ def _round_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
+        lo, hi = _cut(size, p, parts, NEAR_BLOCK), _cut(size, p + 1, parts, NEAR_BLOCK)
         v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
         if blk[3] == 0:
             bad = fused._round_in_place(v, m, cast32, limit, POW2)
@@ -416,7 +414,7 @@ def _first_bad(block: np.ndarray, size: int) -> int:
     for p in range(block[1]):
         bad = _slot(block, 1, p, 0)
         if bad >= 0:
-            return _jit_cut(size, p, block[1], NEAR_BLOCK) + bad
+            return _cut(size, p, block[1], NEAR_BLOCK) + bad
     return -1
 
 
@@ -445,7 +443,7 @@ def _lanes_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        fused._lane_sums_with_abs(x, total, out, divisor, _jit_cut(kept, p, parts, 1), _jit_cut(kept, p + 1, parts, 1))
+        fused._lane_sums_with_abs(x, total, out, divisor, _cut(kept, p, parts, 1), _cut(kept, p + 1, parts, 1))
 
 
 @njit(cache=True, nogil=True)
@@ -485,7 +483,7 @@ def _update_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(size, p, parts, NEAR_BLOCK), _jit_cut(size, p + 1, parts, NEAR_BLOCK)
+        lo, hi = _cut(size, p, parts, NEAR_BLOCK), _cut(size, p + 1, parts, NEAR_BLOCK)
         first, flags = count, 0
         for t in range(count):
             n, start = table[t, 4], table[t, 5]
@@ -567,8 +565,8 @@ def _norms_part(d):  # noqa: ANN001, ANN202
         if p < 0:
             continue
         at = _HEAD + _M_FIELDS + 2 * p
-        blk[at], blk[at + 1] = prefilter.norms_of_blocks(x, rows, sq, zc[p], _jit_cut(blocks, p, parts, 1),
-                                                         _jit_cut(blocks, p + 1, parts, 1))
+        blk[at], blk[at + 1] = prefilter.norms_of_blocks(x, rows, sq, zc[p], _cut(blocks, p, parts, 1),
+                                                         _cut(blocks, p + 1, parts, 1))
 
 
 @njit(cache=True, nogil=True)
@@ -612,7 +610,7 @@ def _norms_batched_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(batches, p, parts, 1), _jit_cut(batches, p + 1, parts, 1)
+        lo, hi = _cut(batches, p, parts, 1), _cut(batches, p + 1, parts, 1)
         finite, tiny, row_zeros, col_zeros = prefilter._norms_batched(x[lo:hi], rows[lo:hi], cols[lo:hi])
         at = _HEAD + _BN_FIELDS + 4 * p
         blk[at], blk[at + 1], blk[at + 2], blk[at + 3] = finite, tiny, row_zeros, col_zeros
@@ -663,7 +661,7 @@ def _conv_abs_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(size, p, parts, 1), _jit_cut(size, p + 1, parts, 1)
+        lo, hi = _cut(size, p, parts, 1), _cut(size, p + 1, parts, 1)
         if kind == prefilter.CONV_FORWARD:
             prefilter._conv_abs_forward(a, b, bias, pos[lo:hi], geometry, groups, out[lo:hi])
         elif kind == prefilter.CONV_INPUT:
@@ -711,7 +709,7 @@ def _squares_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(n, p, parts, 1), _jit_cut(n, p + 1, parts, 1)
+        lo, hi = _cut(n, p, parts, 1), _cut(n, p + 1, parts, 1)
         at = _HEAD + _Q_FIELDS + 2 * p
         blk[at], blk[at + 1] = prefilter._squares(x[lo:hi], pixel[lo:hi], plane[lo:hi], row[lo:hi])
 
@@ -754,7 +752,7 @@ def _window_part(d):  # noqa: ANN001, ANN202
         p = _part(d, j, parts)
         if p < 0:
             continue
-        lo, hi = _jit_cut(n, p, parts, 1), _jit_cut(n, p + 1, parts, 1)
+        lo, hi = _cut(n, p, parts, 1), _cut(n, p + 1, parts, 1)
         if kind == 0:
             prefilter._window_norms(sq[lo:hi], geometry, kh, kw, out[lo:hi])
         else:
