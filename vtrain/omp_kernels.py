@@ -126,16 +126,9 @@ def _new_block(parts: int, count: int, results: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _put_float(block: np.ndarray, field: int, value: float) -> None:
-    """A float field kept in the block itself: block[field] holds the address of block[field + 1], which holds
-    value's bits (a callback reads it as it reads a float64 array's first value)."""
-    block[field] = block.ctypes.data + 8 * (field + 1)
-    carray(_pointer(block[field], np.float64), 1)[0] = value
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _put_floats(block: np.ndarray, field: int, values: Any) -> None:
-    """`_put_float` for a tuple of floats, in the fields after block[field]."""
+    """Float fields kept in the block itself: block[field] holds the address of block[field + 1], and the fields from
+    there hold the bits of the tuple `values` (a callback reads them as it reads a float64 array)."""
     block[field] = block.ctypes.data + 8 * (field + 1)
     floats = carray(_pointer(block[field], np.float64), len(values))
     for i in range(len(values)):
@@ -238,7 +231,7 @@ def _binary_block(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.nd
     block[15:19] = dims
     block[19] = 0 if out is None else out.ctypes.data
     block[20], block[21], block[24] = m, cast32, size
-    _put_float(block, 22, limit)
+    _put_floats(block, 22, (limit,))
     return block
 
 
@@ -247,7 +240,7 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
     """`fused_binary._binary` over all `size` output values, in `parts` parts: the count of values off the grid."""
     _require(np.float64, a, b, out)
     _require(np.int64, sa, sb, dims)
-    block = _binary_block(parts, code, a, sa, b, sb, dims, out, m, cast32, limit, size)
+    block = _binary_block(parts, code, a, sa, b, sb, dims, out, m, cast32, float(limit), size)
     omp.run(_binary_part.address, block, parts)
     return _slot_sum(block, 1, 0)
 
@@ -404,7 +397,7 @@ def _round_block(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, limi
     block[2], block[4], block[5], block[6] = v.ctypes.data, v.size, m, m == 23
     if out is not None:
         block[3] = out.ctypes.data
-    _put_float(block, 7, limit)
+    _put_floats(block, 7, (limit,))
     return block
 
 
@@ -451,7 +444,7 @@ def _lanes_block(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarr
     block = _new_block(parts, _S_FIELDS, 0)
     block[2], block[3], block[4], block[5] = lines.ctypes.data, lines.shape[0], lines.shape[1], lines.shape[2]
     block[6], block[7] = total.ctypes.data, out.ctypes.data
-    _put_float(block, 8, divisor)
+    _put_floats(block, 8, (divisor,))
     return block
 
 
@@ -510,7 +503,7 @@ def _update_block(parts: int, kind: int, table: np.ndarray, coef: np.ndarray, m:
     block = _new_block(parts, _U_FIELDS, 2)
     block[2], block[3], block[4], block[5] = kind, table.ctypes.data, table.shape[0], coef.ctypes.data
     block[6], block[7] = m, size
-    _put_float(block, 8, limit)
+    _put_floats(block, 8, (limit,))
     return block
 
 
