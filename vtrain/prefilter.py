@@ -13,7 +13,9 @@ So for large matmuls the engine filters twice:
    farther than factor * E; the others are candidates.
 2. E at the candidates only (BOUNDS_AT here: K products per position in one compiled loop), or, where
    there are too many of them (`gather_pays`), from the full bound. Either way the engine then decides
-   with E itself, exactly as it would with E computed everywhere.
+   with E itself, exactly as it would with E computed everywhere. (So the exact resolution and the auditor;
+   the recording trainer logs with U itself, `Prefilter.at` at its candidates, since session 51:
+   vtrain.rounding.UPPER_BAND.)
 
 Where it pays (measured with the lead's A/B scripts and benchmarks/bench_rounding.py on MLPs of width
 1024 and 2048, whose three matmuls per layer are a linear layer's x @ W^T, g @ W and g^T @ x): U is loose
@@ -112,6 +114,15 @@ class Prefilter:
         work: rounding U to float32 takes at most 2^-24 of its 2^-8 slack.)"""
         rows, cols, add = (torch.from_numpy(x) for x in (self.rows, self.cols, self.add))
         return (rows[:, :, None] * cols[:, None, :] + add[:, None, :]).to(self.dtype).view(self.shape)
+
+    def at(self, pos: torch.Tensor) -> torch.Tensor:
+        """U at flat positions `pos` of the output, `upper`'s values there (the same two roundings, then the
+        output's dtype), in numpy: a few hundred positions a call."""
+        m, n = self.rows.shape[1], self.cols.shape[1]
+        batch, rem = np.divmod(pos.numpy(), m * n)
+        rows, cols = np.divmod(rem, n)
+        u = self.rows[batch, rows] * self.cols[batch, cols] + self.add[batch, cols]
+        return torch.from_numpy(u.astype(_NUMPY_DTYPES[self.dtype], copy=False))
 
 
 # (args, kwargs, outputs[, LineNorms]) -> U of each output (None: that output takes the full bound), or None for all

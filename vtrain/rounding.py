@@ -11,7 +11,9 @@ by the Device, rounded, and (mode "record") logged, or (mode "replay") forced to
 Which values are logged (record mode). For a device-dependent output v with grid rounding r, let b be the
 rounding boundary (midpoint of two grid neighbours) nearest to v, and w a band half-width:
 - policy "bound": w = 2E, E the a-priori error bound of vtrain.bounds (two honest devices are each within
-  E of the exact value, so within 2E of each other). v is logged when dist(v, b) < w. If w >= 1/8 of the
+  E of the exact value, so within 2E of each other). v is logged when dist(v, b) < w. (Where a large matmul or
+  convolution takes vtrain.prefilter's U >= E, the trainer logs with w = 2U instead, a wider band: E is not
+  gathered at its candidates. See `UPPER_BAND`.) If w >= 1/8 of the
   grid spacing the entry is a value entry (which grid value of the band the trainer holds, as a residue,
   see vtrain.valuecode: with a band that wide the auditor cannot be sure which boundary a direction refers
   to); otherwise a direction entry. A value
@@ -74,14 +76,25 @@ MODES = ("record", "replay", "plain")
 RESOLUTIONS = ("log", "exact")
 BAND_SLACK = 1 + 2.0**-10
 VALUE_FRACTION = 1 / 8  # a band this wide (in grid spacings) makes an entry a value entry
+# The recording trainer's band where an output takes the pre-filter (vtrain.prefilter): 2U, U >= E the
+# Cauchy-Schwarz bound its kernels filter with (DESIGN.md §1.3's "cheap valid upper bound"), in place of 2E
+# gathered at U's candidates. The auditor checks with its own E, as ever. Every entry of E's log is in U's; each
+# other one holds the trainer's own rounding, which the check accepts: the auditor's value lies within 2E < 2U of
+# the trainer's, so a direction entry (a band under 1/8 of a spacing) refers to the auditor's nearest boundary
+# too, and a value entry's residue, whose width spans the trainer's wider band, names one value of the auditor's
+# range (vtrain.valuecode). Gathering E at every candidate cost ~10 ms a step of GPT-2-tiny d_model 256's matmuls
+# and of resnet-tiny width 32's convolutions; the logs grow by what U's looser band takes in (docs/benchmarks.md,
+# session 51). False: E's band everywhere (the tests compare the two).
+UPPER_BAND = True
 
 
 class Near(NamedTuple):
     """An output rounded and its values near a rounding boundary: r, the candidate positions (flat), the
     unrounded values there (`held`: the filters read the output at its candidates only, so the recording
-    trainer may round it in place), E there (None: the output has no bound), the op's full bounds where
-    computed, and whether a value rounded off the grid (only in the exact resolution, where r is v rounded
-    in place: see `RoundedExecution._fused_near`)."""
+    trainer may round it in place), E there (None: the output has no bound; U for the recording trainer where
+    the pre-filter took the output, `UPPER_BAND`), the op's full bounds where computed, and whether a value
+    rounded off the grid (only in the exact resolution, where r is v rounded in place: see
+    `RoundedExecution._fused_near`)."""
 
     r: torch.Tensor
     cand: torch.Tensor
@@ -624,8 +637,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             self._counts["rounded"] += v.numel()
         found, values = torch.from_numpy(cand[:count].copy()), held[:count].copy()
         if pre is not None:
-            return Near(out, *self._settle(spec, args, kwargs, floats, i, found, values, pre, self._cast32(v)),
-                        bad >= 0)
+            return self._near_pre(spec, args, kwargs, floats, i, out, found, values, pre, self._cast32(v), bad >= 0)
         return Near(out, found, values, e_cand, bounds, bad >= 0)
 
     def _scratch(self, n: int, dtype: Any) -> np.ndarray:
@@ -733,7 +745,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             pre = self._prefilter(spec, args, kwargs, floats, i)
             if pre is not None:
                 cand = self._candidates(v, r, pre.upper().reshape(-1) * factor)
-                return Near(r, *self._settle(spec, args, kwargs, floats, i, cand, _at(v, cand.cpu().numpy()), pre))
+                return self._near_pre(spec, args, kwargs, floats, i, r, cand, _at(v, cand.cpu().numpy()), pre)
             bounds = spec.bound(args, kwargs, floats)
         if bounds[i] is None:
             return Near(r, torch.zeros(0, dtype=torch.long, device=v.device), _at(v, np.zeros(0, np.int64)), None,
@@ -741,6 +753,26 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         e = bounds[i].expand(v.shape).reshape(-1)
         cand = self._candidates(v, r, e * factor)
         return Near(r, cand, _at(v, cand.cpu().numpy()), e[cand], bounds)
+
+    def _near_pre(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, r: torch.Tensor,
+                  cand: torch.Tensor, held: np.ndarray, pre: Prefilter, dropped: bool = False,
+                  bad: bool = False) -> Near:
+        """`Near` from the pre-filter's candidates: with E there (`_settle`), or for the recording trainer's log
+        (`UPPER_BAND`) with U there, read from the pre-filter's factors (no operand read)."""
+        if not (UPPER_BAND and self.mode == "record" and self.policy == "bound" and not self.exact):
+            return Near(r, *self._settle(spec, args, kwargs, floats, i, cand, held, pre, dropped), bad)
+        cand, held = self._nonzero(pre, cand, held, dropped)
+        return Near(r, cand, held, pre.at(cand), None, bad)
+
+    @staticmethod
+    def _nonzero(pre: Prefilter, cand: torch.Tensor, held: np.ndarray,
+                 dropped: bool) -> tuple[torch.Tensor, np.ndarray]:
+        """The candidates (and v's values there) whose sum has a nonzero term (prefilter.Prefilter), unless the
+        kernel `dropped` the others already."""
+        if pre.nonzero is not None and cand.numel() and not dropped:
+            keep = pre.nonzero(cand)
+            cand, held = cand[keep], held[keep.cpu().numpy()]
+        return cand, held
 
     def _settle(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int, cand: torch.Tensor,
                 held: np.ndarray, pre: Prefilter,
@@ -751,9 +783,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         pays, else taken from the full bound (which reads the operands only: v may be rounded by now). Either
         way the decisions that follow (which candidates lie within the band) use E itself; U only chose where
         to look."""
-        if pre.nonzero is not None and cand.numel() and not dropped:
-            keep = pre.nonzero(cand)
-            cand, held = cand[keep], held[keep.cpu().numpy()]
+        cand, held = self._nonzero(pre, cand, held, dropped)
         v = floats[i]
         if cand.numel() == 0:  # nothing near a boundary: no E to gather
             return cand, held, torch.zeros(0, dtype=v.dtype, device=v.device), None
@@ -798,7 +828,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         """The log entries of one output: the candidates (flat positions idx, see _candidates; `held`: the
         unrounded values there) within the band `ww` (at them) of a boundary, less those `certify` (with E at
         them, `e`) proves exact: an exact tie of a quantised sum is a tie on every device, and round-half-even
-        settles it."""
+        settles it. (`e` and ww may be U's, `UPPER_BAND`.)"""
         if idx.size == 0 or ww is None:
             return SiteLog(site, op, shape)
         rr = _at(r, idx)

@@ -1,8 +1,11 @@
 """The trainer's matmul pre-filter (vtrain.prefilter): U bounds E everywhere, E gathered at positions is a
-rigorous bound, and the engine logs and resolves exactly what the definition says whichever path it takes."""
+rigorous bound, and the engine logs and resolves exactly what the definition says whichever path it takes: with
+E's band, or with U's (rounding.UPPER_BAND), whose log holds E's entries and otherwise only the trainer's own
+roundings, which an auditor with its own E accepts."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 import zlib
@@ -14,12 +17,13 @@ import torch
 
 from numkit import without_grains
 from test_num_resolve import CASES, Case
-from vtrain import bounds, prefilter, resolve
+from vtrain import bounds, prefilter, resolve, rounding, valuecode
 from vtrain.bounds import BOUNDS, gamma, unit_roundoff
 from vtrain.bounds import BOUNDS_AT as TORCH_BOUNDS_AT
 from vtrain.devices import get_device
 from vtrain.grid import round_to_grid
-from vtrain.rounding import BAND_SLACK, RoundedExecution
+from vtrain.roundlog import StepLog
+from vtrain.rounding import BAND_SLACK, IllegitimateLogEntryError, RoundedExecution
 
 aten = torch.ops.aten
 GRIDS = [(torch.float64, 32), (torch.float32, 19)]
@@ -243,37 +247,50 @@ def _record(func: object, args: tuple, bits: int, resolution: str = "log") -> tu
     return out, rx
 
 
-def _layer(dtype: torch.dtype, bits: int) -> tuple[tuple, torch.Tensor]:
+def _layer(dtype: torch.dtype, bits: int, kind: str = "quant") -> tuple[tuple, torch.Tensor]:
     # quantised operands: some outputs land exactly on a rounding boundary of a coarse grid (log entries)
     gen = torch.Generator().manual_seed(23)
-    x = _operand((160, 192), gen, dtype, bits, "quant").clamp_min(0)
-    w = _operand((160, 192), gen, dtype, bits, "quant") / 8
-    bias = _operand((160,), gen, dtype, bits, "quant")
+    x = _operand((160, 192), gen, dtype, bits, kind).clamp_min(0)
+    w = _operand((160, 192), gen, dtype, bits, kind) / 8
+    bias = _operand((160,), gen, dtype, bits, kind)
     return (bias, x, w.T), x  # w.T: contiguous along K, as the pre-filter wants
 
 
 LOG_GRIDS = [(torch.float64, 14), (torch.float32, 14)]
 
 
-@pytest.mark.parametrize("layout", ["forward", "weight-grad", "input-grad"])
+LAYOUTS = ["forward", "weight-grad", "input-grad"]
+
+
+def _layout(layout: str, dtype: torch.dtype, bits: int, kind: str = "quant") -> tuple:
+    """(aten op, torch function, operands) of a linear layer's product in one of the pre-filter's layouts."""
+    args, x = _layer(dtype, bits, kind)
+    if layout == "weight-grad":  # g^T @ x with relu-sparse x: sums with no nonzero term
+        grad = _operand((160, 160), torch.Generator().manual_seed(31), dtype, bits, "relu")
+        return aten.mm.default, torch.mm, (grad.T, x)
+    if layout == "input-grad":  # g @ W, W row-major: its columns strided along K
+        grad = _operand((160, 160), torch.Generator().manual_seed(37), dtype, bits, "relu")
+        return aten.mm.default, torch.mm, (grad, args[2].T.contiguous())
+    return aten.addmm.default, torch.addmm, args
+
+
+def _ties_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quantised sums are exact, so their ties would be certified and not logged (test_num_rounding), and
+    whole ops would need no band at all (vtrain.grains): with both off they are the entries whose selection
+    is compared."""
+    monkeypatch.setattr(resolve, "CERTIFIERS", {})
+    without_grains(monkeypatch)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
 def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype: torch.dtype, bits: int, layout: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    args, x = _layer(dtype, bits)
-    if layout == "weight-grad":  # g^T @ x with relu-sparse x: sums with no nonzero term
-        grad = _operand((160, 160), torch.Generator().manual_seed(31), dtype, bits, "relu")
-        func, fn, args = aten.mm.default, torch.mm, (grad.T, x)
-    elif layout == "input-grad":  # g @ W, W row-major: its columns strided along K
-        grad = _operand((160, 160), torch.Generator().manual_seed(37), dtype, bits, "relu")
-        func, fn, args = aten.mm.default, torch.mm, (grad, args[2].T.contiguous())
-    else:
-        func, fn = aten.addmm.default, torch.addmm
+    # E's band on every path (the trainer's U band is the test after this one's)
+    monkeypatch.setattr(rounding, "UPPER_BAND", False)
+    func, fn, args = _layout(layout, dtype, bits)
     assert prefilter_of(func, args, {}, [func(*args)]) is not None  # the case takes the pre-filter
-    # The quantised sums are exact, so their ties would be certified and not logged (test_num_rounding), and
-    # whole ops would need no band at all (vtrain.grains): with both off they are the entries whose selection
-    # is compared here.
-    monkeypatch.setattr(resolve, "CERTIFIERS", {})
-    without_grains(monkeypatch)
+    _ties_logged(monkeypatch)
     products(monkeypatch, 1 << 60)
     plain_out, plain = _record(fn, args, bits)  # no pre-filter: E everywhere
     products(monkeypatch, 0)
@@ -301,6 +318,74 @@ def test_engine_logs_what_its_band_defines_on_both_paths(everywhere: None, dtype
             replayed = fn(*args)
         assert torch.equal(replayed, plain_out)
         assert rx.stats["logged"] == log.sites[0].num_entries
+
+
+def _upper_log_holds(e_log: StepLog, u_log: StepLog, rx: RoundedExecution, unrounded: list, rounded: list,
+                     pres: list, bits: int) -> int:
+    """Checks the log of U's band (`u_log`) against E's (`e_log`) for the same outputs (their unrounded and rounded
+    values and pre-filters, site by site): every position E's log names, U's names too; each entry of U's lies
+    within 2U of a boundary, a direction entry on the trainer's own side of it where that band is narrow (under
+    VALUE_FRACTION of a spacing, as the engine's classification says), else a value entry whose residue names
+    the trainer's own value. Returns how many positions U's log names beyond E's."""
+    assert len(u_log.sites) == len(e_log.sites) == len(unrounded)
+    extra = 0
+    for e_site, u_site, v, r, pre in zip(e_log.sites, u_log.sites, unrounded, rounded, pres):
+        assert u_site.tag == e_site.tag
+        e_pos = np.concatenate([e_site.dir_pos, e_site.val_pos])
+        u_pos = np.concatenate([u_site.dir_pos, u_site.val_pos])
+        assert np.isin(e_pos, u_pos).all()
+        extra += u_pos.size - e_pos.size
+        vv, rr = v.reshape(-1).numpy()[u_pos], r.reshape(-1).numpy()[u_pos]
+        own_side, within, wide = rx._classify(vv, rr, pre.upper().reshape(-1).numpy()[u_pos] * (2 * BAND_SLACK))
+        nd = u_site.dir_pos.size
+        assert within.all()
+        assert not wide[:nd].any() and wide[nd:].all()
+        assert np.array_equal(u_site.dir_up, own_side[:nd])
+        assert valuecode.names_own(rr[nd:], u_site.val_res, u_site.val_bits, bits).all()
+    return extra
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
+def test_upper_band_logs_e_s_entries_and_own_roundings_besides(everywhere: None, dtype: torch.dtype, bits: int,
+                                                               layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Operands off the coarse grid's ties: float32 work's sums of 192 products then fall within 2U of a boundary
+    # and not 2E, ~1 % of them (float64 work's bands are ~2^-29 of a spacing: its ties are its entries)
+    func, fn, args = _layout(layout, dtype, bits, "normal" if dtype == torch.float32 else "quant")
+    _ties_logged(monkeypatch)
+    monkeypatch.setattr(rounding, "UPPER_BAND", False)
+    e_out, e_rx = _record(fn, args, bits)
+    monkeypatch.setattr(rounding, "UPPER_BAND", True)
+    gathers = {name: getattr(RoundedExecution, name) for name in ("_settle", "_bound_at")}
+    for name in gathers:  # (E is not asked for anywhere)
+        monkeypatch.setattr(RoundedExecution, name, None)
+    u_out, u_rx = _record(fn, args, bits)
+    assert torch.equal(u_out, e_out)
+    for name, gather in gathers.items():  # (the auditors below gather E at their entries)
+        monkeypatch.setattr(RoundedExecution, name, gather)
+    v = func(*args)
+    extra = _upper_log_holds(e_rx.log, u_rx.log, u_rx, [v], [u_out], [prefilter_of(func, args, {}, [v])], bits)
+    assert (extra > 0) == (dtype == torch.float32)  # where U's band takes in more than E's
+    # an auditor with its own E accepts the log and lands on the trainer's values: on another device, and on the
+    # trainer's own, where no entry changes anything
+    for device in ("emu:splitk8-tree", "cpu"):
+        with RoundedExecution(bits=bits, device=get_device(device), mode="replay", replay_log=u_rx.log) as rx:
+            replayed = fn(*args)
+        assert torch.equal(replayed, e_out), device
+        assert rx.stats["logged"] == u_rx.log.sites[0].num_entries
+    assert rx.stats["corrections"] == 0
+    # and an entry of U's band turned to the other side of its boundary is no more legitimate than one of E's
+    (u_site,) = u_rx.log.sites
+    (e_site,) = e_rx.log.sites
+    beyond = np.flatnonzero(~np.isin(u_site.dir_pos, e_site.dir_pos))
+    if beyond.size:
+        k = int(beyond[0])
+        flipped = u_site.dir_up.copy()
+        flipped[k] = not flipped[k]
+        log = StepLog([dataclasses.replace(u_site, dir_up=flipped)], u_rx.log.policy, u_rx.log.bits)
+        with pytest.raises(IllegitimateLogEntryError, match=f"element {u_site.dir_pos[k]}"):
+            with RoundedExecution(bits=bits, device=get_device("cpu"), mode="replay", replay_log=log):
+                fn(*args)
 
 
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
@@ -535,11 +620,11 @@ def _record_op(func: object, args: tuple, kwargs: dict, bits: int, resolution: s
 def test_engine_logs_convolutions_as_their_band_defines_on_both_paths(everywhere: None, case: Case,
                                                                       dtype: torch.dtype, bits: int,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rounding, "UPPER_BAND", False)  # (E's band on every path, as for the matmuls above)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/conv-log".encode()))
     args, kwargs, floats = _conv_operands(case, gen, dtype, bits, "quant")
     assert prefilter.UPPERS[case.op](args, kwargs, floats) is not None  # the case takes the pre-filter
-    monkeypatch.setattr(resolve, "CERTIFIERS", {})  # (as in the matmul test above: ties stay entries)
-    without_grains(monkeypatch)
+    _ties_logged(monkeypatch)
     products(monkeypatch, 1 << 60)
     plain_out, plain = _record_op(case.op, args, kwargs, bits)  # no pre-filter: E everywhere
     products(monkeypatch, 0)
@@ -578,6 +663,34 @@ def test_engine_logs_convolutions_as_their_band_defines_on_both_paths(everywhere
             assert want is None or torch.equal(want, got)
         assert rx.stats["logged"] == sum(site.num_entries for site in log.sites)
     assert not full_bounds
+
+
+@pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
+@pytest.mark.parametrize("case", LOG_CONV_CASES, ids=[c.name for c in LOG_CONV_CASES])
+def test_upper_band_logs_convolutions_e_s_entries_and_own_roundings_besides(everywhere: None, case: Case,
+                                                                            dtype: torch.dtype, bits: int,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/conv-log".encode()))
+    # (float32 work's sums off the ties fall within 2U and not 2E of a boundary: see the matmuls' test above)
+    args, kwargs, floats = _conv_operands(case, gen, dtype, bits, "normal" if dtype == torch.float32 else "quant")
+    _ties_logged(monkeypatch)
+    monkeypatch.setattr(rounding, "UPPER_BAND", False)
+    e_out, e_rx = _record_op(case.op, args, kwargs, bits)
+    monkeypatch.setattr(rounding, "UPPER_BAND", True)
+    monkeypatch.setattr(RoundedExecution, "_settle", None)  # (E at the candidates: not asked for)
+    u_out, u_rx = _record_op(case.op, args, kwargs, bits)
+    for want, got in zip(e_out, u_out):
+        assert (want is None and got is None) or torch.equal(want, got)
+    pres = prefilter.UPPERS[case.op](args, kwargs, floats)
+    computed = [i for i, v in enumerate(floats) if v is not None]
+    _upper_log_holds(e_rx.log, u_rx.log, u_rx, [floats[i] for i in computed], [u_out[i] for i in computed],
+                     [pres[i] for i in computed], bits)
+    # an auditor with its own E accepts it (on cpu: the emulated devices convolve with groups = 1 only)
+    replayed, rx = _record_op(case.op, args, kwargs, bits, log=u_rx.log)
+    for want, got in zip(e_out, replayed):
+        assert want is None or torch.equal(want, got)
+    assert rx.stats["logged"] == sum(site.num_entries for site in u_rx.log.sites)
+    assert rx.stats["corrections"] == 0
 
 
 @pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
