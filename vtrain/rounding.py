@@ -79,7 +79,7 @@ VALUE_FRACTION = 1 / 8  # a band this wide (in grid spacings) makes an entry a v
 # The recording trainer's band where an output takes the pre-filter (vtrain.prefilter): 2U, U >= E the
 # Cauchy-Schwarz bound its kernels filter with (DESIGN.md §1.3's "cheap valid upper bound"), in place of 2E
 # gathered at U's candidates. The auditor checks with its own E, as ever. Every entry of E's log is in U's; each
-# other one holds the trainer's own rounding, which the check accepts: the auditor's value lies within 2E < 2U of
+# other one holds the trainer's own rounding, which the check accepts: the auditor's value lies within 2E <= 2U of
 # the trainer's, so a direction entry (a band under 1/8 of a spacing) refers to the auditor's nearest boundary
 # too, and a value entry's residue, whose width spans the trainer's wider band, names one value of the auditor's
 # range (vtrain.valuecode). Gathering E at every candidate cost ~10 ms a step of GPT-2-tiny d_model 256's matmuls
