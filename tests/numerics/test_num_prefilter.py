@@ -21,7 +21,7 @@ from vtrain import bounds, prefilter, resolve, rounding, valuecode
 from vtrain.bounds import BOUNDS, gamma, unit_roundoff
 from vtrain.bounds import BOUNDS_AT as TORCH_BOUNDS_AT
 from vtrain.devices import get_device
-from vtrain.grid import round_to_grid
+from vtrain.grid import round_to_grid, round_unchecked
 from vtrain.roundlog import StepLog
 from vtrain.rounding import BAND_SLACK, IllegitimateLogEntryError, RoundedExecution
 
@@ -345,6 +345,33 @@ def _upper_log_holds(e_log: StepLog, u_log: StepLog, rx: RoundedExecution, unrou
     return extra
 
 
+def _shifted_auditors_accept(log: StepLog, bits: int, unrounded: list, rounded: list, e: list) -> int:
+    """Replays each site of the trainer's log (its unrounded and rounded values and E, site by site) as auditors
+    whose own values lie 1.999 E from the trainer's, all above, all below and anywhere between, each with E and
+    1.2 E as its own bound (two honest devices' bounds of one sum): every entry is accepted, the logged positions
+    come out as the trainer's values, and no position the log leaves alone rounds otherwise. Returns how many
+    entries changed the auditors' own roundings."""
+    rng = np.random.default_rng(7)
+    corrections = 0
+    for site, v, r, e_site in zip(log.sites, unrounded, rounded, e):
+        v, r, e_site = v.reshape(-1), r.reshape(-1), e_site.reshape(-1).double()
+        pos = np.concatenate([site.dir_pos, site.val_pos])
+        alone = np.ones(v.numel(), bool)
+        alone[pos] = False
+        for shift in (np.ones(v.numel()), -np.ones(v.numel()), rng.uniform(-1, 1, v.numel())):
+            vp = (v.double() + torch.from_numpy(shift) * 1.999 * e_site).to(v.dtype)
+            rp = round_unchecked(vp, bits)
+            assert torch.equal(rp[torch.from_numpy(alone)], r[torch.from_numpy(alone)])
+            for scale in (1.0, 1.2):
+                auditor = RoundedExecution(bits=bits, device=get_device("cpu"), mode="replay", replay_log=log,
+                                           measure_storage=False)
+                out = auditor._apply_entries(site, site.op, vp, rp.clone(),
+                                             lambda at, scale=scale: (e_site[at] * scale).to(v.dtype))
+                assert torch.equal(out[torch.from_numpy(pos)], r[torch.from_numpy(pos)])
+                corrections += auditor.stats["corrections"]
+    return corrections
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype,bits", LOG_GRIDS, ids=["f64-b14", "f32-b14"])
 def test_upper_band_logs_e_s_entries_and_own_roundings_besides(everywhere: None, dtype: torch.dtype, bits: int,
@@ -366,8 +393,11 @@ def test_upper_band_logs_e_s_entries_and_own_roundings_besides(everywhere: None,
     v = func(*args)
     extra = _upper_log_holds(e_rx.log, u_rx.log, u_rx, [v], [u_out], [prefilter_of(func, args, {}, [v])], bits)
     assert (extra > 0) == (dtype == torch.float32)  # where U's band takes in more than E's
-    # an auditor with its own E accepts the log and lands on the trainer's values: on another device, and on the
-    # trainer's own, where no entry changes anything
+    # auditors as far from the trainer as honest devices can be accept the log and land on its values, correcting
+    corrected = _shifted_auditors_accept(u_rx.log, bits, [v], [u_out],
+                                         [prefilter.BOUNDS_AT[func](args, {}, [v], 0, torch.arange(v.numel()))])
+    assert corrected > 0
+    # and so do the devices' own: another, and the trainer's, where no entry changes anything
     for device in ("emu:splitk8-tree", "cpu"):
         with RoundedExecution(bits=bits, device=get_device(device), mode="replay", replay_log=u_rx.log) as rx:
             replayed = fn(*args)
@@ -378,6 +408,7 @@ def test_upper_band_logs_e_s_entries_and_own_roundings_besides(everywhere: None,
     (u_site,) = u_rx.log.sites
     (e_site,) = e_rx.log.sites
     beyond = np.flatnonzero(~np.isin(u_site.dir_pos, e_site.dir_pos))
+    assert beyond.size or dtype == torch.float64
     if beyond.size:
         k = int(beyond[0])
         flipped = u_site.dir_up.copy()
@@ -685,6 +716,8 @@ def test_upper_band_logs_convolutions_e_s_entries_and_own_roundings_besides(ever
     computed = [i for i, v in enumerate(floats) if v is not None]
     _upper_log_holds(e_rx.log, u_rx.log, u_rx, [floats[i] for i in computed], [u_out[i] for i in computed],
                      [pres[i] for i in computed], bits)
+    e = [prefilter.BOUNDS_AT[case.op](args, kwargs, floats, i, torch.arange(floats[i].numel())) for i in computed]
+    _shifted_auditors_accept(u_rx.log, bits, [floats[i] for i in computed], [u_out[i] for i in computed], e)
     # an auditor with its own E accepts it (on cpu: the emulated devices convolve with groups = 1 only)
     replayed, rx = _record_op(case.op, args, kwargs, bits, log=u_rx.log)
     for want, got in zip(e_out, replayed):
