@@ -1113,10 +1113,12 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     of 2^-53 than _envelope's relative 2^-8 covers).
 
     One product for all taps: x's rows as (Cin, KH, images, OH), row y of tap a and output row oy read from
-    the rows zero-padded (a padding row's norm is 0), a strided view copied once. In torch, whose BLAS runs
-    on the threads the trainer set: numpy's OpenBLAS keeps its own pool, whose threads contend with a busy
-    core on a shared machine (measured: ~1.3 ms a call alone, 8.6 ms while the other core was busy; and the
-    per-tap numpy copies had cost ~75 us each)."""
+    the rows zero-padded (a padding row's norm is 0), a strided view copied once, and its dots in `_row_dots`,
+    each on one thread: since session 51 the recording trainer logs with U itself (rounding.UPPER_BAND), so U's
+    bits must not depend on the thread count, as a BLAS's split sums may. (torch.mm on two threads had taken
+    310-380 us a call on resnet-tiny width 32's 32-channel layer, `_row_dots` on one 590-650; numpy's OpenBLAS,
+    before that, kept its own pool, whose threads contended with a busy core: ~1.3 ms a call alone, 8.6 ms while
+    the other core was busy.)"""
     n_img, c_out, oh = g_rows.shape
     c_in, h = x_rows.shape[1:]
     co_g, c_g = c_out // groups, c_in // groups
@@ -1126,11 +1128,35 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     hp = padded.shape[2]
     taps = padded.as_strided((c_in, kh, n_img, oh), (hp, d, c_in * hp, s)).reshape(c_in * kh, n_img * oh)
     gs = torch.from_numpy(g_rows).transpose(0, 1).reshape(c_out, n_img * oh)
-    sums = torch.empty((c_out, c_g * kh), dtype=torch.float64)
-    for j in range(groups):
-        rows = slice(j * co_g, (j + 1) * co_g)
-        torch.mm(gs[rows], taps[j * c_g * kh:(j + 1) * c_g * kh].T, out=sums[rows])
-    return sums.view(c_out, c_g, kh, 1).expand(c_out, c_g, kh, kw).reshape(c_out, -1).numpy()
+    sums = np.empty((c_out, c_g * kh))
+    _row_dots(gs.numpy(), taps.numpy(), co_g, c_g * kh, sums)
+    return np.repeat(sums.reshape(c_out, c_g, kh, 1), kw, axis=3).reshape(c_out, -1)
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _row_dots(g: np.ndarray, taps: np.ndarray, co_g: int, width: int, out: np.ndarray) -> None:
+    """out[co, t] = g[co] . taps[j * width + t] for co in group j: `_weight_sums`' products, each a contiguous dot
+    product on one thread (reassociated: a norm's sum, which bounds in any order)."""
+    for co in range(g.shape[0]):
+        j = co // co_g
+        row = g[co]
+        for t in range(0, width - 3, 4):  # (four taps' lines against one read of g's: a quarter of the reads)
+            base = j * width + t
+            l0, l1, l2, l3 = taps[base], taps[base + 1], taps[base + 2], taps[base + 3]
+            s0 = s1 = s2 = s3 = 0.0
+            for k in range(row.size):
+                x = row[k]
+                s0 += x * l0[k]
+                s1 += x * l1[k]
+                s2 += x * l2[k]
+                s3 += x * l3[k]
+            out[co, t], out[co, t + 1], out[co, t + 2], out[co, t + 3] = s0, s1, s2, s3
+        for t in range(width - width % 4, width):
+            line = taps[j * width + t]
+            s = 0.0
+            for k in range(row.size):
+                s += row[k] * line[k]
+            out[co, t] = s
 
 
 _NONE = np.empty((0, 0, 0)), np.empty((0, 0))
