@@ -935,6 +935,10 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             lo = np.where(near_lo, rd - down, rd)
             hi = np.where(near_lo, rd, rd + up)
             claim[:nd] = np.where(entry.dir_up, hi, lo)
+            # a zero across the boundary at -+2^-150 (-s + s, s - s) is the zero of the boundary's sign, as the
+            # trainer's value between that boundary and zero rounded to
+            boundary = np.where(near_lo, rd - down * 0.5, rd + up * 0.5)
+            claim[:nd] = np.where(claim[:nd] == 0, np.copysign(0.0, boundary), claim[:nd])
         # the entries that may change r: direction entries claiming the other neighbour, value entries whose
         # residue is not r's own (those name r whatever the band: `valuecode.names_own`)
         need = claim != rr

@@ -298,6 +298,26 @@ def test_a_value_entry_that_changes_a_value_is_followed_unless_the_value_is_cert
     assert out.item() == 0.0 and torch.signbit(out).item() and rx.stats["corrections"] == 1
 
 
+@pytest.mark.parametrize("side", [-1.0, 1.0])
+def test_a_direction_entry_across_half_the_smallest_subnormal_writes_the_trainer_s_zero(side: float) -> None:
+    # The trainer's value lies between the boundary at -+2^-150 and zero (its rounding: a zero of the boundary's
+    # sign), the auditor's just beyond that boundary (its rounding: -+2^-149); the entry moves it across to that
+    # zero, sign bit and all, as the trainer's state holds it.
+    s = 2.0**-149
+    trainer = RoundedExecution(bits=32, device=get_device("cpu"), mode="record")
+    v_t = np.array([side * 0.45 * s])
+    r_t = round_to_grid(torch.from_numpy(v_t), 32)
+    assert r_t.item() == 0.0 and torch.signbit(r_t).item() == (side < 0)
+    near_lo = trainer._classify(v_t, r_t.numpy(), np.array([0.2 * s]))[0]
+    entry = SiteLog(0, "aten.mm.default", (1,), np.array([0]), near_lo)
+    v = torch.tensor([side * 0.55 * s], dtype=torch.float64)
+    rx = RoundedExecution(bits=32, device=get_device("cpu"), mode="replay", replay_log=StepLog([]))
+    out = rx._apply_entries(entry, entry.op, v, round_to_grid(v, 32), lambda pos: torch.full((1,), 0.1 * s,
+                                                                                                dtype=torch.float64))
+    assert out.item() == 0.0 and torch.signbit(out).item() == (side < 0)
+    assert rx.stats["corrections"] == 1
+
+
 def test_the_exact_resolution_retries_failed_certificates_on_a_doubling_schedule(monkeypatch) -> None:  # noqa: ANN001
     """Under `exact` a certificate only spares an exact recomputation: one that failed lately at an op is
     skipped (as vtrain.grains' whole-op tests are), and the values are the correctly rounded ones either way."""
