@@ -1116,7 +1116,7 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     the rows zero-padded (a padding row's norm is 0), a strided view copied once, and its dots in `_row_dots`,
     each on one thread: since session 51 the recording trainer logs with U itself (rounding.UPPER_BAND), so U's
     bits must not depend on the thread count, as a BLAS's split sums may. (torch.mm on two threads had taken
-    310-380 us a call on resnet-tiny width 32's 32-channel layer, `_row_dots` on one 590-650; numpy's OpenBLAS,
+    310-380 us a call on resnet-tiny width 32's 32-channel layer, `_row_dots` on one 490-650; numpy's OpenBLAS,
     before that, kept its own pool, whose threads contended with a busy core: ~1.3 ms a call alone, 8.6 ms while
     the other core was busy.)"""
     n_img, c_out, oh = g_rows.shape
@@ -1127,9 +1127,9 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     padded = torch.nn.functional.pad(torch.from_numpy(x_rows), (p, back))
     hp = padded.shape[2]
     taps = padded.as_strided((c_in, kh, n_img, oh), (hp, d, c_in * hp, s)).reshape(c_in * kh, n_img * oh)
-    gs = torch.from_numpy(g_rows).transpose(0, 1).reshape(c_out, n_img * oh)
+    gs = g_rows.transpose(1, 0, 2).reshape(c_out, n_img * oh)  # (a copy, C-contiguous)
     sums = np.empty((c_out, c_g * kh))
-    _row_dots(gs.numpy(), taps.numpy(), co_g, c_g * kh, sums)
+    _row_dots(gs, taps.numpy(), co_g, c_g * kh, sums)
     return np.repeat(sums.reshape(c_out, c_g, kh, 1), kw, axis=3).reshape(c_out, -1)
 
 
@@ -1138,21 +1138,9 @@ def _row_dots(g: np.ndarray, taps: np.ndarray, co_g: int, width: int, out: np.nd
     """out[co, t] = g[co] . taps[j * width + t] for co in group j: `_weight_sums`' products, each a contiguous dot
     product on one thread (reassociated: a norm's sum, which bounds in any order)."""
     for co in range(g.shape[0]):
-        j = co // co_g
         row = g[co]
-        for t in range(0, width - 3, 4):  # (four taps' lines against one read of g's: a quarter of the reads)
-            base = j * width + t
-            l0, l1, l2, l3 = taps[base], taps[base + 1], taps[base + 2], taps[base + 3]
-            s0 = s1 = s2 = s3 = 0.0
-            for k in range(row.size):
-                x = row[k]
-                s0 += x * l0[k]
-                s1 += x * l1[k]
-                s2 += x * l2[k]
-                s3 += x * l3[k]
-            out[co, t], out[co, t + 1], out[co, t + 2], out[co, t + 3] = s0, s1, s2, s3
-        for t in range(width - width % 4, width):
-            line = taps[j * width + t]
+        for t in range(width):
+            line = taps[co // co_g * width + t]
             s = 0.0
             for k in range(row.size):
                 s += row[k] * line[k]

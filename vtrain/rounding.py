@@ -758,8 +758,9 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                   cand: torch.Tensor, held: np.ndarray, pre: Prefilter, dropped: bool = False,
                   bad: bool = False) -> Near:
         """`Near` from the pre-filter's candidates: with E there (`_settle`), or for the recording trainer's log
-        (`UPPER_BAND`) with U there, read from the pre-filter's factors (no operand read)."""
-        if not (UPPER_BAND and self.mode == "record" and self.policy == "bound" and not self.exact):
+        (`UPPER_BAND`) with U there, read from the pre-filter's factors (no operand read). (Only the recording
+        trainer's bound policy and the exact resolution come here.)"""
+        if self.exact or not UPPER_BAND:
             return Near(r, *self._settle(spec, args, kwargs, floats, i, cand, held, pre, dropped), bad)
         cand, held = self._nonzero(pre, cand, held, dropped)
         return Near(r, cand, held, pre.at(cand), None, bad)
@@ -934,11 +935,11 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             near_lo = diff + down * 0.5 <= up * 0.5 - diff
             lo = np.where(near_lo, rd - down, rd)
             hi = np.where(near_lo, rd, rd + up)
-            claim[:nd] = np.where(entry.dir_up, hi, lo)
+            side = np.where(entry.dir_up, hi, lo)
             # a zero across the boundary at -+2^-150 (-s + s, s - s) is the zero of the boundary's sign, as the
             # trainer's value between that boundary and zero rounded to
             boundary = np.where(near_lo, rd - down * 0.5, rd + up * 0.5)
-            claim[:nd] = np.where(claim[:nd] == 0, np.copysign(0.0, boundary), claim[:nd])
+            claim[:nd] = np.where(side == 0, np.copysign(0.0, boundary), side)
         # the entries that may change r: direction entries claiming the other neighbour, value entries whose
         # residue is not r's own (those name r whatever the band: `valuecode.names_own`)
         need = claim != rr

@@ -355,19 +355,19 @@ def _shifted_auditors_accept(log: StepLog, bits: int, unrounded: list, rounded: 
     corrections = 0
     for site, v, r, e_site in zip(log.sites, unrounded, rounded, e):
         v, r, e_site = v.reshape(-1), r.reshape(-1), e_site.reshape(-1).double()
-        pos = np.concatenate([site.dir_pos, site.val_pos])
-        alone = np.ones(v.numel(), bool)
+        pos = torch.from_numpy(np.concatenate([site.dir_pos, site.val_pos]))
+        alone = torch.ones(v.numel(), dtype=torch.bool)
         alone[pos] = False
         for shift in (np.ones(v.numel()), -np.ones(v.numel()), rng.uniform(-1, 1, v.numel())):
             vp = (v.double() + torch.from_numpy(shift) * 1.999 * e_site).to(v.dtype)
             rp = round_unchecked(vp, bits)
-            assert torch.equal(rp[torch.from_numpy(alone)], r[torch.from_numpy(alone)])
+            assert torch.equal(rp[alone], r[alone])
             for scale in (1.0, 1.2):
                 auditor = RoundedExecution(bits=bits, device=get_device("cpu"), mode="replay", replay_log=log,
                                            measure_storage=False)
                 out = auditor._apply_entries(site, site.op, vp, rp.clone(),
                                              lambda at, scale=scale: (e_site[at] * scale).to(v.dtype))
-                assert torch.equal(out[torch.from_numpy(pos)], r[torch.from_numpy(pos)])
+                assert torch.equal(out[pos], r[pos])
                 corrections += auditor.stats["corrections"]
     return corrections
 
