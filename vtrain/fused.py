@@ -666,16 +666,78 @@ def _classify(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, shrink: float, q: 
     # in it (an eighth of float32's smallest spacings underflows in float32, not in float64)
     spacing = np.empty(2, rr.dtype)
     for t in range(rr.size):
-        r = rr[t]
-        spacing[0], spacing[1] = _spacings(r, shrink, q)
-        down, up = spacing[0], spacing[1]
-        diff = vv[t] - r
-        d_lo = diff + down * half  # distance to the boundary below r
-        d_hi = up * half - diff  # and to the one above
-        near_lo[t] = d_lo <= d_hi
-        dist = np.minimum(d_lo, d_hi)
-        logged[t] = dist <= ww[t] if inclusive else dist < ww[t]
-        wide[t] = ww[t] >= np.minimum(down, up) * fraction
+        near_lo[t], logged[t], wide[t] = _classify_one(vv[t], rr[t], ww[t], shrink, q, half, fraction, inclusive,
+                                                       spacing)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _classify_one(v: float, r: float, w: float, shrink: float, q: float, half: float, fraction: float,
+                  inclusive: bool, spacing: np.ndarray) -> tuple[bool, bool, bool]:
+    """`_classify`'s test of one value v, its rounding r and the band w there (spacing: a scratch pair in r's dtype)."""
+    spacing[0], spacing[1] = _spacings(r, shrink, q)
+    down, up = spacing[0], spacing[1]
+    diff = v - r
+    d_lo = diff + down * half  # distance to the boundary below r
+    d_hi = up * half - diff  # and to the one above
+    dist = np.minimum(d_lo, d_hi)
+    return d_lo <= d_hi, dist <= w if inclusive else dist < w, w >= np.minimum(down, up) * fraction
+
+
+def logged(vv: np.ndarray, r: np.ndarray, idx: np.ndarray, e: np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray],
+           factor: float, m: int, value_fraction: float) -> tuple[np.ndarray, ...] | None:
+    """The candidates that `classify` puts within their band, in one compiled call from an output's candidates:
+    for the unrounded values vv at flat positions idx of the rounded output r (flat), with the band factor * e
+    there (e: a bound at idx in r's dtype, or the pre-filter's factors (rows, cols, add), whose U at position p of
+    a (B, M, N) output is rows[b, i] cols[b, j] + add[b, j], taken in r's dtype, as prefilter.Prefilter.at has
+    it), (the positions, vv, r, the band, e there, whether the boundary below r is the nearer one, whether the band
+    reaches `value_fraction` of the smaller spacing), in idx's order. None where the kernels cannot take the arrays
+    (RoundedExecution._find_entries then asks numpy the same questions)."""
+    outer = isinstance(e, tuple)
+    if not ENABLED or r.dtype not in (np.float64, np.float32) or vv.dtype != r.dtype \
+            or (not outer and e.dtype != r.dtype):
+        return None
+    one = r.dtype.type
+    rows, cols, add = e if outer else (_NO_FACTORS, _NO_FACTORS, _NO_FACTORS)
+    at = _NO_BAND[r.dtype] if outer else e
+    n = idx.size
+    pos, held, rr, ww, ee = np.empty(n, np.int64), np.empty(n, r.dtype), np.empty(n, r.dtype), np.empty(n, r.dtype), \
+        np.empty(n, r.dtype)
+    near_lo, wide = np.empty(n, np.bool_), np.empty(n, np.bool_)
+    count = _logged(vv, r, idx, at, rows, cols, add, np.full(1, factor, r.dtype), one(1.0 - 2.0 ** -(m + 1)),
+                    2.0**-m, one(0.5), one(value_fraction), pos, held, rr, ww, ee, near_lo, wide)
+    return pos[:count], held[:count], rr[:count], ww[:count], ee[:count], near_lo[:count], wide[:count]
+
+
+_NO_FACTORS = np.empty((0, 0))
+_NO_BAND = {np.dtype(np.float64): np.empty(0, np.float64), np.dtype(np.float32): np.empty(0, np.float32)}
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _logged(vv: np.ndarray, r: np.ndarray, idx: np.ndarray, e: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+            add: np.ndarray, factor: np.ndarray, shrink: float, q: float, half: float, fraction: float,
+            pos: np.ndarray, held: np.ndarray, rr: np.ndarray, ww: np.ndarray, ee: np.ndarray, near_lo: np.ndarray,
+            wide: np.ndarray) -> int:
+    """`logged`'s pass (e empty: U from rows, cols, add), the selected candidates written to the front of the
+    output arrays: their count."""
+    spacing = np.empty(2, r.dtype)
+    band = np.empty(1, r.dtype)  # (E or U stored in r's dtype, as numpy's astype and gathers hold it)
+    n = cols.shape[1]
+    plane = rows.shape[1] * n
+    count = 0
+    for t in range(idx.size):
+        p = idx[t]
+        if e.size:
+            band[0] = e[t]
+        else:
+            j = p % n
+            band[0] = rows[p // plane, p % plane // n] * cols[p // plane, j] + add[p // plane, j]
+        w = band[0] * factor[0]
+        lo, within, broad = _classify_one(vv[t], r[p], w, shrink, q, half, fraction, False, spacing)
+        if within:
+            pos[count], held[count], rr[count], ww[count], ee[count] = p, vv[t], r[p], w, band[0]
+            near_lo[count], wide[count] = lo, broad
+            count += 1
+    return count
 
 
 @njit(cache=True, nogil=True, inline="always")

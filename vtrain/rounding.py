@@ -91,15 +91,16 @@ UPPER_BAND = True
 class Near(NamedTuple):
     """An output rounded and its values near a rounding boundary: r, the candidate positions (flat), the
     unrounded values there (`held`: the filters read the output at its candidates only, so the recording
-    trainer may round it in place), E there (None: the output has no bound; U for the recording trainer where
-    the pre-filter took the output, `UPPER_BAND`), the op's full bounds where computed, and whether a value
+    trainer may round it in place), E there (None: the output has no bound; for the recording trainer where the
+    pre-filter took the output, `UPPER_BAND`, the Prefilter, U read from its factors where the log is made), the
+    op's full bounds where computed, and whether a value
     rounded off the grid (only in the exact resolution, where r is v rounded in place: see
     `RoundedExecution._fused_near`)."""
 
     r: torch.Tensor
     cand: torch.Tensor
     held: np.ndarray
-    e_cand: torch.Tensor | None
+    e_cand: torch.Tensor | Prefilter | None
     bounds: list | None
     bad: bool = False
 
@@ -433,16 +434,16 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 # each in a training step, numpy's ~1)
                 if self.policy == "bound":
                     idx = cand.cpu().numpy()
-                    e_np = None if e_cand is None else e_cand.cpu().numpy()
-                    # (None: no band at all, or no candidate; 2 BAND_SLACK is exact in float32 too, so float32
-                    # work's product is torch's)
-                    ww = None if e_np is None or not idx.size else e_np * (2 * BAND_SLACK)
+                    # (None: no band at all; a Prefilter: U at the candidates, from its factors)
+                    e_at = e_cand if e_cand is None or isinstance(e_cand, Prefilter) else e_cand.cpu().numpy()
+                    entry = self._find_entries(site, spec.name, shape, values, r, idx, e_at, 2 * BAND_SLACK,
+                                               certify)
                 else:
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
                     cand = self._candidates(v, r, band)
                     idx = cand.cpu().numpy()
-                    ww, e_np, values = band[cand].cpu().numpy(), None, _at(v, idx)
-                entry = self._find_entries(site, spec.name, shape, values, r, idx, ww, e_np, certify)
+                    entry = self._find_entries(site, spec.name, shape, _at(v, idx), r, idx, band[cand].cpu().numpy(),
+                                               1.0)
                 self._sites.append(entry)
                 self._offsets.append(offset)
                 self._counts["logged"] += entry.num_entries
@@ -758,12 +759,12 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                   cand: torch.Tensor, held: np.ndarray, pre: Prefilter, dropped: bool = False,
                   bad: bool = False) -> Near:
         """`Near` from the pre-filter's candidates: with E there (`_settle`), or for the recording trainer's log
-        (`UPPER_BAND`) with U there, read from the pre-filter's factors (no operand read). (Only the recording
-        trainer's bound policy and the exact resolution come here.)"""
+        (`UPPER_BAND`) with the pre-filter itself, whose factors give U there (no operand read: `_find_entries`).
+        (Only the recording trainer's bound policy and the exact resolution come here.)"""
         if self.exact or not UPPER_BAND:
             return Near(r, *self._settle(spec, args, kwargs, floats, i, cand, held, pre, dropped), bad)
         cand, held = self._nonzero(pre, cand, held, dropped)
-        return Near(r, cand, held, pre.at(cand), None, bad)
+        return Near(r, cand, held, pre, None, bad)
 
     @staticmethod
     def _nonzero(pre: Prefilter, cand: torch.Tensor, held: np.ndarray,
@@ -824,35 +825,54 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         return full[i].expand(v.shape).reshape(-1)[pos]
 
     def _find_entries(self, site: int, op: str, shape: tuple[int, ...], held: np.ndarray, r: torch.Tensor,
-                      idx: np.ndarray, ww: np.ndarray | None, e: np.ndarray | None = None,
+                      idx: np.ndarray, e: np.ndarray | Prefilter | None, factor: float,
                       certify: Any = None) -> SiteLog:
         """The log entries of one output: the candidates (flat positions idx, see _candidates; `held`: the
-        unrounded values there) within the band `ww` (at them) of a boundary, less those `certify` (with E at
-        them, `e`) proves exact: an exact tie of a quantised sum is a tie on every device, and round-half-even
-        settles it. (`e` and ww may be U's, `UPPER_BAND`.)"""
-        if idx.size == 0 or ww is None:
+        unrounded values there) within the band factor * e (e: E at them, or U from a Prefilter, `UPPER_BAND`;
+        None: no band) of a boundary, less those `certify` (with e at them) proves exact: an exact tie of a
+        quantised sum is a tie on every device, and round-half-even settles it."""
+        if idx.size == 0 or e is None:
             return SiteLog(site, op, shape)
-        rr = _at(r, idx)
-        near_lo, logged, wide = self._classify(held, rr, ww)
-        # (the numpy calls here cost ~10-20 us each in a step, so each question is asked once: the logged positions'
-        # count from `sel`, the certified ones' from their positions)
-        sel = np.flatnonzero(logged)
-        if not sel.size:
+        pos, vv, rr, ww, e, near_lo, wide = self._logged(held, r, idx, e, factor)
+        if not pos.size:
             return SiteLog(site, op, shape)
         if certify is not None:
             # (gathered in numpy: torch indexing costs ~20 us a call here; the certifiers read numpy anyway)
-            exact = certify(torch.from_numpy(idx[sel]), e[sel], held[sel])
+            exact = certify(torch.from_numpy(pos), e, vv)
             if exact is not None:
                 exact = exact.cpu().numpy()
-                certified = sel[exact]
-                logged[certified] = False
-                self._counts["certified"] += certified.size
-                if certified.size == sel.size:  # (the common outcome: exact ties, all certified)
+                certified = int(np.count_nonzero(exact))
+                self._counts["certified"] += certified
+                if certified == pos.size:  # (the common outcome: exact ties, all certified)
                     return SiteLog(site, op, shape)
-        as_value = logged & wide if self.policy == "bound" else np.zeros_like(logged)
-        as_dir = logged & ~as_value
-        res, widths = valuecode.encode(held[as_value], rr[as_value], ww[as_value], self.bits)
-        return SiteLog(site, op, shape, idx[as_dir], near_lo[as_dir], idx[as_value], res, widths)
+                if certified:
+                    keep = ~exact
+                    pos, vv, rr, ww, near_lo, wide = pos[keep], vv[keep], rr[keep], ww[keep], near_lo[keep], wide[keep]
+        as_value = wide if self.policy == "bound" else np.zeros_like(wide)
+        as_dir = ~as_value
+        res, widths = valuecode.encode(vv[as_value], rr[as_value], ww[as_value], self.bits)
+        return SiteLog(site, op, shape, pos[as_dir], near_lo[as_dir], pos[as_value], res, widths)
+
+    def _logged(self, held: np.ndarray, r: torch.Tensor, idx: np.ndarray, e: np.ndarray | Prefilter,
+                factor: float) -> tuple[np.ndarray, ...]:
+        """The candidates (flat positions idx of output r, `held` there) within the band factor * e of a boundary,
+        in idx's order: (their positions, held, r, the band, e, whether the boundary below r is the nearer one,
+        whether the band makes a value entry). One compiled call where the kernels take them (fused.logged: the
+        ~20 numpy and torch calls below cost ~100 us a matmul in a training step), else these: the same IEEE
+        operations in the same dtype, so the same answers."""
+        fused = self._fused
+        outer = isinstance(e, Prefilter)
+        if fused.usable(r):
+            fast = fused.logged(held, fused.flat(r), idx, (e.rows, e.cols, e.add) if outer else e, factor,
+                                self.bits - 9, VALUE_FRACTION)
+            if fast is not None:
+                return fast
+        e = e.at(torch.from_numpy(idx)).numpy() if outer else e
+        ww = e * factor
+        rr = _at(r, idx)
+        near_lo, within, wide = self._classify(held, rr, ww)
+        sel = np.flatnonzero(within)
+        return idx[sel], held[sel], rr[sel], ww[sel], e[sel], near_lo[sel], wide[sel]
 
     def _classify(self, vv: np.ndarray, rr: np.ndarray, ww: np.ndarray,
                   inclusive: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -613,6 +613,37 @@ def test_entry_classification_is_the_numpy_test_bit_for_bit(bits: int, dtype: np
     assert all(0 < m.sum() < idx.size for m in mixed)  # (the test can tell a wrong decision either way)
 
 
+@pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
+def test_the_logged_candidates_are_classify_s_in_order(bits: int, dtype: np.dtype) -> None:
+    # fused.logged (the recording trainer's selection of its candidates' entries in one call) against classify and
+    # numpy's selection, the band given at the candidates or built from a pre-filter's factors (U's two roundings,
+    # then the output's dtype, as prefilter.Prefilter.at): the same positions, values, bands and decisions
+    from vtrain.prefilter import Prefilter
+    from vtrain.rounding import BAND_SLACK, VALUE_FRACTION
+
+    rng = np.random.default_rng(bits)
+    x = _values(bits, dtype)[:3 * 40 * 50]
+    r = round_unchecked(torch.from_numpy(x), bits).numpy()
+    idx = np.sort(rng.choice(x.size, x.size // 2, replace=False))
+    spacing = np.abs(np.nextafter(r, np.inf) - r).astype(np.float64)
+    rows, cols = rng.uniform(0, 1, (3, 40)), rng.uniform(0, 1, (3, 50))
+    add = rng.uniform(0, 1e-3, (3, 50)) * spacing.max()
+    rows *= 0.3 * np.median(spacing) / np.median(cols)  # (a fair share of the candidates within the band)
+    pre = Prefilter(rows, cols, add, torch.Size((3, 40, 50)), torch.float32 if dtype == np.float32 else torch.float64)
+    factor = 2 * BAND_SLACK
+    for e in (pre.at(torch.from_numpy(idx)).numpy(), pre):
+        got = fused.logged(x[idx], r, idx, (rows, cols, add) if e is pre else e, factor, bits - 9, VALUE_FRACTION)
+        band = pre.at(torch.from_numpy(idx)).numpy()
+        ww = band * factor
+        near_lo, within, wide = fused.classify(x[idx], r[idx], ww, bits - 9, VALUE_FRACTION)
+        sel = np.flatnonzero(within)
+        assert 0 < sel.size < idx.size  # (the case has candidates on both sides of the band)
+        want = idx[sel], x[idx][sel], r[idx][sel], ww[sel], band[sel], near_lo[sel], wide[sel]
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8))
+    assert fused.logged(x[idx], r, idx, np.zeros(idx.size, np.float16), factor, bits - 9, VALUE_FRACTION) is None
+
+
 def test_only_small_float64_matmuls_build_their_band_in_the_kernel() -> None:
     from vtrain.inline import INLINE, INLINE_PRODUCTS
 
