@@ -698,14 +698,13 @@ def logged(vv: np.ndarray, r: np.ndarray, idx: np.ndarray, e: np.ndarray | tuple
         return None
     one = r.dtype.type
     rows, cols, add = e if outer else (_NO_FACTORS, _NO_FACTORS, _NO_FACTORS)
-    at = _NO_BAND[r.dtype] if outer else e
     n = idx.size
-    pos, held, rr, ww, ee = np.empty(n, np.int64), np.empty(n, r.dtype), np.empty(n, r.dtype), np.empty(n, r.dtype), \
-        np.empty(n, r.dtype)
-    near_lo, wide = np.empty(n, np.bool_), np.empty(n, np.bool_)
-    count = _logged(vv, r, idx, at, rows, cols, add, np.full(1, factor, r.dtype), one(1.0 - 2.0 ** -(m + 1)),
-                    2.0**-m, one(0.5), one(value_fraction), pos, held, rr, ww, ee, near_lo, wide)
-    return pos[:count], held[:count], rr[:count], ww[:count], ee[:count], near_lo[:count], wide[:count]
+    # (three arrays, not seven, and the constants as scalars: in a training step each allocation and argument costs)
+    pos, values, flags = np.empty(n, np.int64), np.empty((4, n), r.dtype), np.empty((2, n), np.bool_)
+    count = _logged(vv, r, idx, _NO_BAND[r.dtype] if outer else e, rows, cols, add, one(factor),
+                    one(1.0 - 2.0 ** -(m + 1)), 2.0**-m, one(value_fraction), pos, values, flags)
+    held, rr, ww, ee = values[:, :count]
+    return pos[:count], held, rr, ww, ee, flags[0, :count], flags[1, :count]
 
 
 _NO_FACTORS = np.empty((0, 0))
@@ -714,13 +713,14 @@ _NO_BAND = {np.dtype(np.float64): np.empty(0, np.float64), np.dtype(np.float32):
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _logged(vv: np.ndarray, r: np.ndarray, idx: np.ndarray, e: np.ndarray, rows: np.ndarray, cols: np.ndarray,
-            add: np.ndarray, factor: np.ndarray, shrink: float, q: float, half: float, fraction: float,
-            pos: np.ndarray, held: np.ndarray, rr: np.ndarray, ww: np.ndarray, ee: np.ndarray, near_lo: np.ndarray,
-            wide: np.ndarray) -> int:
-    """`logged`'s pass (e empty: U from rows, cols, add), the selected candidates written to the front of the
-    output arrays: their count."""
+            add: np.ndarray, factor: float, shrink: float, q: float, fraction: float, pos: np.ndarray,
+            values: np.ndarray, flags: np.ndarray) -> int:
+    """`logged`'s pass (e empty: U from rows, cols, add), the selected candidates written to the front of pos,
+    values (held, r, the band, e) and flags (near_lo, wide): their count."""
     spacing = np.empty(2, r.dtype)
     band = np.empty(1, r.dtype)  # (E or U stored in r's dtype, as numpy's astype and gathers hold it)
+    spacing[0] = 0.5
+    half = spacing[0]  # (in r's dtype, as `classify` passes it)
     n = cols.shape[1]
     plane = rows.shape[1] * n
     count = 0
@@ -731,11 +731,12 @@ def _logged(vv: np.ndarray, r: np.ndarray, idx: np.ndarray, e: np.ndarray, rows:
         else:
             j = p % n
             band[0] = rows[p // plane, p % plane // n] * cols[p // plane, j] + add[p // plane, j]
-        w = band[0] * factor[0]
+        w = band[0] * factor
         lo, within, broad = _classify_one(vv[t], r[p], w, shrink, q, half, fraction, False, spacing)
         if within:
-            pos[count], held[count], rr[count], ww[count], ee[count] = p, vv[t], r[p], w, band[0]
-            near_lo[count], wide[count] = lo, broad
+            pos[count] = p
+            values[0, count], values[1, count], values[2, count], values[3, count] = vv[t], r[p], w, band[0]
+            flags[0, count], flags[1, count] = lo, broad
             count += 1
     return count
 
