@@ -14,8 +14,8 @@ So for large matmuls the engine filters twice:
 2. E at the candidates only (BOUNDS_AT here: K products per position in one compiled loop), or, where
    there are too many of them (`gather_pays`), from the full bound. Either way the engine then decides
    with E itself, exactly as it would with E computed everywhere. (So the exact resolution and the auditor;
-   the recording trainer logs with U itself, `Prefilter.at` at its candidates, since session 51:
-   vtrain.rounding.UPPER_BAND.)
+   the recording trainer logs with U itself at its candidates, since session 51: vtrain.rounding.UPPER_BAND;
+   `Prefilter.at`'s values, computed from the factors in the compiled selection of its entries, fused.logged.)
 
 Where it pays (measured with the lead's A/B scripts and benchmarks/bench_rounding.py on MLPs of width
 1024 and 2048, whose three matmuls per layer are a linear layer's x @ W^T, g @ W and g^T @ x): U is loose
