@@ -93,9 +93,8 @@ class Near(NamedTuple):
     unrounded values there (`held`: the filters read the output at its candidates only, so the recording
     trainer may round it in place), E there (None: the output has no bound; for the recording trainer where the
     pre-filter took the output, `UPPER_BAND`, the Prefilter, U read from its factors where the log is made), the
-    op's full bounds where computed, and whether a value
-    rounded off the grid (only in the exact resolution, where r is v rounded in place: see
-    `RoundedExecution._fused_near`)."""
+    op's full bounds where computed, and whether a value rounded off the grid (only in the exact resolution, where
+    r is v rounded in place: see `RoundedExecution._fused_near`)."""
 
     r: torch.Tensor
     cand: torch.Tensor
@@ -434,7 +433,8 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 # each in a training step, numpy's ~1)
                 if self.policy == "bound":
                     idx = cand.cpu().numpy()
-                    # (None: no band at all; a Prefilter: U at the candidates, from its factors)
+                    # (None: no band at all; a Prefilter: U at the candidates, from its factors; 2 BAND_SLACK is
+                    # exact in float32 too, so float32 work's band is the float32 product, as torch's)
                     e_at = e_cand if e_cand is None or isinstance(e_cand, Prefilter) else e_cand.cpu().numpy()
                     entry = self._find_entries(site, spec.name, shape, values, r, idx, e_at, 2 * BAND_SLACK,
                                                certify)
@@ -442,6 +442,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                     band = spacing_below(r.reshape(-1), self.bits) * (0.5 - self.tau)
                     cand = self._candidates(v, r, band)
                     idx = cand.cpu().numpy()
+                    # (the paper's band itself, times one)
                     entry = self._find_entries(site, spec.name, shape, _at(v, idx), r, idx, band[cand].cpu().numpy(),
                                                1.0)
                 self._sites.append(entry)
