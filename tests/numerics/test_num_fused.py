@@ -631,14 +631,14 @@ def test_the_logged_candidates_are_classify_s_in_order(bits: int, dtype: np.dtyp
     rows *= 0.3 * np.median(spacing) / np.median(cols)  # (a fair share of the candidates within the band)
     pre = Prefilter(rows, cols, add, torch.Size((3, 40, 50)), torch.float32 if dtype == np.float32 else torch.float64)
     factor = 2 * BAND_SLACK
-    for e in (pre.at(torch.from_numpy(idx)).numpy(), pre):
+    band = pre.at(torch.from_numpy(idx)).numpy()
+    ww = band * factor
+    near_lo, within, wide = fused.classify(x[idx], r[idx], ww, bits - 9, VALUE_FRACTION)
+    sel = np.flatnonzero(within)
+    assert 0 < sel.size < idx.size  # (the case has candidates on both sides of the band)
+    want = idx[sel], x[idx][sel], r[idx][sel], ww[sel], band[sel], near_lo[sel], wide[sel]
+    for e in (band, pre):
         got = fused.logged(x[idx], r, idx, (rows, cols, add) if e is pre else e, factor, bits - 9, VALUE_FRACTION)
-        band = pre.at(torch.from_numpy(idx)).numpy()
-        ww = band * factor
-        near_lo, within, wide = fused.classify(x[idx], r[idx], ww, bits - 9, VALUE_FRACTION)
-        sel = np.flatnonzero(within)
-        assert 0 < sel.size < idx.size  # (the case has candidates on both sides of the band)
-        want = idx[sel], x[idx][sel], r[idx][sel], ww[sel], band[sel], near_lo[sel], wide[sel]
         for g, w in zip(got, want):
             assert g.dtype == w.dtype and np.array_equal(g.view(np.uint8), w.view(np.uint8))
     assert fused.logged(x[idx], r, idx, np.zeros(idx.size, np.float16), factor, bits - 9, VALUE_FRACTION) is None
