@@ -28,7 +28,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from vtrain import fused, fused_binary, fused_optim, omp, prefilter
+from vtrain import fused, fused_binary, fused_gelu, fused_optim, omp, prefilter
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
@@ -244,6 +244,47 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
     omp.run(_binary_part.address, block, parts)
     return _slot_sum(block, 1, 0)
 
+
+
+# fused_gelu._pass: fields code, x, t, g, out (addresses), m, cast32, size, floats (the address of the next field),
+# limit (float64 bits); one slot a part: its count of values off the grid.
+_G_FIELDS = 10
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _gelu_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _G_FIELDS + d[1])
+    code, m, cast32, size, parts = blk[2], blk[7], blk[8] != 0, blk[9], blk[1]
+    x, t = carray(_pointer(blk[3], np.float64), size), carray(_pointer(blk[4], np.float64), size)
+    g, out = carray(_pointer(blk[5], np.float64), size), carray(_pointer(blk[6], np.float64), size)
+    limit = carray(_pointer(blk[10], np.float64), 1)[0]
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p < 0:
+            continue
+        lo, hi = _cut(size, p, parts, 1), _cut(size, p + 1, parts, 1)
+        blk[_HEAD + _G_FIELDS + p] = fused_gelu._pass(code, x, t, g, out, m, cast32, limit, POW2, lo, hi)
+
+
+@njit(cache=True, nogil=True)
+def _gelu_block(parts: int, code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray, m: int,
+                cast32: bool, limit: float) -> np.ndarray:
+    block = _new_block(parts, _G_FIELDS, 1)
+    block[2], block[3], block[4], block[5], block[6] = code, x.ctypes.data, t.ctypes.data, g.ctypes.data, \
+        out.ctypes.data
+    block[7], block[8], block[9] = m, cast32, x.size
+    _put_floats(block, 10, (limit,))
+    return block
+
+
+def gelu(parts: int, code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray, m: int, cast32: bool,
+         limit: float) -> int:
+    """`fused_gelu._pass` over all of x's values in `parts` parts (t, g and out of x's size): the count of values off
+    the grid."""
+    _require(np.float64, x, t, g, out)
+    block = _gelu_block(parts, code, x, t, g, out, m, cast32, float(limit))
+    omp.run(_gelu_part.address, block, parts)
+    return _slot_sum(block, 1, 0)
 
 # fused.round_near (bits = 32) and round_near_relative: fields v, out, cand, held (addresses), size, e (address,
 # size; size 0: the relative band), floats (the address of the next seven fields: factor, limit, plus, k, a, c, f,

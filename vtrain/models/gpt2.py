@@ -22,12 +22,19 @@ from torch import nn
 from torch.nn import functional as F
 
 from vtrain.models.norms import LayerNorm
+from vtrain.rounding import active_rounding
 
 MASKED_SCORE = -128.0
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): these ops, or under rounded execution the
+    same values by vtrain.fused_gelu's three passes where it takes x."""
+    if active_rounding() is not None:
+        from vtrain import fused_gelu  # noqa: PLC0415 (numba's import: only processes that round pay it)
+        fast = fused_gelu.gelu(x)
+        if fast is not None:
+            return fast
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * (x * x * x))))
 
 
