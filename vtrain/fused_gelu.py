@@ -1,7 +1,7 @@
 """GPT-2's tanh GELU under rounded execution in three passes where the dispatch path makes twenty-two.
 
-vtrain.models.gpt2 writes the GELU out, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): eight binary ops and a
-tanh forward and fourteen binary ops backward (autograd's products and its sums of x's four gradients), each a
+vtrain.models.gpt2 writes the GELU out, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): eight binary ops and a tanh
+forward and fourteen binary ops backward (autograd's products and its four sums of x's five gradients), each a
 dispatch, a pass over the whole (B, T, 4 d_model) activation and a rounding (vtrain.fused_binary). On GPT-2-tiny
 d_model 256 those 44 passes a step over 1M values took ~30 ms of a ~165 ms rounded step on two threads.
 
@@ -11,8 +11,10 @@ the backward is a third (the gradient, x and the tanh's output in, x's gradient 
 by the same IEEE operations in the same order as the dispatch path, every op's output rounded to the grid in a
 register (the order of autograd's sums included: `_backward_loop` follows the trace of its nodes), so every value is
 the dispatch path's, bit for bit (tests/numerics/test_num_fused_gelu.py; tests/families trains GPT-2-tiny both ways
-to identical logs and states), and the step counts the same ops and rounded values. What the backward reads, x h
-and the rest, it computes again from x and the tanh's output: the forward keeps those two only.
+to identical logs and states), and the step counts the same ops and rounded values. What the backward reads, x / 2,
+x x and 1 + tanh, it computes again from x and the tanh's output: the forward keeps those two only. Its sum of x's
+five gradients is the written-out form's where x feeds the GELU alone, as the MLP's first layer's output does in
+vtrain.models.gpt2 (a gradient from another use of x would enter autograd's sum first).
 
 Where the kernels cannot take x (not a contiguous float64 CPU tensor, fused kernels off), `gelu` answers None and
 the model runs its written-out form. A value off the grid in a pass (an overflow) sends that pass the dispatch way,

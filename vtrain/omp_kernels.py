@@ -28,7 +28,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from vtrain import fused, fused_binary, fused_gelu, fused_optim, omp, prefilter
+from vtrain import fused, fused_binary, fused_gelu, fused_layer_norm, fused_optim, omp, prefilter
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
@@ -284,6 +284,53 @@ def gelu(parts: int, code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out
     _require(np.float64, x, t, g, out)
     block = _gelu_block(parts, code, x, t, g, out, m, cast32, float(limit))
     omp.run(_gelu_part.address, block, parts)
+    return _slot_sum(block, 1, 0)
+
+
+# fused_layer_norm._pass: fields code, a, b, c, e, o, p (address and size each), rows, d, m, cast32, floats (the
+# address of the next field), limit (float64 bits); one slot a part: its count of values off the grid. Parts are
+# whole rows.
+_L_FIELDS = 21
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _layer_norm_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _L_FIELDS + d[1])
+    code, rows, width, m, cast32, parts = blk[2], blk[15], blk[16], blk[17], blk[18] != 0, blk[1]
+    a, b = carray(_pointer(blk[3], np.float64), blk[4]), carray(_pointer(blk[5], np.float64), blk[6])
+    c, e = carray(_pointer(blk[7], np.float64), blk[8]), carray(_pointer(blk[9], np.float64), blk[10])
+    o, q = carray(_pointer(blk[11], np.float64), blk[12]), carray(_pointer(blk[13], np.float64), blk[14])
+    limit = carray(_pointer(blk[19], np.float64), 1)[0]
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p < 0:
+            continue
+        r0, r1 = _cut(rows, p, parts, 1), _cut(rows, p + 1, parts, 1)
+        blk[_HEAD + _L_FIELDS + p] = fused_layer_norm._pass(code, a, b, c, e, o, q, r0, r1, width, m, cast32, limit,
+                                                           POW2)
+
+
+@njit(cache=True, nogil=True)
+def _layer_norm_block(parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray,
+                      o: np.ndarray, q: np.ndarray, rows: int, width: int, m: int, cast32: bool,
+                      limit: float) -> np.ndarray:
+    block = _new_block(parts, _L_FIELDS, 1)
+    block[2] = code
+    block[3], block[4], block[5], block[6] = a.ctypes.data, a.size, b.ctypes.data, b.size
+    block[7], block[8], block[9], block[10] = c.ctypes.data, c.size, e.ctypes.data, e.size
+    block[11], block[12], block[13], block[14] = o.ctypes.data, o.size, q.ctypes.data, q.size
+    block[15], block[16], block[17], block[18] = rows, width, m, cast32
+    _put_floats(block, 19, (limit,))
+    return block
+
+
+def layer_norm(parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray,
+               q: np.ndarray, rows: int, width: int, m: int, cast32: bool, limit: float) -> int:
+    """`fused_layer_norm._pass` over all `rows` rows of `width` values in `parts` parts: the count of values off the
+    grid."""
+    _require(np.float64, a, b, c, e, o, q)
+    block = _layer_norm_block(parts, code, a, b, c, e, o, q, rows, width, m, cast32, float(limit))
+    omp.run(_layer_norm_part.address, block, parts)
     return _slot_sum(block, 1, 0)
 
 # fused.round_near (bits = 32) and round_near_relative: fields v, out, cand, held (addresses), size, e (address,

@@ -1,6 +1,6 @@
 """vtrain.fused_gelu against GPT-2's written-out GELU under rounded execution (autograd's ops, each dispatched and
 rounded): the same output and gradient bit for bit, the same log, the same ops and rounded values counted, the same
-error for a value off the grid, in one pass or in parts on two threads (tests/families/test_family_fused_gelu.py
+error for a value off the grid, in one pass or in parts on two threads (tests/families/test_family_fused_ops.py
 trains GPT-2-tiny both ways)."""
 
 from __future__ import annotations

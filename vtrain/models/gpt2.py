@@ -29,7 +29,7 @@ MASKED_SCORE = -128.0
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): these ops, or under rounded execution the
-    same values by vtrain.fused_gelu's three passes where it takes x."""
+    same values by vtrain.fused_gelu's three passes where it takes x (for an x that feeds the GELU alone, as here)."""
     if active_rounding() is not None:
         from vtrain import fused_gelu  # noqa: PLC0415 (numba's import: only processes that round pay it)
         fast = fused_gelu.gelu(x)

@@ -1,0 +1,267 @@
+"""The written-out LayerNorm (vtrain.models.norms) under rounded execution with its elementwise ops fused.
+
+Written out, a LayerNorm over (B, T, D) is two means and three small ops on (B, T, 1) rows, five elementwise ops
+over the whole input forward, and autograd's backward: four sums, two small ops and fifteen elementwise ops (its
+products, quotients, negations and its sum of x's gradients from the centring and from the mean). Each elementwise
+op is a dispatch, a pass over B T D values and a rounding.
+
+Here the device ops (the means and sums, rounded and logged) and the small ops stay dispatched, in their order; the
+elementwise ops between two of them are one pass each (six passes and the engine's sum where the dispatch path makes
+twenty passes), each value computed by the same IEEE operations in the same order as the dispatch path and rounded
+to the grid after each op in a register, and each pass counted as the ops it stands for. So every value, log entry
+and count is the written-out form's (tests/numerics/test_num_fused_layer_norm.py;
+tests/families/test_family_fused_ops.py trains GPT-2-tiny both ways to identical logs and states).
+
+x's gradient comes in autograd's two parts, the centring's and the mean's, one output each for x passed twice: the
+engine sums them into x's gradient in the written-out form's order, after any gradient x had from elsewhere (the
+residual stream's), so that sum rounds as it did. Where the kernels cannot take the tensors (not contiguous float64
+on the CPU, fused kernels off), `layer_norm` answers None and the module runs its written-out form; a value off the
+grid in a pass sends that pass's ops the dispatch way, whose error names the op that wrote it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from numba import njit
+from torch.utils._mode_utils import no_dispatch
+
+from vtrain import fused, omp
+from vtrain.fused import POW2
+from vtrain.fused import round_value as _r
+from vtrain.grid import round_to_grid
+from vtrain.rounding import RoundedExecution, active_rounding
+
+ENABLED = True  # (tests compare the fused passes with the written-out form)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _off(v: float, limit: float) -> int:
+    return not abs(v) <= limit
+
+
+# Each pass walks rows of d values, a row's statistic read once and its inner loop over columns vectorised (with each
+# value's row and column by division, or the float32 cast a run-time choice in the loop, the passes ran slower than
+# the dispatch path's twenty). `_pass` compiles each with the cast a constant.
+CENTER, AFFINE, SCALE_GRADS, QUOTIENT_GRADS, SQUARE_GRADS, MEAN_GRAD = range(6)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _center(x: np.ndarray, mu: np.ndarray, xc: np.ndarray, sq: np.ndarray, r0: int, r1: int, d: int, m: int,
+            cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    """xc = x - mu (mu one value a row), sq = xc xc."""
+    nbad = 0
+    for r in range(r0, r1):
+        mr, i0 = mu[r], r * d
+        for i in range(i0, i0 + d):
+            c = _r(x[i] - mr, m, cast32, pow2)
+            q = _r(c * c, m, cast32, pow2)
+            nbad += _off(c, limit) + _off(q, limit)
+            xc[i], sq[i] = c, q
+    return nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _affine(xc: np.ndarray, s: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.ndarray, r0: int, r1: int, d: int,
+            m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    """y = xc / s * w + b (s one value a row, w and b one a column)."""
+    nbad = 0
+    for r in range(r0, r1):
+        sr, i0 = s[r], r * d
+        for j in range(d):
+            n = _r(xc[i0 + j] / sr, m, cast32, pow2)
+            p = _r(n * w[j], m, cast32, pow2)
+            v = _r(p + b[j], m, cast32, pow2)
+            nbad += _off(n, limit) + _off(p, limit) + _off(v, limit)
+            y[i0 + j] = v
+    return nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _scale_grads(g: np.ndarray, xc: np.ndarray, s: np.ndarray, w: np.ndarray, gwp: np.ndarray, gxn: np.ndarray,
+                 r0: int, r1: int, d: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    """The product's gradients: gwp = g xn (to be summed into w's), gxn = g w; xn = xc / s as the forward made it."""
+    nbad = 0
+    for r in range(r0, r1):
+        sr, i0 = s[r], r * d
+        for j in range(d):
+            i = i0 + j
+            n = _r(xc[i] / sr, m, cast32, pow2)
+            a = _r(g[i] * n, m, cast32, pow2)
+            c = _r(g[i] * w[j], m, cast32, pow2)
+            nbad += _off(a, limit) + _off(c, limit)
+            gwp[i], gxn[i] = a, c
+    return nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _quotient_grads(gxn: np.ndarray, xc: np.ndarray, s: np.ndarray, gsp: np.ndarray, gxc: np.ndarray, r0: int,
+                    r1: int, d: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    """The quotient xc / s's gradients: gsp = -gxn (xc / s / s) (to be summed into s's), gxc = gxn / s."""
+    nbad = 0
+    for r in range(r0, r1):
+        sr, i0 = s[r], r * d
+        for i in range(i0, i0 + d):
+            q1 = _r(xc[i] / sr, m, cast32, pow2)
+            q2 = _r(q1 / sr, m, cast32, pow2)
+            ng = _r(-gxn[i], m, cast32, pow2)
+            a = _r(ng * q2, m, cast32, pow2)
+            c = _r(gxn[i] / sr, m, cast32, pow2)
+            nbad += _off(q1, limit) + _off(q2, limit) + _off(a, limit) + _off(c, limit)
+            gsp[i], gxc[i] = a, c
+    return nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _square_grads(gvar: np.ndarray, xc: np.ndarray, gxc: np.ndarray, a2: np.ndarray, n2: np.ndarray, r0: int,
+                  r1: int, d: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    """The variance's mean and the square's gradients, summed into xc's: a2 = gxc + gq xc + gq xc with gq = gvar / d
+    (both products, one value), and n2 = -a2 (to be summed into the mean's)."""
+    nbad = 0
+    for r in range(r0, r1):
+        gq, i0 = _r(gvar[r] / d, m, cast32, pow2), r * d
+        nbad += _off(gq, limit)
+        for i in range(i0, i0 + d):
+            p = _r(gq * xc[i], m, cast32, pow2)
+            a1 = _r(gxc[i] + p, m, cast32, pow2)
+            a = _r(a1 + p, m, cast32, pow2)
+            nbad += _off(p, limit) + _off(a1, limit) + _off(a, limit)
+            a2[i], n2[i] = a, -a
+    return nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _mean_grad(gm: np.ndarray, out: np.ndarray, r0: int, r1: int, d: int, m: int, cast32: bool, limit: float,
+               pow2: np.ndarray) -> int:
+    """The mean's gradient over its rows, gm / d (one value a row)."""
+    nbad = 0
+    for r in range(r0, r1):
+        v, i0 = _r(gm[r] / d, m, cast32, pow2), r * d
+        nbad += _off(v, limit)
+        out[i0:i0 + d] = v
+    return nbad
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _pass(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray, p: np.ndarray,
+          r0: int, r1: int, d: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    """Pass `code` over rows r0:r1 (of d values) on inputs a, b, c, e (as many as it reads) into outputs o and p: the
+    count of values off the grid."""
+    if cast32:
+        return _step(code, a, b, c, e, o, p, r0, r1, d, 23, True, limit, pow2)
+    return _step(code, a, b, c, e, o, p, r0, r1, d, m, False, limit, pow2)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _step(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray, p: np.ndarray,
+          r0: int, r1: int, d: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+    if code == CENTER:
+        return _center(a, b, o, p, r0, r1, d, m, cast32, limit, pow2)
+    if code == AFFINE:
+        return _affine(a, b, c, e, o, r0, r1, d, m, cast32, limit, pow2)
+    if code == SCALE_GRADS:
+        return _scale_grads(a, b, c, e, o, p, r0, r1, d, m, cast32, limit, pow2)
+    if code == QUOTIENT_GRADS:
+        return _quotient_grads(a, b, c, o, p, r0, r1, d, m, cast32, limit, pow2)
+    if code == SQUARE_GRADS:
+        return _square_grads(a, b, c, o, p, r0, r1, d, m, cast32, limit, pow2)
+    return _mean_grad(a, o, r0, r1, d, m, cast32, limit, pow2)
+
+
+def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
+           inputs: list[torch.Tensor], outputs: int) -> list[torch.Tensor] | None:
+    """`outputs` fresh tensors of `like`'s shape from pass `code` on the inputs' values (rows of like's last dim),
+    counted as the `ops` elementwise ops the pass stands for; None outside rounded execution, where the kernels do not
+    take a tensor, or where a value left the grid (nothing counted: the caller dispatches those ops)."""
+    if rx is None or not all(_takes(t) for t in (like, *inputs)):
+        return None
+    with no_dispatch():  # (the new tensors and the numpy views are no ops of the step)
+        outs = [torch.empty_like(like) for _ in range(outputs)]
+        ins, arrays = [fused.flat(t) for t in inputs], [fused.flat(t) for t in outs]
+    ins += ins[:1] * (4 - len(ins))  # (the inputs and outputs a pass does not read: any array)
+    arrays += arrays[:1] * (2 - len(arrays))
+    m, d = rx.bits - 9, like.shape[-1]
+    rows = like.numel() // d
+    parts = omp.parts(like.numel())
+    if parts > 1:
+        nbad = omp.kernels().layer_norm(parts, code, *ins, *arrays, rows, d, m, m == 23, rx._limit)
+    else:
+        nbad = _pass(code, *ins, *arrays, 0, rows, d, m, m == 23, rx._limit, POW2)
+    if nbad:
+        return None
+    rx.count_rounded(ops * like.numel(), ops)
+    return outs
+
+
+def _takes(t: torch.Tensor) -> bool:
+    return t.dtype is torch.float64 and fused.usable(t)
+
+
+def _again(rx: RoundedExecution | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """xn = a / b as the forward rounded it, computed again outside the step (no dispatch, no count)."""
+    with no_dispatch():
+        return a / b if rx is None else round_to_grid(a / b, rx.bits)
+
+
+aten = torch.ops.aten
+
+
+class _LayerNorm(torch.autograd.Function):
+    """y = (x - mean(x)) / sqrt(var(x) + eps) w + b over the last dim, x given twice: its gradient's two parts."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, x_again: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                eps: float) -> torch.Tensor:
+        rx = active_rounding()
+        mu = x.mean(-1, keepdim=True)
+        out = _fused(rx, CENTER, 2, x, [x, mu], 2)
+        if out is None:
+            xc = x - mu
+            out = [xc, xc * xc]
+        xc, sq = out
+        s = torch.sqrt(sq.mean(-1, keepdim=True) + eps)
+        out = _fused(rx, AFFINE, 3, xc, [xc, s, w, b], 1)
+        ctx.save_for_backward(xc, s, w)
+        return xc / s * w + b if out is None else out[0]
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+        # autograd's ops on the written-out form in its order, the device ops (sums) and the small ones on rows
+        # dispatched, the elementwise ones between them fused
+        xc, s, w = ctx.saved_tensors
+        rx = active_rounding()
+        rows, last, d = list(range(xc.dim() - 1)), [xc.dim() - 1], xc.shape[-1]
+        gb = g.sum(rows, keepdim=True)
+        out = _fused(rx, SCALE_GRADS, 2, xc, [g, xc, s, w], 2)
+        if out is None:
+            xn = _again(rx, xc, s)
+            out = [g * xn, g * w]
+        gwp, gxn = out
+        gw = gwp.sum(rows, keepdim=True)
+        out = _fused(rx, QUOTIENT_GRADS, 4, xc, [gxn, xc, s], 2)  # (a negation is exact: no op counted)
+        if out is None:
+            q2 = xc / s / s
+            out = [-gxn * q2, gxn / s]
+        gsp, gxc = out
+        gvar = aten.div.Tensor(gsp.sum(last, keepdim=True), aten.mul.Scalar(s, 2))
+        out = _fused(rx, SQUARE_GRADS, 5, xc, [gvar, xc, gxc], 2)
+        if out is None:
+            gq = aten.div.Scalar(gvar.expand(xc.shape), d)
+            p1, p2 = gq * xc, gq * xc
+            a2 = (gxc + p2) + p1
+            out = [a2, -a2]
+        a2, n2 = out
+        gm = n2.sum(last, keepdim=True)
+        out = _fused(rx, MEAN_GRAD, 1, xc, [gm], 1)
+        gmx = aten.div.Scalar(gm.expand(xc.shape), d) if out is None else out[0]
+        return a2, gmx, gw.reshape(w.shape), gb.reshape(w.shape), None
+
+
+def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """The written-out LayerNorm of x over its last dim by the fused passes, inside a RoundedExecution where they take
+    x, w and b; else None."""
+    if not ENABLED or active_rounding() is None or not all(_takes(t) for t in (x, w, b)):
+        return None
+    return _LayerNorm.apply(x, x, w, b, eps)
