@@ -16,7 +16,8 @@ x x and 1 + tanh, it computes again from x and the tanh's output: the forward ke
 five gradients is the written-out form's where x feeds the GELU alone, as the MLP's first layer's output does in
 vtrain.models.gpt2 (a gradient from another use of x would enter autograd's sum first).
 
-Where the kernels cannot take x (not a contiguous float64 CPU tensor, fused kernels off), `gelu` answers None and
+Where the kernels cannot take x (not a contiguous float64 CPU tensor at bits = 32, fused kernels off), `gelu` answers
+None and
 the model runs its written-out form. A value off the grid in a pass (an overflow) sends that pass the dispatch way,
 op by op, so that the error names the op that wrote it, as without this module.
 """
@@ -106,22 +107,17 @@ def _backward_loop(g: np.ndarray, x: np.ndarray, t: np.ndarray, out: np.ndarray,
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray, m: int, cast32: bool,
-          limit: float, pow2: np.ndarray, lo: int, hi: int) -> int:
+def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray, limit: float, pow2: np.ndarray,
+          lo: int, hi: int) -> int:
     """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t): the count of rounded
-    values off the grid. (The float32 cast a constant in its own loops, as in vtrain.fused_optim.)"""
+    values off the grid. (The float32 cast a constant in the loops, as in vtrain.fused_optim: float64 work at
+    bits = 32 only, each other grid a second compiled copy of every loop, ~10 s more to compile cold.)"""
     x, t, g, out = x[lo:hi], t[lo:hi], g[lo:hi], out[lo:hi]
-    if cast32:
-        if code == INNER:
-            return _inner_loop(x, out, 23, True, limit, pow2)
-        if code == OUTER:
-            return _outer_loop(x, t, out, 23, True, limit, pow2)
-        return _backward_loop(g, x, t, out, 23, True, limit, pow2)
     if code == INNER:
-        return _inner_loop(x, out, m, False, limit, pow2)
+        return _inner_loop(x, out, 23, True, limit, pow2)
     if code == OUTER:
-        return _outer_loop(x, t, out, m, False, limit, pow2)
-    return _backward_loop(g, x, t, out, m, False, limit, pow2)
+        return _outer_loop(x, t, out, 23, True, limit, pow2)
+    return _backward_loop(g, x, t, out, 23, True, limit, pow2)
 
 
 def _run(rx: RoundedExecution, code: int, x: torch.Tensor, t: torch.Tensor | None = None,
@@ -134,15 +130,14 @@ def _run(rx: RoundedExecution, code: int, x: torch.Tensor, t: torch.Tensor | Non
         a, o = fused.flat(x), fused.flat(out)
         b = a if t is None else fused.flat(t)
         c = a if g is None else fused.flat(g)
-    m, size = rx.bits - 9, a.size
-    parts = omp.parts(size)
+    parts = omp.parts(a.size)
     if parts > 1:
-        nbad = omp.kernels().gelu(parts, code, a, b, c, o, m, m == 23, rx._limit)
+        nbad = omp.kernels().gelu(parts, code, a, b, c, o, rx._limit)
     else:
-        nbad = _pass(code, a, b, c, o, m, m == 23, rx._limit, POW2, 0, size)
+        nbad = _pass(code, a, b, c, o, rx._limit, POW2, 0, a.size)
     if nbad:
         return None
-    rx.count_rounded(_OPS[code] * size, _OPS[code])
+    rx.count_rounded(_OPS[code] * a.size, _OPS[code])
     return out
 
 
@@ -195,7 +190,8 @@ def _again(bits: int | None, op: Any, a: torch.Tensor, b: float | torch.Tensor) 
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor | None:
-    """GPT-2's GELU of x by the fused passes, inside a RoundedExecution where they take x; else None."""
-    if not ENABLED or active_rounding() is None or not _takes(x):
+    """GPT-2's GELU of x by the fused passes, inside a RoundedExecution at bits = 32 where they take x; else None."""
+    rx = active_rounding()
+    if not ENABLED or rx is None or rx.bits != 32 or not _takes(x):
         return None
     return _Gelu.apply(x)

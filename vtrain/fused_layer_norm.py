@@ -15,7 +15,7 @@ tests/families/test_family_fused_ops.py trains GPT-2-tiny both ways to identical
 x's gradient comes in autograd's two parts, the centring's and the mean's, one output each for x passed twice: the
 engine sums them into x's gradient in the written-out form's order, after any gradient x had from elsewhere (the
 residual stream's), so that sum rounds as it did. Where the kernels cannot take the tensors (not contiguous float64
-on the CPU, fused kernels off), `layer_norm` answers None and the module runs its written-out form; a value off the
+on the CPU at bits = 32, fused kernels off), `layer_norm` answers None and the module runs its written-out form; a value off the
 grid in a pass sends that pass's ops the dispatch way, whose error names the op that wrote it.
 """
 
@@ -146,12 +146,10 @@ def _mean_grad(gm: np.ndarray, out: np.ndarray, r0: int, r1: int, d: int, m: int
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pass(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray, p: np.ndarray,
-          r0: int, r1: int, d: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+          r0: int, r1: int, d: int, limit: float, pow2: np.ndarray) -> int:
     """Pass `code` over rows r0:r1 (of d values) on inputs a, b, c, e (as many as it reads) into outputs o and p: the
-    count of values off the grid."""
-    if cast32:
-        return _step(code, a, b, c, e, o, p, r0, r1, d, 23, True, limit, pow2)
-    return _step(code, a, b, c, e, o, p, r0, r1, d, m, False, limit, pow2)
+    count of values off the grid. (Float64 work at bits = 32 only, as vtrain.fused_gelu's.)"""
+    return _step(code, a, b, c, e, o, p, r0, r1, d, 23, True, limit, pow2)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -175,20 +173,20 @@ def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
     """`outputs` fresh tensors of `like`'s shape from pass `code` on the inputs' values (rows of like's last dim),
     counted as the `ops` elementwise ops the pass stands for; None outside rounded execution, where the kernels do not
     take a tensor, or where a value left the grid (nothing counted: the caller dispatches those ops)."""
-    if rx is None or not all(_takes(t) for t in (like, *inputs)):
+    if rx is None or rx.bits != 32 or not all(_takes(t) for t in (like, *inputs)):
         return None
     with no_dispatch():  # (the new tensors and the numpy views are no ops of the step)
         outs = [torch.empty_like(like) for _ in range(outputs)]
         ins, arrays = [fused.flat(t) for t in inputs], [fused.flat(t) for t in outs]
     ins += ins[:1] * (4 - len(ins))  # (the inputs and outputs a pass does not read: any array)
     arrays += arrays[:1] * (2 - len(arrays))
-    m, d = rx.bits - 9, like.shape[-1]
+    d = like.shape[-1]
     rows = like.numel() // d
     parts = omp.parts(like.numel())
     if parts > 1:
-        nbad = omp.kernels().layer_norm(parts, code, *ins, *arrays, rows, d, m, m == 23, rx._limit)
+        nbad = omp.kernels().layer_norm(parts, code, *ins, *arrays, rows, d, rx._limit)
     else:
-        nbad = _pass(code, *ins, *arrays, 0, rows, d, m, m == 23, rx._limit, POW2)
+        nbad = _pass(code, *ins, *arrays, 0, rows, d, rx._limit, POW2)
     if nbad:
         return None
     rx.count_rounded(ops * like.numel(), ops)
@@ -260,8 +258,9 @@ class _LayerNorm(torch.autograd.Function):
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """The written-out LayerNorm of x over its last dim by the fused passes, inside a RoundedExecution where they take
-    x, w and b; else None."""
-    if not ENABLED or active_rounding() is None or not all(_takes(t) for t in (x, w, b)):
+    """The written-out LayerNorm of x over its last dim by the fused passes, inside a RoundedExecution at bits = 32
+    where they take x, w and b; else None."""
+    rx = active_rounding()
+    if not ENABLED or rx is None or rx.bits != 32 or not all(_takes(t) for t in (x, w, b)):
         return None
     return _LayerNorm.apply(x, x, w, b, eps)

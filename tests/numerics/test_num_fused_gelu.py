@@ -43,9 +43,9 @@ def _gelu(x0: torch.Tensor, g: torch.Tensor, bits: int, fused: bool, mode: str =
         fused_gelu.ENABLED = True
 
 
-@pytest.mark.parametrize("bits", [32, 24, 12])
 @pytest.mark.parametrize("shape", [(7,), (4, 33, 65)])
-def test_the_passes_give_the_written_out_values(bits: int, shape: tuple[int, ...]) -> None:
+def test_the_passes_give_the_written_out_values(shape: tuple[int, ...]) -> None:
+    bits = 32
     n = int(np.prod(shape))
     x, g = _values(n, bits, 1).reshape(shape), _values(n, bits, 2, top=2.0**10).reshape(shape)
     runs = []
@@ -104,8 +104,10 @@ def test_a_value_off_the_grid_names_the_op_that_wrote_it(where: str) -> None:
     assert messages[0] == messages[1] and messages[0][0] == (2 if where == "forward" else 9)
 
 
-def test_outside_rounded_execution_the_written_out_form_runs() -> None:
-    x = _values(100, 32, 7).requires_grad_()
+def test_outside_rounded_execution_and_on_other_grids_the_written_out_form_runs() -> None:
+    x = _values(100, 24, 7).requires_grad_()
     assert fused_gelu.gelu(x) is None
-    y = gelu(x)
-    assert y.grad_fn is not None and type(y.grad_fn).__name__ == "MulBackward0"
+    assert type(gelu(x).grad_fn).__name__ == "MulBackward0"
+    with RoundedExecution(bits=24, device=get_device("cpu"), mode="plain"):  # (float64 work at bits = 32 only)
+        assert fused_gelu.gelu(x) is None
+        assert type(gelu(x).grad_fn).__name__ == "MulBackward0"
