@@ -132,7 +132,8 @@ def _run(rx: RoundedExecution, code: int, x: torch.Tensor, t: torch.Tensor | Non
         c = a if g is None else fused.flat(g)
     parts = omp.parts(a.size)
     if parts > 1:
-        nbad = omp.kernels().gelu(parts, code, a, b, c, o, rx._limit)
+        kernels = omp.kernels()
+        nbad = kernels.chain(kernels.GELU, parts, code, a, b, c, a, o, o, a.size, 1, rx._limit)
     else:
         nbad = _pass(code, a, b, c, o, rx._limit, POW2, 0, a.size)
     if nbad:

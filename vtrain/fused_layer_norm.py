@@ -15,8 +15,8 @@ tests/families/test_family_fused_ops.py trains GPT-2-tiny both ways to identical
 x's gradient comes in autograd's two parts, the centring's and the mean's, one output each for x passed twice: the
 engine sums them into x's gradient in the written-out form's order, after any gradient x had from elsewhere (the
 residual stream's), so that sum rounds as it did. Where the kernels cannot take the tensors (not contiguous float64
-on the CPU at bits = 32, fused kernels off), `layer_norm` answers None and the module runs its written-out form; a value off the
-grid in a pass sends that pass's ops the dispatch way, whose error names the op that wrote it.
+on the CPU at bits = 32, fused kernels off), `layer_norm` answers None and the module runs its written-out form; a
+value off the grid in a pass sends that pass's ops the dispatch way, whose error names the op that wrote it.
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
     rows = like.numel() // d
     parts = omp.parts(like.numel())
     if parts > 1:
-        nbad = omp.kernels().layer_norm(parts, code, *ins, *arrays, rows, d, rx._limit)
+        kernels = omp.kernels()
+        nbad = kernels.chain(kernels.LAYER_NORM, parts, code, *ins, *arrays, rows, d, rx._limit)
     else:
         nbad = _pass(code, *ins, *arrays, 0, rows, d, rx._limit, POW2)
     if nbad:

@@ -246,87 +246,54 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
 
 
 
-# fused_gelu._pass: fields code, x, t, g, out (addresses), size, floats (the address of the next field), limit (float64
-# bits); one slot a part: its count of values off the grid.
-_G_FIELDS = 8
+# fused_gelu._pass and fused_layer_norm._pass (the model families' fused elementwise chains): fields kind (GELU or
+# LAYER_NORM), code, a, b, c, e, o, q (address and size each: four inputs and two outputs, as many as the pass uses),
+# rows, width (1 for the GELU, whose passes go value by value), floats (the address of the next field), limit (float64
+# bits); one slot a part: its count of values off the grid. Parts are whole rows.
+_E_FIELDS = 20
+GELU, LAYER_NORM = 0, 1
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
-def _gelu_part(d):  # noqa: ANN001, ANN202
-    blk = carray(d, _HEAD + _G_FIELDS + d[1])
-    code, size, parts = blk[2], blk[7], blk[1]
-    x, t = carray(_pointer(blk[3], np.float64), size), carray(_pointer(blk[4], np.float64), size)
-    g, out = carray(_pointer(blk[5], np.float64), size), carray(_pointer(blk[6], np.float64), size)
-    limit = carray(_pointer(blk[8], np.float64), 1)[0]
-    for j in range(parts):
-        p = _part(d, j, parts)
-        if p < 0:
-            continue
-        lo, hi = _cut(size, p, parts, 1), _cut(size, p + 1, parts, 1)
-        blk[_HEAD + _G_FIELDS + p] = fused_gelu._pass(code, x, t, g, out, limit, POW2, lo, hi)
-
-
-@njit(cache=True, nogil=True)
-def _gelu_block(parts: int, code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray,
-                limit: float) -> np.ndarray:
-    block = _new_block(parts, _G_FIELDS, 1)
-    block[2], block[3], block[4], block[5], block[6] = code, x.ctypes.data, t.ctypes.data, g.ctypes.data, \
-        out.ctypes.data
-    block[7] = x.size
-    _put_floats(block, 8, (limit,))
-    return block
-
-
-def gelu(parts: int, code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray, limit: float) -> int:
-    """`fused_gelu._pass` over all of x's values in `parts` parts (t, g and out of x's size): the count of values off
-    the grid."""
-    _require(np.float64, x, t, g, out)
-    block = _gelu_block(parts, code, x, t, g, out, float(limit))
-    omp.run(_gelu_part.address, block, parts)
-    return _slot_sum(block, 1, 0)
-
-
-# fused_layer_norm._pass: fields code, a, b, c, e, o, p (address and size each), rows, d, floats (the address of the
-# next field), limit (float64 bits); one slot a part: its count of values off the grid. Parts are whole rows.
-_L_FIELDS = 19
-
-
-@cfunc(_SIGNATURE, cache=True, error_model="numpy")
-def _layer_norm_part(d):  # noqa: ANN001, ANN202
-    blk = carray(d, _HEAD + _L_FIELDS + d[1])
-    code, rows, width, parts = blk[2], blk[15], blk[16], blk[1]
-    a, b = carray(_pointer(blk[3], np.float64), blk[4]), carray(_pointer(blk[5], np.float64), blk[6])
-    c, e = carray(_pointer(blk[7], np.float64), blk[8]), carray(_pointer(blk[9], np.float64), blk[10])
-    o, q = carray(_pointer(blk[11], np.float64), blk[12]), carray(_pointer(blk[13], np.float64), blk[14])
-    limit = carray(_pointer(blk[17], np.float64), 1)[0]
+def _chain_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _E_FIELDS + d[1])
+    kind, code, rows, width, parts = blk[2], blk[3], blk[16], blk[17], blk[1]
+    a, b = carray(_pointer(blk[4], np.float64), blk[5]), carray(_pointer(blk[6], np.float64), blk[7])
+    c, e = carray(_pointer(blk[8], np.float64), blk[9]), carray(_pointer(blk[10], np.float64), blk[11])
+    o, q = carray(_pointer(blk[12], np.float64), blk[13]), carray(_pointer(blk[14], np.float64), blk[15])
+    limit = carray(_pointer(blk[18], np.float64), 1)[0]
     for j in range(parts):
         p = _part(d, j, parts)
         if p < 0:
             continue
         r0, r1 = _cut(rows, p, parts, 1), _cut(rows, p + 1, parts, 1)
-        blk[_HEAD + _L_FIELDS + p] = fused_layer_norm._pass(code, a, b, c, e, o, q, r0, r1, width, limit, POW2)
+        if kind == GELU:
+            bad = fused_gelu._pass(code, a, b, c, o, limit, POW2, r0, r1)
+        else:
+            bad = fused_layer_norm._pass(code, a, b, c, e, o, q, r0, r1, width, limit, POW2)
+        blk[_HEAD + _E_FIELDS + p] = bad
 
 
 @njit(cache=True, nogil=True)
-def _layer_norm_block(parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray,
-                      o: np.ndarray, q: np.ndarray, rows: int, width: int, limit: float) -> np.ndarray:
-    block = _new_block(parts, _L_FIELDS, 1)
-    block[2] = code
-    block[3], block[4], block[5], block[6] = a.ctypes.data, a.size, b.ctypes.data, b.size
-    block[7], block[8], block[9], block[10] = c.ctypes.data, c.size, e.ctypes.data, e.size
-    block[11], block[12], block[13], block[14] = o.ctypes.data, o.size, q.ctypes.data, q.size
-    block[15], block[16] = rows, width
-    _put_floats(block, 17, (limit,))
+def _chain_block(parts: int, kind: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray,
+                 o: np.ndarray, q: np.ndarray, rows: int, width: int, limit: float) -> np.ndarray:
+    block = _new_block(parts, _E_FIELDS, 1)
+    block[2], block[3] = kind, code
+    block[4], block[5], block[6], block[7] = a.ctypes.data, a.size, b.ctypes.data, b.size
+    block[8], block[9], block[10], block[11] = c.ctypes.data, c.size, e.ctypes.data, e.size
+    block[12], block[13], block[14], block[15] = o.ctypes.data, o.size, q.ctypes.data, q.size
+    block[16], block[17] = rows, width
+    _put_floats(block, 18, (limit,))
     return block
 
 
-def layer_norm(parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray,
-               q: np.ndarray, rows: int, width: int, limit: float) -> int:
-    """`fused_layer_norm._pass` over all `rows` rows of `width` values in `parts` parts: the count of values off the
-    grid."""
+def chain(kind: int, parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray,
+          q: np.ndarray, rows: int, width: int, limit: float) -> int:
+    """Pass `code` of `fused_gelu` (kind GELU: rows the values, width 1) or `fused_layer_norm` (LAYER_NORM: `rows` rows
+    of `width` values) over all its rows in `parts` parts: the count of values off the grid."""
     _require(np.float64, a, b, c, e, o, q)
-    block = _layer_norm_block(parts, code, a, b, c, e, o, q, rows, width, float(limit))
-    omp.run(_layer_norm_part.address, block, parts)
+    block = _chain_block(parts, kind, code, a, b, c, e, o, q, rows, width, float(limit))
+    omp.run(_chain_part.address, block, parts)
     return _slot_sum(block, 1, 0)
 
 

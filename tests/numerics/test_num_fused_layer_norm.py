@@ -73,7 +73,7 @@ def test_the_parts_on_two_threads_give_the_one_pass_values(monkeypatch: pytest.M
         torch.set_num_threads(1)
     whole = _norm(x, g, w, b, 32, True, residual=True)
     # the six passes ran in two parts each (libgomp's team, as torch's), and gave the one pass's bits
-    assert [p for k, p in ran if k == omp_kernels._layer_norm_part.address] == [2] * 6
+    assert [p for k, p in ran if k == omp_kernels._chain_part.address] == [2] * 6
     assert _alike(split, whole)
 
 
