@@ -34,8 +34,10 @@ from typing import Callable
 import numpy as np
 import torch
 from numba import njit
+from torch.utils._mode_utils import no_dispatch
 
 from vtrain import omp
+from vtrain.grid import round_to_grid
 from vtrain.numba_cache import name_files_by_key
 
 name_files_by_key()  # (before any kernel here compiles: see vtrain.numba_cache)
@@ -54,6 +56,20 @@ POW2_32 = POW2.astype(np.float32)  # the same powers (all float32 values): grid 
 def usable(t: torch.Tensor) -> bool:
     """Whether the kernels can take `t` (a contiguous float64/float32 CPU tensor)."""
     return ENABLED and t.is_cpu and (t.dtype is torch.float64 or t.dtype is torch.float32) and t.is_contiguous()
+
+
+def usable64(t: torch.Tensor) -> bool:
+    """Whether the kernels of float64 work at bits = 32 (vtrain.fused_gelu, vtrain.fused_layer_norm) can take `t`."""
+    return t.dtype is torch.float64 and usable(t)
+
+
+def recomputed(bits: int | None, op: Callable, a: torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
+    """op(a, b), a value the step computed before, computed again outside it (no dispatch mode sees the op, nothing
+    is counted) and rounded to the grid of `bits` as the step rounded it (None, outside rounded execution: not
+    rounded). For the fused passes' dispatched fallbacks, which read values the passes keep no copy of."""
+    with no_dispatch():
+        v = op(a, b)
+        return v if bits is None else round_to_grid(v, bits)
 
 
 def flat(t: torch.Tensor) -> np.ndarray:

@@ -36,7 +36,6 @@ from vtrain import fused, omp
 from vtrain.fused import POW2
 from vtrain.fused import round_value as _r
 from vtrain.fused_binary import TANH_BACKWARD, _op
-from vtrain.grid import round_to_grid
 from vtrain.rounding import RoundedExecution, active_rounding
 
 ENABLED = True  # (tests compare the fused passes with the written-out form)
@@ -111,7 +110,8 @@ def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarra
           lo: int, hi: int) -> int:
     """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t): the count of rounded
     values off the grid. (The float32 cast a constant in the loops, as in vtrain.fused_optim: float64 work at
-    bits = 32 only, each other grid a second compiled copy of every loop, ~10 s more to compile cold.)"""
+    bits = 32 only; each other grid would compile a second copy of every loop, which with vtrain.fused_layer_norm's
+    made numba's cold compile ~20 s longer.)"""
     x, t, g, out = x[lo:hi], t[lo:hi], g[lo:hi], out[lo:hi]
     if code == INNER:
         return _inner_loop(x, out, 23, True, limit, pow2)
@@ -142,22 +142,18 @@ def _run(rx: RoundedExecution, code: int, x: torch.Tensor, t: torch.Tensor | Non
     return out
 
 
-def _takes(t: torch.Tensor) -> bool:
-    return t.dtype is torch.float64 and fused.usable(t)
-
-
 class _Gelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         rx = active_rounding()
-        u = _run(rx, INNER, x)
-        if u is None:  # the written-out form's ops before the tanh, dispatched (the first, x 0.5, for its count)
-            x * 0.5
+        u, h = _run(rx, INNER, x), None
+        if u is None:  # the written-out form's ops before the tanh, dispatched
+            h = x * 0.5
             u = C * (x + K * (x * x * x))
         t = torch.tanh(u)  # (dispatched: rounded, and logged, as in the written-out form)
-        y = _run(rx, OUTER, x, t) if _takes(t) else None
+        y = _run(rx, OUTER, x, t) if fused.usable64(t) else None
         if y is None:
-            y = _again(rx.bits, torch.mul, x, 0.5) * (1.0 + t)
+            y = (fused.recomputed(rx.bits, torch.mul, x, 0.5) if h is None else h) * (1.0 + t)
         ctx.save_for_backward(x, t)
         return y
 
@@ -165,14 +161,15 @@ class _Gelu(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         x, t = ctx.saved_tensors
         rx = active_rounding()
-        if rx is not None and _takes(g) and _takes(t):
+        if rx is not None and fused.usable64(g) and fused.usable64(t):
             gx = _run(rx, BACKWARD, x, t, g)
             if gx is not None:
                 return gx
         bits = None if rx is None else rx.bits
         # autograd's ops on the written-out form, dispatched one by one, in its order (its sums into x's gradient
         # included); the forward's values they read computed again
-        h, p, xx = _again(bits, torch.mul, x, 0.5), _again(bits, torch.add, t, 1.0), _again(bits, torch.mul, x, x)
+        h, p, xx = (fused.recomputed(bits, op, a, b) for op, a, b in ((torch.mul, x, 0.5), (torch.add, t, 1.0),
+                                                                        (torch.mul, x, x)))
         gh, gp = g * h, g * p
         gs = torch.ops.aten.tanh_backward(gh, t) * C
         gk = gs * K
@@ -182,17 +179,9 @@ class _Gelu(torch.autograd.Function):
         return ((a1 + gb2) + gb) + gp * 0.5
 
 
-def _again(bits: int | None, op: Any, a: torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:
-    """A value of the forward, op(a, b), computed again outside the step (no dispatch, no count) and rounded as the
-    forward rounded it (bits None, outside rounded execution: not rounded)."""
-    with no_dispatch():
-        v = op(a, b)
-        return v if bits is None else round_to_grid(v, bits)
-
-
 def gelu(x: torch.Tensor) -> torch.Tensor | None:
     """GPT-2's GELU of x by the fused passes, inside a RoundedExecution at bits = 32 where they take x; else None."""
     rx = active_rounding()
-    if not ENABLED or rx is None or rx.bits != 32 or not _takes(x):
+    if not ENABLED or rx is None or rx.bits != 32 or not fused.usable64(x):
         return None
     return _Gelu.apply(x)

@@ -31,7 +31,6 @@ from torch.utils._mode_utils import no_dispatch
 from vtrain import fused, omp
 from vtrain.fused import POW2
 from vtrain.fused import round_value as _r
-from vtrain.grid import round_to_grid
 from vtrain.rounding import RoundedExecution, active_rounding
 
 ENABLED = True  # (tests compare the fused passes with the written-out form)
@@ -173,7 +172,7 @@ def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
     """`outputs` fresh tensors of `like`'s shape from pass `code` on the inputs' values (rows of like's last dim),
     counted as the `ops` elementwise ops the pass stands for; None outside rounded execution, where the kernels do not
     take a tensor, or where a value left the grid (nothing counted: the caller dispatches those ops)."""
-    if rx is None or rx.bits != 32 or not all(_takes(t) for t in (like, *inputs)):
+    if rx is None or rx.bits != 32 or not all(fused.usable64(t) for t in (like, *inputs)):
         return None
     with no_dispatch():  # (the new tensors and the numpy views are no ops of the step)
         outs = [torch.empty_like(like) for _ in range(outputs)]
@@ -192,16 +191,6 @@ def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
         return None
     rx.count_rounded(ops * like.numel(), ops)
     return outs
-
-
-def _takes(t: torch.Tensor) -> bool:
-    return t.dtype is torch.float64 and fused.usable(t)
-
-
-def _again(rx: RoundedExecution | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """xn = a / b as the forward rounded it, computed again outside the step (no dispatch, no count)."""
-    with no_dispatch():
-        return a / b if rx is None else round_to_grid(a / b, rx.bits)
 
 
 aten = torch.ops.aten
@@ -235,7 +224,7 @@ class _LayerNorm(torch.autograd.Function):
         gb = g.sum(rows, keepdim=True)
         out = _fused(rx, SCALE_GRADS, 2, xc, [g, xc, s, w], 2)
         if out is None:
-            xn = _again(rx, xc, s)
+            xn = fused.recomputed(None if rx is None else rx.bits, torch.div, xc, s)
             out = [g * xn, g * w]
         gwp, gxn = out
         gw = gwp.sum(rows, keepdim=True)
@@ -262,6 +251,6 @@ def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) ->
     """The written-out LayerNorm of x over its last dim by the fused passes, inside a RoundedExecution at bits = 32
     where they take x, w and b; else None."""
     rx = active_rounding()
-    if not ENABLED or rx is None or rx.bits != 32 or not all(_takes(t) for t in (x, w, b)):
+    if not ENABLED or rx is None or rx.bits != 32 or not all(fused.usable64(t) for t in (x, w, b)):
         return None
     return _LayerNorm.apply(x, x, w, b, eps)

@@ -9,7 +9,8 @@ variance, eps inside the square root).
 
 Under rounded execution torch's fused ops now run as these forward ops, one for one (vtrain.composites),
 so torch's modules compute the same forward bits; their backward passes are the composites' closed forms,
-not autograd's ops through the code below. The model families keep these modules: they define their runs.
+not autograd's ops through the code below. The model families keep these modules: they define their runs. (Under
+rounded execution the LayerNorm's elementwise ops run fused, vtrain.fused_layer_norm, to the same values.)
 """
 
 from __future__ import annotations
