@@ -29,7 +29,7 @@ from __future__ import annotations
 
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -61,6 +61,44 @@ def usable(t: torch.Tensor) -> bool:
 def usable64(t: torch.Tensor) -> bool:
     """Whether the kernels of float64 work at bits = 32 (vtrain.fused_gelu, vtrain.fused_layer_norm) can take `t`."""
     return t.dtype is torch.float64 and usable(t)
+
+
+# The model families' fused elementwise chains, as vtrain.omp_kernels' one callback tells them apart
+CHAIN_GELU, CHAIN_LAYER_NORM = 0, 1
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def off_grid(v: float, limit: float) -> int:
+    """1 where a rounded value is off the grid (NaN, infinite or beyond `limit`), else 0: summed in a loop that
+    vectorises."""
+    return not abs(v) <= limit
+
+
+def run_chain(rx: Any, kind: int, kernel: Callable[..., int], code: int, ops: int, like: torch.Tensor,
+              inputs: list[torch.Tensor], outputs: int, width: int = 1) -> list[torch.Tensor] | None:
+    """`outputs` fresh tensors of `like`'s shape from pass `code` of a fused chain (`kind`; `kernel`: its passes,
+    called kernel(code, four inputs, two outputs, first row, end row, width, limit, pow2)) over rows of `width`
+    values, counted in the RoundedExecution rx as the `ops` elementwise ops the pass stands for; None outside
+    rounded execution (rx None), off float64 work at bits = 32, where a tensor is not one the kernels take, or where
+    a value left the grid (nothing counted: the caller dispatches those ops). In parts on torch's threads where the
+    pass is large (vtrain.omp)."""
+    if rx is None or rx.bits != 32 or not all(usable64(t) for t in (like, *inputs)):
+        return None
+    with no_dispatch():  # (the new tensors and the numpy views are no ops of the step)
+        outs = [torch.empty_like(like) for _ in range(outputs)]
+        ins, arrays = [flat(t) for t in inputs], [flat(t) for t in outs]
+    ins += ins[:1] * (4 - len(ins))  # (the inputs and outputs a pass does not read: any array)
+    arrays += arrays[:1] * (2 - len(arrays))
+    rows = like.numel() // width
+    parts = omp.parts(like.numel())
+    if parts > 1:
+        nbad = omp.kernels().chain(kind, parts, code, *ins, *arrays, rows, width, rx._limit)
+    else:
+        nbad = kernel(code, *ins, *arrays, 0, rows, width, rx._limit, POW2)
+    if nbad:
+        return None
+    rx.count_rounded(ops * like.numel(), ops)
+    return outs
 
 
 def recomputed(bits: int | None, op: Callable, a: torch.Tensor, b: float | torch.Tensor) -> torch.Tensor:

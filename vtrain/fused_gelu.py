@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 from numba import njit
-from torch.utils._mode_utils import no_dispatch
 
-from vtrain import fused, omp
-from vtrain.fused import POW2
+from vtrain import fused
+from vtrain.fused import off_grid as _off
 from vtrain.fused import round_value as _r
 from vtrain.fused_binary import TANH_BACKWARD, _op
 from vtrain.rounding import RoundedExecution, active_rounding
@@ -56,8 +55,7 @@ def _inner_loop(x: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: flo
         k3 = _r(x3 * K, m, cast32, pow2)
         s = _r(v + k3, m, cast32, pow2)
         u = _r(s * C, m, cast32, pow2)
-        nbad += (not abs(xx) <= limit) + (not abs(x3) <= limit) + (not abs(k3) <= limit) + \
-            (not abs(s) <= limit) + (not abs(u) <= limit)
+        nbad += _off(xx, limit) + _off(x3, limit) + _off(k3, limit) + _off(s, limit) + _off(u, limit)
         out[i] = u
     return nbad
 
@@ -70,7 +68,7 @@ def _outer_loop(x: np.ndarray, t: np.ndarray, out: np.ndarray, m: int, cast32: b
         h = _r(x[i] * 0.5, m, cast32, pow2)
         p = _r(t[i] + 1.0, m, cast32, pow2)
         y = _r(h * p, m, cast32, pow2)
-        nbad += not abs(y) <= limit
+        nbad += _off(y, limit)
         out[i] = y
     return nbad
 
@@ -97,21 +95,20 @@ def _backward_loop(g: np.ndarray, x: np.ndarray, t: np.ndarray, out: np.ndarray,
         a3 = _r(a2 + gb, m, cast32, pow2)
         gd = _r(gp * 0.5, m, cast32, pow2)  # h = x 0.5
         gx = _r(a3 + gd, m, cast32, pow2)
-        nbad += (not abs(gh) <= limit) + (not abs(gp) <= limit) + (not abs(gu) <= limit) + \
-            (not abs(gs) <= limit) + (not abs(gk) <= limit) + (not abs(ga) <= limit) + \
-            (not abs(gxx) <= limit) + (not abs(a1) <= limit) + (not abs(gb) <= limit) + \
-            (not abs(a2) <= limit) + (not abs(a3) <= limit) + (not abs(gd) <= limit) + (not abs(gx) <= limit)
+        nbad += _off(gh, limit) + _off(gp, limit) + _off(gu, limit) + _off(gs, limit) + _off(gk, limit) + \
+            _off(ga, limit) + _off(gxx, limit) + _off(a1, limit) + _off(gb, limit) + _off(a2, limit) + \
+            _off(a3, limit) + _off(gd, limit) + _off(gx, limit)
         out[i] = gx
     return nbad
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarray, limit: float, pow2: np.ndarray,
-          lo: int, hi: int) -> int:
-    """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t): the count of rounded
-    values off the grid. (The float32 cast a constant in the loops, as in vtrain.fused_optim: float64 work at
-    bits = 32 only; each other grid would compile a second copy of every loop, which with vtrain.fused_layer_norm's
-    made numba's cold compile ~20 s longer.)"""
+def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, e: np.ndarray, out: np.ndarray, q: np.ndarray,
+          lo: int, hi: int, width: int, limit: float, pow2: np.ndarray) -> int:
+    """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t; e, q and width, which
+    fused.run_chain passes every chain, unread): the count of rounded values off the grid. (The float32 cast a
+    constant in the loops, as in vtrain.fused_optim: float64 work at bits = 32 only; each other grid would compile a
+    second copy of every loop, which with vtrain.fused_layer_norm's made numba's cold compile ~20 s longer.)"""
     x, t, g, out = x[lo:hi], t[lo:hi], g[lo:hi], out[lo:hi]
     if code == INNER:
         return _inner_loop(x, out, 23, True, limit, pow2)
@@ -120,26 +117,11 @@ def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, out: np.ndarra
     return _backward_loop(g, x, t, out, 23, True, limit, pow2)
 
 
-def _run(rx: RoundedExecution, code: int, x: torch.Tensor, t: torch.Tensor | None = None,
-         g: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Pass `code` into a fresh tensor, counted as the ops it stands for, or None where a value left the grid
-    (nothing counted: the dispatch way then runs those ops). (Outside the mode: the new tensor and the numpy views
-    are no ops of the step.)"""
-    with no_dispatch():
-        out = torch.empty_like(x)
-        a, o = fused.flat(x), fused.flat(out)
-        b = a if t is None else fused.flat(t)
-        c = a if g is None else fused.flat(g)
-    parts = omp.parts(a.size)
-    if parts > 1:
-        kernels = omp.kernels()
-        nbad = kernels.chain(kernels.GELU, parts, code, a, b, c, a, o, o, a.size, 1, rx._limit)
-    else:
-        nbad = _pass(code, a, b, c, o, rx._limit, POW2, 0, a.size)
-    if nbad:
-        return None
-    rx.count_rounded(_OPS[code] * a.size, _OPS[code])
-    return out
+def _run(rx: RoundedExecution | None, code: int, *inputs: torch.Tensor) -> torch.Tensor | None:
+    """Pass `code` on the inputs (x; x and t; x, t and g) into a fresh tensor, counted as the ops it stands for, or
+    None (fused.run_chain)."""
+    out = fused.run_chain(rx, fused.CHAIN_GELU, _pass, code, _OPS[code], inputs[0], list(inputs), 1)
+    return None if out is None else out[0]
 
 
 class _Gelu(torch.autograd.Function):
@@ -151,7 +133,7 @@ class _Gelu(torch.autograd.Function):
             h = x * 0.5
             u = C * (x + K * (x * x * x))
         t = torch.tanh(u)  # (dispatched: rounded, and logged, as in the written-out form)
-        y = _run(rx, OUTER, x, t) if fused.usable64(t) else None
+        y = _run(rx, OUTER, x, t)
         if y is None:
             y = (fused.recomputed(rx.bits, torch.mul, x, 0.5) if h is None else h) * (1.0 + t)
         ctx.save_for_backward(x, t)
@@ -161,10 +143,9 @@ class _Gelu(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         x, t = ctx.saved_tensors
         rx = active_rounding()
-        if rx is not None and fused.usable64(g) and fused.usable64(t):
-            gx = _run(rx, BACKWARD, x, t, g)
-            if gx is not None:
-                return gx
+        gx = _run(rx, BACKWARD, x, t, g)
+        if gx is not None:
+            return gx
         bits = None if rx is None else rx.bits
         # autograd's ops on the written-out form, dispatched one by one, in its order (its sums into x's gradient
         # included); the forward's values they read computed again

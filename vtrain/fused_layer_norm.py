@@ -26,19 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 from numba import njit
-from torch.utils._mode_utils import no_dispatch
 
-from vtrain import fused, omp
-from vtrain.fused import POW2
+from vtrain import fused
+from vtrain.fused import off_grid as _off
 from vtrain.fused import round_value as _r
 from vtrain.rounding import RoundedExecution, active_rounding
 
 ENABLED = True  # (tests compare the fused passes with the written-out form)
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _off(v: float, limit: float) -> int:
-    return not abs(v) <= limit
 
 
 # Each pass walks rows of d values, a row's statistic read once and its inner loop over columns vectorised (with each
@@ -167,30 +161,11 @@ def _step(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray,
     return _mean_grad(a, o, r0, r1, d, m, cast32, limit, pow2)
 
 
-def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
-           inputs: list[torch.Tensor], outputs: int) -> list[torch.Tensor] | None:
-    """`outputs` fresh tensors of `like`'s shape from pass `code` on the inputs' values (rows of like's last dim),
-    counted as the `ops` elementwise ops the pass stands for; None outside rounded execution, where the kernels do not
-    take a tensor, or where a value left the grid (nothing counted: the caller dispatches those ops)."""
-    if rx is None or rx.bits != 32 or not all(fused.usable64(t) for t in (like, *inputs)):
-        return None
-    with no_dispatch():  # (the new tensors and the numpy views are no ops of the step)
-        outs = [torch.empty_like(like) for _ in range(outputs)]
-        ins, arrays = [fused.flat(t) for t in inputs], [fused.flat(t) for t in outs]
-    ins += ins[:1] * (4 - len(ins))  # (the inputs and outputs a pass does not read: any array)
-    arrays += arrays[:1] * (2 - len(arrays))
-    d = like.shape[-1]
-    rows = like.numel() // d
-    parts = omp.parts(like.numel())
-    if parts > 1:
-        kernels = omp.kernels()
-        nbad = kernels.chain(kernels.LAYER_NORM, parts, code, *ins, *arrays, rows, d, rx._limit)
-    else:
-        nbad = _pass(code, *ins, *arrays, 0, rows, d, rx._limit, POW2)
-    if nbad:
-        return None
-    rx.count_rounded(ops * like.numel(), ops)
-    return outs
+def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor, inputs: list[torch.Tensor],
+           outputs: int) -> list[torch.Tensor] | None:
+    """Pass `code` on the inputs' values, rows of like's last dim, into `outputs` fresh tensors, counted as the `ops`
+    elementwise ops it stands for; or None (fused.run_chain)."""
+    return fused.run_chain(rx, fused.CHAIN_LAYER_NORM, _pass, code, ops, like, inputs, outputs, like.shape[-1])
 
 
 aten = torch.ops.aten

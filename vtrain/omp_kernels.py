@@ -246,12 +246,11 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
 
 
 
-# fused_gelu._pass and fused_layer_norm._pass (the model families' fused elementwise chains): fields kind (GELU or
-# LAYER_NORM), code, a, b, c, e, o, q (address and size each: four inputs and two outputs, as many as the pass uses),
-# rows, width (1 for the GELU, whose passes go value by value), floats (the address of the next field), limit (float64
-# bits); one slot a part: its count of values off the grid. Parts are whole rows.
+# fused_gelu._pass and fused_layer_norm._pass (the model families' fused elementwise chains, fused.run_chain): fields
+# kind (fused.CHAIN_GELU or CHAIN_LAYER_NORM), code, a, b, c, e, o, q (address and size each: four inputs and two
+# outputs, as many as the pass uses), rows, width (1 for the GELU, whose passes go value by value), floats (the address
+# of the next field), limit (float64 bits); one slot a part: its count of values off the grid. Parts are whole rows.
 _E_FIELDS = 20
-GELU, LAYER_NORM = 0, 1
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
@@ -267,8 +266,8 @@ def _chain_part(d):  # noqa: ANN001, ANN202
         if p < 0:
             continue
         r0, r1 = _cut(rows, p, parts, 1), _cut(rows, p + 1, parts, 1)
-        if kind == GELU:
-            bad = fused_gelu._pass(code, a, b, c, o, limit, POW2, r0, r1)
+        if kind == fused.CHAIN_GELU:
+            bad = fused_gelu._pass(code, a, b, c, e, o, q, r0, r1, width, limit, POW2)
         else:
             bad = fused_layer_norm._pass(code, a, b, c, e, o, q, r0, r1, width, limit, POW2)
         blk[_HEAD + _E_FIELDS + p] = bad
@@ -289,8 +288,9 @@ def _chain_block(parts: int, kind: int, code: int, a: np.ndarray, b: np.ndarray,
 
 def chain(kind: int, parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray,
           q: np.ndarray, rows: int, width: int, limit: float) -> int:
-    """Pass `code` of `fused_gelu` (kind GELU: rows the values, width 1) or `fused_layer_norm` (LAYER_NORM: `rows` rows
-    of `width` values) over all its rows in `parts` parts: the count of values off the grid."""
+    """Pass `code` of `fused_gelu` (kind fused.CHAIN_GELU: rows the values, width 1) or `fused_layer_norm`
+    (CHAIN_LAYER_NORM: `rows` rows of `width` values) over all its rows in `parts` parts: the count of values off the
+    grid."""
     _require(np.float64, a, b, c, e, o, q)
     block = _chain_block(parts, kind, code, a, b, c, e, o, q, rows, width, float(limit))
     omp.run(_chain_part.address, block, parts)
