@@ -21,9 +21,9 @@ from typing import Sequence
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from vtrain.models.norms import LayerNorm
-from vtrain.rounding import active_rounding
 
 MASKED_SCORE = -128.0
 
@@ -31,7 +31,7 @@ MASKED_SCORE = -128.0
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's GELU, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))): these ops, or under rounded execution the
     same values by vtrain.fused_gelu's three passes where it takes x (for an x that feeds the GELU alone, as here)."""
-    if active_rounding() is not None:
+    if _get_current_dispatch_mode() is not None:  # (a rounded execution, maybe: fused_gelu.gelu tells)
         from vtrain import fused_gelu  # noqa: PLC0415 (numba's import: only processes that round pay it)
         fast = fused_gelu.gelu(x)
         if fast is not None:
