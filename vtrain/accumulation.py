@@ -39,11 +39,11 @@ _ADD = torch.ops.aten.add.Tensor
 
 # The nodes whose sums these are in the model families, none of whose backward formulas adds: a product's
 # gradient is a product, a mean's a division, a difference's a negation, a matmul's two matmuls, a
-# convolution's the one convolution_backward op, vtrain.fused_gelu's and vtrain.fused_layer_norm's their fused
+# convolution's the one convolution_backward op, vtrain.fused_gelu's and vtrain.fused_norms' their fused
 # passes (their sums of gradients are computed in the passes; where a pass cannot run, its dispatched adds sum
 # operands held by name, which the owner test below refuses).
 ADD_FREE = frozenset({"MulBackward0", "MeanBackward1", "SubBackward0", "MmBackward0", "ConvolutionBackward0",
-                      "_GeluBackward", "_LayerNormBackward"})
+                      "_GeluBackward", "_NormBackward"})
 
 
 def sole_gradient(func: Any, args: tuple) -> bool:

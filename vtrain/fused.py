@@ -59,12 +59,12 @@ def usable(t: torch.Tensor) -> bool:
 
 
 def usable64(t: torch.Tensor) -> bool:
-    """Whether the kernels of float64 work at bits = 32 (vtrain.fused_gelu, vtrain.fused_layer_norm) can take `t`."""
+    """Whether the kernels of float64 work at bits = 32 (vtrain.fused_gelu, vtrain.fused_norms) can take `t`."""
     return t.dtype is torch.float64 and usable(t)
 
 
 # The model families' fused elementwise chains, as vtrain.omp_kernels' one callback tells them apart
-CHAIN_GELU, CHAIN_LAYER_NORM = 0, 1
+CHAIN_GELU, CHAIN_NORM = 0, 1
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -75,13 +75,15 @@ def off_grid(v: float, limit: float) -> int:
 
 
 def run_chain(rx: Any, kind: int, kernel: Callable[..., int], code: int, ops: int, like: torch.Tensor,
-              inputs: list[torch.Tensor], outputs: int, width: int = 1) -> list[torch.Tensor] | None:
+              inputs: list[torch.Tensor], outputs: int, width: int = 1, period: int = 1,
+              count: int = 1) -> list[torch.Tensor] | None:
     """`outputs` fresh tensors of `like`'s shape from pass `code` of a fused chain (`kind`; `kernel`: its passes,
-    called kernel(code, four inputs, two outputs, first row, end row, width, limit, pow2)) over rows of `width`
-    values, counted in the RoundedExecution rx as the `ops` elementwise ops the pass stands for; None outside
-    rounded execution (rx None), off float64 work at bits = 32, where a tensor is not one the kernels take, or where
-    a value left the grid (nothing counted: the caller dispatches those ops). In parts on torch's threads where the
-    pass is large (vtrain.omp)."""
+    called kernel(code, four inputs, two outputs, first row, end row, width, period, count, limit, pow2)) over rows
+    of `width` values (a norm's: row r's statistics number r % period, each over `count` values), counted in the
+    RoundedExecution rx as the `ops` elementwise ops the pass stands for; None outside rounded execution (rx None),
+    off float64 work at bits = 32, where a tensor is not one the kernels take, or where a value left the grid
+    (nothing counted: the caller dispatches those ops). In parts on torch's threads where the pass is large
+    (vtrain.omp)."""
     if rx is None or rx.bits != 32 or not all(usable64(t) for t in (like, *inputs)):
         return None
     with no_dispatch():  # (the new tensors and the numpy views are no ops of the step)
@@ -92,9 +94,9 @@ def run_chain(rx: Any, kind: int, kernel: Callable[..., int], code: int, ops: in
     rows = like.numel() // width
     parts = omp.parts(like.numel())
     if parts > 1:
-        nbad = omp.kernels().chain(kind, parts, code, *ins, *arrays, rows, width, rx._limit)
+        nbad = omp.kernels().chain(kind, parts, code, *ins, *arrays, rows, width, period, count, rx._limit)
     else:
-        nbad = kernel(code, *ins, *arrays, 0, rows, width, rx._limit, POW2)
+        nbad = kernel(code, *ins, *arrays, 0, rows, width, period, count, rx._limit, POW2)
     if nbad:
         return None
     rx.count_rounded(ops * like.numel(), ops)

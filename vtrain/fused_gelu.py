@@ -104,11 +104,12 @@ def _backward_loop(g: np.ndarray, x: np.ndarray, t: np.ndarray, out: np.ndarray,
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, e: np.ndarray, out: np.ndarray, q: np.ndarray,
-          lo: int, hi: int, width: int, limit: float, pow2: np.ndarray) -> int:
-    """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t; e, q and width, which
-    fused.run_chain passes every chain, unread): the count of rounded values off the grid. (The float32 cast a
-    constant in the loops, as in vtrain.fused_optim: float64 work at bits = 32 only; each other grid would compile a
-    second copy of every loop, which with vtrain.fused_layer_norm's made numba's cold compile ~20 s longer.)"""
+          lo: int, hi: int, width: int, period: int, count: int, limit: float, pow2: np.ndarray) -> int:
+    """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t; e, q, width, period and
+    count, which fused.run_chain passes every chain, unread): the count of rounded values off the grid. (The
+    float32 cast a constant in the loops, as in vtrain.fused_optim: float64 work at bits = 32 only; each other
+    grid would compile a second copy of every loop, which with vtrain.fused_norms' made numba's cold compile
+    ~20 s longer.)"""
     x, t, g, out = x[lo:hi], t[lo:hi], g[lo:hi], out[lo:hi]
     if code == INNER:
         return _inner_loop(x, out, 23, True, limit, pow2)

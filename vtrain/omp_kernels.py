@@ -28,7 +28,7 @@ import numpy as np
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from vtrain import fused, fused_binary, fused_gelu, fused_layer_norm, fused_optim, omp, prefilter
+from vtrain import fused, fused_binary, fused_gelu, fused_norms, fused_optim, omp, prefilter
 from vtrain.fused import NEAR_BLOCK, POW2
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
@@ -246,53 +246,55 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
 
 
 
-# fused_gelu._pass and fused_layer_norm._pass (the model families' fused elementwise chains, fused.run_chain): fields
-# kind (fused.CHAIN_GELU or CHAIN_LAYER_NORM), code, a, b, c, e, o, q (address and size each: four inputs and two
-# outputs, as many as the pass uses), rows, width (1 for the GELU, whose passes go value by value), floats (the address
-# of the next field), limit (float64 bits); one slot a part: its count of values off the grid. Parts are whole rows.
-_E_FIELDS = 20
+# fused_gelu._pass and fused_norms._pass (the model families' fused elementwise chains, fused.run_chain): fields kind
+# (fused.CHAIN_GELU or CHAIN_NORM), code, a, b, c, e, o, q (address and size each: four inputs and two outputs, as many
+# as the pass uses), rows, width (1 for the GELU, whose passes go value by value), period, count (a norm's statistics:
+# row r's are number r % period, over `count` values), floats (the address of the next field), limit (float64 bits);
+# one slot a part: its count of values off the grid. Parts are whole rows.
+_E_FIELDS = 22
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
 def _chain_part(d):  # noqa: ANN001, ANN202
     blk = carray(d, _HEAD + _E_FIELDS + d[1])
-    kind, code, rows, width, parts = blk[2], blk[3], blk[16], blk[17], blk[1]
+    kind, code, rows, width, period, count, parts = blk[2], blk[3], blk[16], blk[17], blk[18], blk[19], blk[1]
     a, b = carray(_pointer(blk[4], np.float64), blk[5]), carray(_pointer(blk[6], np.float64), blk[7])
     c, e = carray(_pointer(blk[8], np.float64), blk[9]), carray(_pointer(blk[10], np.float64), blk[11])
     o, q = carray(_pointer(blk[12], np.float64), blk[13]), carray(_pointer(blk[14], np.float64), blk[15])
-    limit = carray(_pointer(blk[18], np.float64), 1)[0]
+    limit = carray(_pointer(blk[20], np.float64), 1)[0]
     for j in range(parts):
         p = _part(d, j, parts)
         if p < 0:
             continue
         r0, r1 = _cut(rows, p, parts, 1), _cut(rows, p + 1, parts, 1)
         if kind == fused.CHAIN_GELU:
-            bad = fused_gelu._pass(code, a, b, c, e, o, q, r0, r1, width, limit, POW2)
+            bad = fused_gelu._pass(code, a, b, c, e, o, q, r0, r1, width, period, count, limit, POW2)
         else:
-            bad = fused_layer_norm._pass(code, a, b, c, e, o, q, r0, r1, width, limit, POW2)
+            bad = fused_norms._pass(code, a, b, c, e, o, q, r0, r1, width, period, count, limit, POW2)
         blk[_HEAD + _E_FIELDS + p] = bad
 
 
 @njit(cache=True, nogil=True)
 def _chain_block(parts: int, kind: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray,
-                 o: np.ndarray, q: np.ndarray, rows: int, width: int, limit: float) -> np.ndarray:
+                 o: np.ndarray, q: np.ndarray, rows: int, width: int, period: int, count: int,
+                 limit: float) -> np.ndarray:
     block = _new_block(parts, _E_FIELDS, 1)
     block[2], block[3] = kind, code
     block[4], block[5], block[6], block[7] = a.ctypes.data, a.size, b.ctypes.data, b.size
     block[8], block[9], block[10], block[11] = c.ctypes.data, c.size, e.ctypes.data, e.size
     block[12], block[13], block[14], block[15] = o.ctypes.data, o.size, q.ctypes.data, q.size
-    block[16], block[17] = rows, width
-    _put_floats(block, 18, (limit,))
+    block[16], block[17], block[18], block[19] = rows, width, period, count
+    _put_floats(block, 20, (limit,))
     return block
 
 
 def chain(kind: int, parts: int, code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray,
-          q: np.ndarray, rows: int, width: int, limit: float) -> int:
-    """Pass `code` of `fused_gelu` (kind fused.CHAIN_GELU: rows the values, width 1) or `fused_layer_norm`
-    (CHAIN_LAYER_NORM: `rows` rows of `width` values) over all its rows in `parts` parts: the count of values off the
-    grid."""
+          q: np.ndarray, rows: int, width: int, period: int, count: int, limit: float) -> int:
+    """Pass `code` of `fused_gelu` (kind fused.CHAIN_GELU: rows the values, width 1) or `fused_norms` (CHAIN_NORM:
+    `rows` rows of `width` values, row r's statistics number r % period over `count` values) over all its rows in
+    `parts` parts: the count of values off the grid."""
     _require(np.float64, a, b, c, e, o, q)
-    block = _chain_block(parts, kind, code, a, b, c, e, o, q, rows, width, float(limit))
+    block = _chain_block(parts, kind, code, a, b, c, e, o, q, rows, width, period, count, float(limit))
     omp.run(_chain_part.address, block, parts)
     return _slot_sum(block, 1, 0)
 

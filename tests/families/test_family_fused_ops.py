@@ -1,17 +1,19 @@
-"""GPT-2-tiny trains bit for bit alike with vtrain.fused_gelu's and vtrain.fused_layer_norm's passes and with the
-written-out forms they fuse: the same logs, losses, states and counts, in both resolutions
-(tests/numerics/test_num_fused_gelu.py and test_num_fused_layer_norm.py compare one op's values one by one)."""
+"""GPT-2-tiny and resnet-tiny train bit for bit alike with vtrain.fused_gelu's and vtrain.fused_norms' passes and
+with the written-out forms they fuse: the same logs, losses, states (running statistics included) and counts, in
+both resolutions (tests/numerics/test_num_fused_gelu.py and test_num_fused_norms.py compare one op's values one by
+one)."""
 
 from __future__ import annotations
 
 import pytest
 
 from familykit import family_spec
-from vtrain import fused_gelu, fused_layer_norm
+from vtrain import fused_gelu, fused_norms
+from vtrain.models.norms import BatchNorm2d, LayerNorm
 from vtrain.state import state_hash
 from vtrain.train import TrainingSession
 
-MODULES = {"gelu": (fused_gelu, "_run"), "layer_norm": (fused_layer_norm, "_fused")}  # (each one's pass runner)
+MODULES = {"gelu": (fused_gelu, "_run"), "norms": (fused_norms, "_fused")}  # (each one's pass runner)
 
 
 def _train(spec, fused: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -22,20 +24,22 @@ def _train(spec, fused: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple
     s = TrainingSession(spec, "cpu")
     out = [s.step(t, "record") for t in range(1, 4)]
     stats = [(r.stats["ops"], r.stats["rounded"]) for r in out]
-    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), stats, passes
+    norms = sum(isinstance(m, (LayerNorm, BatchNorm2d)) for m in s.model.modules())
+    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), stats, passes, norms
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])
-@pytest.mark.parametrize("fused", list(MODULES))
-def test_gpt2_trains_alike_with_the_fused_ops(family_data, fused: str, resolution: str,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = family_spec("gpt2-tiny", family_data, steps=10, resolution=resolution)
-    logs_on, loss_on, state_on, stats_on, passes_on = _train(spec, fused, True, monkeypatch)
+@pytest.mark.parametrize("family,fused", [("gpt2-tiny", "gelu"), ("gpt2-tiny", "norms"), ("resnet-tiny", "norms")])
+def test_the_families_train_alike_with_the_fused_ops(family_data, family: str, fused: str, resolution: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = family_spec(family, family_data, steps=10, resolution=resolution)
+    logs_on, loss_on, state_on, stats_on, passes_on, norms = _train(spec, fused, True, monkeypatch)
     monkeypatch.undo()
-    logs_off, loss_off, state_off, stats_off, passes_off = _train(spec, fused, False, monkeypatch)
-    # every GELU (one a layer) made its three passes, every LayerNorm (two a layer and the last) its six, fused, in
-    # each of three steps; and then none
-    per_step = 3 * spec.layers if fused == "gelu" else 6 * (2 * spec.layers + 1)
+    logs_off, loss_off, state_off, stats_off, passes_off, _ = _train(spec, fused, False, monkeypatch)
+    # every GELU (one a layer) made its three passes, every layer norm (two a layer and the last) or batch norm (two a
+    # block, a projection's and the stem's) its six, fused, in each of three steps; and then none
+    per_step = 3 * spec.layers if fused == "gelu" else 6 * norms
+    assert norms == (2 * spec.layers + 1 if family == "gpt2-tiny" else 2 * spec.stages * spec.blocks + spec.stages)
     assert passes_on == [True] * (3 * per_step) and passes_off == []
     assert logs_on == logs_off and loss_on == loss_off and state_on == state_off
     assert stats_on == stats_off  # (the same ops and rounded values counted: the passes stand for what they fuse)

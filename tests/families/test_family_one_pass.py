@@ -1,6 +1,6 @@
 """The model families train bit for bit alike with vtrain.fused_binary's one-pass binary ops and without
 them: the same logs, losses and states (batch and layer norms, attention and residual adds are where the
-models use those ops; GPT-2's GELU and layer norms run as vtrain.fused_gelu's and vtrain.fused_layer_norm's passes
+models use those ops; GPT-2's GELU and both families' norms run as vtrain.fused_gelu's and vtrain.fused_norms' passes
 in both, tested on their own in tests/families/test_family_fused_ops.py; the one-pass way also writes autograd's sums
 of gradients over a sole gradient, vtrain.accumulation)."""
 
@@ -41,9 +41,9 @@ def test_training_with_the_one_pass_ops_is_bit_identical(family_data, family: st
     spec = family_spec(family, family_data, steps=10, resolution=resolution)
     logs_on, loss_on, state_on, codes, summed_over = _train(spec, True, monkeypatch)
     logs_off, loss_off, state_off, none, _ = _train(spec, False, monkeypatch)
-    # every op ran the one-pass way (GPT-2's one subtraction, the layer norms' centring, is fused_layer_norm's), and
-    # then none did; and autograd's sums of gradients (residual streams, norms) ran written over a sole gradient
-    # (vtrain.accumulation)
-    ops = set(range(4)) - ({fused_binary.SUB} if family == "gpt2-tiny" else set())
+    # every op ran the one-pass way (the norms' centring is fused_norms', and so was the one subtraction in the log
+    # resolution; the exact one's log-softmax subtracts), and then none did; and autograd's sums of gradients
+    # (residual streams, norms) ran written over a sole gradient (vtrain.accumulation)
+    ops = set(range(4)) - ({fused_binary.SUB} if resolution == "log" else set())
     assert codes == ops and not none and summed_over
     assert logs_on == logs_off and loss_on == loss_off and state_on == state_off

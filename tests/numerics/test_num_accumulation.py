@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vtrain import accumulation, fused_binary, fused_layer_norm, rounding
+from vtrain import accumulation, fused_binary, fused_norms, rounding
 from vtrain.devices import get_device
 from vtrain.models import gpt2
 from vtrain.rounding import RoundedExecution
@@ -48,13 +48,15 @@ FORMULAS = {
     "MmBackward0": [lambda: _leaf(4, 5) @ _leaf(5, 3), lambda: _leaf(5, 4).t() @ _leaf(5, 3)],
     "ConvolutionBackward0": [lambda: F.conv2d(_leaf(2, 3, 6, 6), _leaf(4, 3, 3, 3), _leaf(4), padding=1),
                              lambda: F.conv2d(_leaf(2, 3, 6, 6), _leaf(4, 3, 3, 3), stride=2)],
-    # (vtrain's fused GELU and layer norm, run under rounded execution on leaves made outside it: (the function,
-    # its leaves); the layer norm's x given as two tensors, so that the engine sums nothing)
+    # (vtrain's fused GELU and norms, layer and batch, run under rounded execution on leaves made outside it: (the
+    # function, its leaves); a norm's x given as two tensors, so that the engine sums nothing)
     "_GeluBackward": [lambda: (gpt2.gelu, [_leaf(4, 3)])],
-    "_LayerNormBackward": [lambda: (lambda x, y, w, b: fused_layer_norm._LayerNorm.apply(x, y, w, b, 1e-5),
-                                    [_leaf(4, 3), _leaf(4, 3), _leaf(3), _leaf(3)])],
+    "_NormBackward": [lambda: (lambda x, y, w, b: fused_norms._Norm.apply(x, y, w, b, 1e-5, layout(x), None),
+                               [_leaf(*shape), _leaf(*shape), _leaf(shape[c]), _leaf(shape[c])])
+                      for layout, shape, c in ((fused_norms.layer_layout, (4, 3), -1),
+                                               (fused_norms.batch_layout, (2, 3, 2, 2), 1))],
 }
-_ROUNDED = {"_GeluBackward", "_LayerNormBackward"}
+_ROUNDED = {"_GeluBackward", "_NormBackward"}
 
 
 @pytest.mark.parametrize("name", sorted(accumulation.ADD_FREE))

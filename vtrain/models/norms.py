@@ -10,7 +10,7 @@ variance, eps inside the square root).
 Under rounded execution torch's fused ops now run as these forward ops, one for one (vtrain.composites),
 so torch's modules compute the same forward bits; their backward passes are the composites' closed forms,
 not autograd's ops through the code below. The model families keep these modules: they define their runs. (Under
-rounded execution the LayerNorm's elementwise ops run fused, vtrain.fused_layer_norm, to the same values.)
+rounded execution both modules' elementwise ops in training run fused, vtrain.fused_norms, to the same values.)
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _get_current_dispatch_mode() is not None:  # (a rounded execution, maybe: its elementwise ops fused)
-            from vtrain import fused_layer_norm  # noqa: PLC0415 (numba's import: only processes that round pay it)
-            fast = fused_layer_norm.layer_norm(x, self.weight, self.bias, self.eps)
+            from vtrain import fused_norms  # noqa: PLC0415 (numba's import: only processes that round pay it)
+            fast = fused_norms.layer_norm(x, self.weight, self.bias, self.eps)
             if fast is not None:
                 return fast
         xc = x - x.mean(-1, keepdim=True)
@@ -57,13 +57,22 @@ class BatchNorm2d(nn.Module):
         if not self.training:
             return (x - self.running_mean.reshape(shape)) / torch.sqrt(self.running_var.reshape(shape) + self.eps) \
                 * self.weight.reshape(shape) + self.bias.reshape(shape)
+        running = self._update_running if self.update_running else None
+        if _get_current_dispatch_mode() is not None:  # (as the LayerNorm's)
+            from vtrain import fused_norms  # noqa: PLC0415
+            fast = fused_norms.batch_norm(x, self.weight, self.bias, self.eps, running)
+            if fast is not None:
+                return fast
         mean = x.mean((0, 2, 3), keepdim=True)              # (1, C, 1, 1)
         xc = x - mean
         var = (xc * xc).mean((0, 2, 3), keepdim=True)       # biased, as in the normalisation
-        if self.update_running:
-            n = x.numel() // x.shape[1]
-            with torch.no_grad():
-                m = self.momentum
-                self.running_mean.mul_(1.0 - m).add_(mean.reshape(-1) * m)
-                self.running_var.mul_(1.0 - m).add_(var.reshape(-1) * (m * n / (n - 1)))
+        if running is not None:
+            running(mean, var, x.numel() // x.shape[1])
         return xc / torch.sqrt(var + self.eps) * self.weight.reshape(shape) + self.bias.reshape(shape)
+
+    def _update_running(self, mean: torch.Tensor, var: torch.Tensor, n: int) -> None:
+        """The running statistics from this batch's mean and biased variance over n values a channel."""
+        with torch.no_grad():
+            m = self.momentum
+            self.running_mean.mul_(1.0 - m).add_(mean.reshape(-1) * m)
+            self.running_var.mul_(1.0 - m).add_(var.reshape(-1) * (m * n / (n - 1)))
