@@ -7,7 +7,7 @@ define the computation):
 - the token embedding is a one-hot matmul (its backward is a matmul; embedding_dense_backward is a
   scatter-add whose order differs between devices), and sequences always have the full context;
 - LayerNorm and GELU (the tanh form of GPT-2) are written out (vtrain.models.norms; under rounded execution their
-  elementwise ops run fused to the same values, vtrain.fused_layer_norm and vtrain.fused_gelu);
+  elementwise ops run fused to the same values, vtrain.fused_norms and vtrain.fused_gelu);
 - masked attention scores are set to -128, not -inf: after the softmax they are exactly 0 on the
   grid (exp underflows), and the softmax's error bound stays finite;
 - dropout masks come from the caller (drawn from the seed), in the order of `dropout_shapes`.

@@ -1,6 +1,8 @@
 """A ResNet-style CNN (He et al. 2016, the CIFAR variant): a 3x3 stem, stages of basic residual
 blocks with batch norm (width doubling and stride 2 from the second stage on, 1x1 projection
-shortcuts where the shape changes), global average pooling and a linear head.
+shortcuts where the shape changes), global average pooling and a linear head. The batch norms are
+vtrain.models.norms' written-out form (under rounded execution their elementwise ops in training run fused to the
+same values, vtrain.fused_norms).
 """
 
 from __future__ import annotations
