@@ -20,9 +20,9 @@ trains GPT-2-tiny and resnet-tiny both ways to identical logs and states).
 x's gradient comes in autograd's two parts, the centring's and the mean's, one output each for x passed twice: the
 engine sums them into x's gradient in the written-out form's order, after any gradient x had from elsewhere (the
 residual stream's), so that sum rounds as it did. Where the kernels cannot take the tensors (not contiguous float64
-on the CPU at bits = 32, fused kernels off), `layer_norm` and `batch_norm` answer None and the module runs its
-written-out form; a value off the grid in a pass sends that pass's ops the dispatch way, whose error names the op
-that wrote it.
+on the CPU at bits = 32, fused kernels off), or where autograd's backward dispatches fewer sums than the passes'
+order has (`_takes`), `layer_norm` and `batch_norm` answer None and the module runs its written-out form; a value off
+the grid in a pass sends that pass's ops the dispatch way, whose error names the op that wrote it.
 """
 
 from __future__ import annotations
@@ -262,23 +262,32 @@ class _Norm(torch.autograd.Function):
         return a2, gmx, gw.reshape(w.shape), gb.reshape(w.shape), None, None, None
 
 
-def _takes(x: torch.Tensor, *params: torch.Tensor) -> bool:
+def _takes(x: torch.Tensor, count: int, *params: torch.Tensor) -> bool:
+    """Whether the passes run a norm of x whose statistics are each over `count` values, with these weight and bias.
+    Not for an empty x, nor where a statistic is over one value: autograd sums a broadcast operand's gradient over
+    the dims of more than one value only, so its backward then dispatches no sums for the statistics, or for a batch
+    norm's weight and bias, where the passes' order has them."""
     rx = active_rounding()
-    return ENABLED and rx is not None and rx.bits == 32 and x.numel() > 0 and \
+    return ENABLED and rx is not None and rx.bits == 32 and count > 1 and x.numel() > 0 and \
         all(fused.usable64(t) for t in (x, *params))
 
 
 def layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float) -> torch.Tensor | None:
     """The written-out LayerNorm of x over its last dim by the fused passes, inside a RoundedExecution at bits = 32
     where they take x, w and b; else None."""
-    return _Norm.apply(x, x, w, b, eps, layer_layout(x), None) if _takes(x, w, b) else None
+    # (over a 1-d x, autograd sums the weight's gradient over no dim, and `g.sum([])` would sum them all)
+    if x.dim() < 2 or not _takes(x, x.shape[-1], w, b):
+        return None
+    return _Norm.apply(x, x, w, b, eps, layer_layout(x), None)
 
 
 def batch_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
                running: Callable[[torch.Tensor, torch.Tensor, int], None] | None) -> torch.Tensor | None:
     """The written-out BatchNorm2d of x (N, C, H, W) in training, by the fused passes, inside a RoundedExecution at
     bits = 32 where they take x, w and b; else None. `running(mean, var, count)` updates the running statistics."""
-    return _Norm.apply(x, x, w, b, eps, batch_layout(x), running) if x.dim() == 4 and _takes(x, w, b) else None
+    if x.dim() != 4 or not _takes(x, x.numel() // max(x.shape[1], 1), w, b):
+        return None
+    return _Norm.apply(x, x, w, b, eps, batch_layout(x), running)
 
 
 def layer_layout(x: torch.Tensor) -> Layout:

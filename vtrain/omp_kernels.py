@@ -251,7 +251,7 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
 # as the pass uses), rows, width (1 for the GELU, whose passes go value by value), period, count (a norm's statistics:
 # row r's are number r % period, over `count` values), floats (the address of the next field), limit (float64 bits);
 # one slot a part: its count of values off the grid. Parts are whole rows.
-_E_FIELDS = 22
+_E_FIELDS = 20
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")

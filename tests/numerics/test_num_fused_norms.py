@@ -60,7 +60,10 @@ def _alike(a: tuple, b: tuple) -> bool:
     return len(tensors[0]) == len(tensors[1]) and all(_same_bits(p, q) for p, q in zip(*tensors)) and a[3:6] == b[3:6]
 
 
-NORMS = [("layer", (2, 3, 8)), ("layer", (4, 16, 64)), ("batch", (2, 3, 4, 5)), ("batch", (4, 8, 8, 8))]
+# (a batch of one, or planes of one value: autograd's sums over the statistics' dims skip those of one value, whose
+# sums are the same values, logs and counts)
+NORMS = [("layer", (2, 3, 8)), ("layer", (4, 16, 64)), ("batch", (2, 3, 4, 5)), ("batch", (4, 8, 8, 8)),
+         ("batch", (1, 3, 2, 2)), ("batch", (2, 3, 1, 1))]
 
 
 @pytest.mark.parametrize("kind,shape", NORMS)
@@ -81,6 +84,18 @@ def test_a_batch_norm_that_keeps_its_running_statistics_runs_fused_alike() -> No
     assert fast[6] == [True] * 6 and _alike(fast, slow)
     assert torch.equal(fast[2][0], torch.zeros(5, dtype=torch.float64)) and torch.equal(fast[2][1], torch.ones(5,
                                                                                                dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind,shape", [("layer", (4, 3, 1)), ("layer", (6,)), ("batch", (1, 3, 1, 1))])
+def test_norms_whose_backward_sums_less_run_written_out(kind: str, shape: tuple[int, ...]) -> None:
+    # statistics over one value each (autograd's backward dispatches no sum over them, nor, for a batch norm, over
+    # its weight's and bias's gradients) and a 1-d layer norm input (its weight's gradient summed over no dim): the
+    # passes' order would dispatch sums the written-out form does not, so none runs, and the values, logs and counts
+    # are the written-out form's (a batch norm of one value a channel keeps its running statistics: their unbiased
+    # variance would divide by zero, both ways)
+    x, g, w, b = _operands(kind, shape, 9)
+    fast, slow = (_norm(kind, x, g, w, b, fused, running=False) for fused in (True, False))
+    assert fast[6] == [] and _alike(fast, slow)
 
 
 @pytest.mark.parametrize("kind,shape", [("layer", (4, 50, 64)), ("batch", (4, 8, 10, 10))])
@@ -148,6 +163,11 @@ def test_outside_rounded_execution_on_other_grids_and_in_evaluation_the_written_
         assert fused_norms.batch_norm(x4, batch.weight, batch.bias, batch.eps, None) is None
         assert type(layer(x).grad_fn).__name__ == "AddBackward0"
         assert type(batch(x4).grad_fn).__name__ == "AddBackward0"
+    with RoundedExecution(bits=32, device=get_device("cpu"), mode="plain"):  # (float32 work; a strided x)
+        assert fused_norms.batch_norm(x4.float(), batch.weight.float(), batch.bias.float(), batch.eps, None) is None
+        assert fused_norms.batch_norm(x4.contiguous(memory_format=torch.channels_last), batch.weight, batch.bias,
+                                      batch.eps, None) is None
+        assert fused_norms.batch_norm(x4, batch.weight, batch.bias, batch.eps, None) is not None
     passes, run = [], fused_norms._fused
     fused_norms._fused = lambda *a, **k: passes.append(a) or run(*a, **k)
     try:
