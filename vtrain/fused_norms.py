@@ -182,14 +182,18 @@ def _step(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray,
 class Layout:
     """A norm's statistics and parameters over x's values, as the kernels and the written-out form address them."""
 
-    stat_dims: int | tuple[int, ...]  # the means' dims, as the written-out form names them
-    sum_dims: list[int]  # the same dims as autograd's sums name them
+    stat_dims: list[int]  # the dims a statistic is over: the means', and autograd's sums over them
     param_dims: list[int]  # the dims autograd sums the weight's and bias's gradients over
     param_shape: tuple[int, ...] | None  # the weight and bias as the written-out form broadcasts them (None: as is)
     width: int  # the values of a row in memory, whose statistics are one value
     period: int  # row r's statistics are number r % period
     count: int  # the values a statistic is over
-    channels: bool  # weight and bias one value a row's channel (r % period), else one a column
+
+    @property
+    def channels(self) -> bool:
+        """Whether the weight and bias are one value a row's channel (r % period), as the batch norm broadcasts
+        them, else one a column."""
+        return self.param_shape is not None
 
     def params(self, w: torch.Tensor) -> torch.Tensor:
         return w if self.param_shape is None else w.reshape(self.param_shape)
@@ -248,7 +252,7 @@ class _Norm(torch.autograd.Function):
             q2 = xc / s / s
             out = [-gxn * q2, gxn / s]
         gsp, gxc = out
-        gvar = aten.div.Tensor(gsp.sum(at.sum_dims, keepdim=True), aten.mul.Scalar(s, 2))
+        gvar = aten.div.Tensor(gsp.sum(at.stat_dims, keepdim=True), aten.mul.Scalar(s, 2))
         out = _fused(rx, SQUARE_GRADS, 5, xc, [gvar, xc, gxc], 2, at)
         if out is None:
             gq = aten.div.Scalar(gvar.expand(xc.shape), at.count)
@@ -256,7 +260,7 @@ class _Norm(torch.autograd.Function):
             a2 = (gxc + p2) + p1
             out = [a2, -a2]
         a2, n2 = out
-        gm = n2.sum(at.sum_dims, keepdim=True)
+        gm = n2.sum(at.stat_dims, keepdim=True)
         out = _fused(rx, MEAN_GRAD, 1, xc, [gm], 1, at)
         gmx = aten.div.Scalar(gm.expand(xc.shape), at.count) if out is None else out[0]
         return a2, gmx, gw.reshape(w.shape), gb.reshape(w.shape), None, None, None
@@ -291,12 +295,14 @@ def batch_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, eps: float,
 
 
 def layer_layout(x: torch.Tensor) -> Layout:
-    """A LayerNorm's over x's last dim: its rows, and its weight and bias one value a column."""
+    """A LayerNorm's over x's last dim: its rows, and its weight and bias one value a column. (Its means over the
+    last dim named by number, where the written-out form says -1: the same values, and a site of the log names the
+    op and the shape only.)"""
     d = x.shape[-1]
-    return Layout(-1, [x.dim() - 1], list(range(x.dim() - 1)), None, d, x.numel() // d, d, False)
+    return Layout([x.dim() - 1], list(range(x.dim() - 1)), None, d, x.numel() // d, d)
 
 
 def batch_layout(x: torch.Tensor) -> Layout:
     """A BatchNorm2d's over x (N, C, H, W) in training: planes of H W values, row r of channel r % C."""
     n, c, h, w = x.shape
-    return Layout((0, 2, 3), [0, 2, 3], [0, 2, 3], (1, -1, 1, 1), h * w, c, n * h * w, True)
+    return Layout([0, 2, 3], [0, 2, 3], (1, -1, 1, 1), h * w, c, n * h * w)

@@ -245,7 +245,6 @@ def binary(parts: int, code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, 
     return _slot_sum(block, 1, 0)
 
 
-
 # fused_gelu._pass and fused_norms._pass (the model families' fused elementwise chains, fused.run_chain): fields kind
 # (fused.CHAIN_GELU or CHAIN_NORM), code, a, b, c, e, o, q (address and size each: four inputs and two outputs, as many
 # as the pass uses), rows, width (1 for the GELU, whose passes go value by value), period, count (a norm's statistics:

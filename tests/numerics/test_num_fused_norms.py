@@ -32,7 +32,8 @@ def _norm(kind: str, x0: torch.Tensor, g: torch.Tensor, w: torch.Tensor, b: torc
     fused_norms._fused = lambda *a, **k: (out := run(*a, **k), passes.append(out is not None))[0]
     try:
         m = _module(kind, x0.shape)
-        m.update_running = running
+        if kind == "batch":
+            m.update_running = running
         with torch.no_grad():
             m.weight.copy_(w)
             m.bias.copy_(b)
