@@ -29,7 +29,6 @@ from __future__ import annotations
 
 
 import math
-import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -850,14 +849,14 @@ SUM_LANES = 64
 def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float,
                   grains: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """(the sum of x over the reduced dims / divisor, the sum of |x| there, with `grains` the grain there: the
-    smallest lowest set bit of the nonzero finite values, `_lowest_bit`, inf for none; else None) in one pass,
-    float64 in the kept dims' order, x as `reduction_view` gives it (`columns`: its first form). The CPU device's
-    sums and means under rounded execution (vtrain.devices): a trainer's sum and its error bound's sum of |x|
-    (vtrain.bounds) each read x from memory once more, and on batch and layer norm's inputs (1-8 MB) that second
-    pass cost as much as the sum; so would vtrain.grains' test that every sum is exact and the certificates of
-    single sums (vtrain.resolve), which the sums of |x| and the grains settle. The grains cost the pass ~50 % on x
-    in cache (1024 x 256 values: 132 against 82 us), so they are asked for where that test is tried. The sum's order
-    is fixed by this code, on any machine and thread count (E bounds any order):
+    smallest lowest set bit of the nonzero values, `_lowest_bit`, inf for none; else None) in one pass, float64 in
+    the kept dims' order, x as `reduction_view` gives it (`columns`: its first form). The CPU device's sums and
+    means under rounded execution (vtrain.devices): a trainer's sum and its error bound's sum of |x| (vtrain.bounds)
+    each read x from memory once more, and on batch and layer norm's inputs (1-8 MB) that second pass cost as much
+    as the sum; so would vtrain.grains' test that every sum is exact and the certificates of single sums
+    (vtrain.resolve), which the sums of |x| and the grains settle. The grains cost the pass ~50 % on x in cache
+    (1024 x 256 values: 132 against 82 us), so they are asked for where that test is tried. The sum's order is
+    fixed by this code, on any machine and thread count (E bounds any order):
     - columns (the reduced dims leading): each kept element's values added row after row from 0.0;
     - lines (the reduced dims trailing or inner, x as (outer, kept, inner)): value k of line x[a, c] goes to lane
       k % L of kept element c (L = min(inner, SUM_LANES)), each lane adds its values from 0.0 in order of a, then
@@ -882,19 +881,18 @@ def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float,
 
 
 # The sums of |x| and the grains that `sums_with_abs` computed with the CPU device's last sum or mean, for that op's
-# error bound (vtrain.bounds), exactness test (vtrain.grains) and certificates (vtrain.resolve): (a weak reference to
-# the output tensor, its sums, its grains), to that very tensor only, the sums handed out once. (Weak: a reference
-# held here would keep the op's unrounded output from vtrain.spare's reuse.)
-_ABS_SUMS: list = [lambda: None, None, None]
+# error bound (vtrain.bounds), exactness test (vtrain.grains) and certificates (vtrain.resolve): (the output tensor,
+# its sums, its grains), to that very tensor only, the sums handed out once.
+_ABS_SUMS: list = [None, None, None]
 
 
 def remember_abs_sums(out: torch.Tensor, sums: np.ndarray, grains: np.ndarray | None) -> None:
-    _ABS_SUMS[:] = [weakref.ref(out), sums, grains]
+    _ABS_SUMS[:] = [out, sums, grains]
 
 
 def take_abs_sums(out: torch.Tensor) -> np.ndarray | None:
     """The sums of |x| behind the reduction whose output is `out` (this object), if the device kept them."""
-    if _ABS_SUMS[0]() is not out:
+    if _ABS_SUMS[0] is not out:
         return None
     sums = _ABS_SUMS[1]
     _ABS_SUMS[1] = None
@@ -904,14 +902,14 @@ def take_abs_sums(out: torch.Tensor) -> np.ndarray | None:
 def abs_sums_and_grains(out: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
     """(the sums of |x|, the grains) behind the reduction whose output is `out`, if the device kept them and the
     sums are not taken yet (they stay for `take_abs_sums`)."""
-    found = _ABS_SUMS[0]() is out and _ABS_SUMS[1] is not None and _ABS_SUMS[2] is not None
+    found = _ABS_SUMS[0] is out and _ABS_SUMS[1] is not None and _ABS_SUMS[2] is not None
     return (_ABS_SUMS[1], _ABS_SUMS[2]) if found else None
 
 
 def kept_grains(out: torch.Tensor) -> np.ndarray | None:
     """The grains behind the reduction whose output is `out`, if the device kept them: one an output element, the
-    smallest lowest set bit of its sum's nonzero finite terms (`sums_with_abs`)."""
-    return _ABS_SUMS[2] if _ABS_SUMS[0]() is out else None
+    smallest lowest set bit of its sum's nonzero terms (`sums_with_abs`)."""
+    return _ABS_SUMS[2] if _ABS_SUMS[0] is out else None
 
 
 def _reduction_layout(x: torch.Tensor, dims: list[int]) -> tuple[bool, np.ndarray, np.ndarray] | None:
@@ -1016,11 +1014,10 @@ def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, grain
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _lowest_bit(v: float) -> float:
     """The value of v's lowest set bit (its grain, vtrain.grains), inf for a zero: |v| less |v| with that bit
-    cleared, an exact subtraction of two values of one binade (a power of two is its own); infinities give inf, and
-    NaN NaN, which the kernels' minimum skips (a line with a NaN or an infinity has a sum of |x| that fails every
-    test anyway). Five integer and float operations that LLVM vectorises, where vtrain.grains' exponent of the
-    lowest bit takes a dozen with a conversion (the lines' pass on 1024 x 256 values in cache: 132 us with these,
-    ~200 with that, 82 without grains)."""
+    cleared, an exact subtraction of two values of one binade (a power of two is its own); infinities give inf and
+    NaN NaN, whose sums of |x| fail every test anyway. Five integer and float operations that LLVM vectorises, where
+    vtrain.grains' exponent of the lowest bit takes a dozen, with a conversion (the lines' pass 113 against 178 us
+    on 1024 x 256 values in cache)."""
     b = np.float64(v).view(np.int64) & 0x7FFFFFFFFFFFFFFF
     magnitude = np.int64(b).view(np.float64)
     low = magnitude - np.int64(b & (b - 1)).view(np.float64) if b & 0xFFFFFFFFFFFFF else magnitude
