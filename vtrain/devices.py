@@ -168,11 +168,10 @@ class Device:
 
     # -- class 3 ops --------------------------------------------------------------------------------
 
-    def execute(self, func: Any, args: tuple, kwargs: dict, grains: bool = False) -> Any:
-        """Compute a device-dependent op (out-of-place overload) the way this device does; `grains`: a sum or mean
-        that the CPU device computes in its own pass finds each sum's grain there too (`_sum_with_abs`)."""
+    def execute(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Compute a device-dependent op (out-of-place overload) the way this device does."""
         if not self.emulated:
-            out = _sum_with_abs(func, args, kwargs, grains) if func in _SUMS and self.torch_device == "cpu" else None
+            out = _sum_with_abs(func, args, kwargs) if func in _SUMS and self.torch_device == "cpu" else None
             return func(*args, **kwargs) if out is None else out
         impl = _EMULATED.get(func)
         if impl is None:  # transcendental functions and pooling: native on every device (see above)
@@ -183,10 +182,9 @@ class Device:
 _SUMS = frozenset((aten.sum.default, aten.sum.dim_IntList, aten.mean.default, aten.mean.dim))
 
 
-def _sum_with_abs(func: Any, args: tuple, kwargs: dict, grains: bool = False) -> torch.Tensor | None:
-    """The CPU's float64 sum or mean (vtrain.fused.sums_with_abs: its own fixed order, and from the same pass the
-    sums of |x| its error bound needs and, with `grains`, the grains of vtrain.grains' test and the certificates,
-    kept for those), or None where torch's kernel computes it
+def _sum_with_abs(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The CPU's float64 sum or mean (vtrain.fused.sums_with_abs: its own fixed order, and the sums of |x| its
+    error bound needs from the same pass, kept for vtrain.bounds), or None where torch's kernel computes it
     (other dtypes and layouts, and lines below fused.BLOCK_SUM_ELEMENTS values in all: there the bound's second
     pass still finds x in cache, where torch's sum is the faster). At 2 MB the one pass wins in a step: GPT-2-tiny
     d_model 256's layer norm means and sums, (8, 128, 256) over the last dim, were torch's sums and the bound's
@@ -205,9 +203,9 @@ def _sum_with_abs(func: Any, args: tuple, kwargs: dict, grains: bool = False) ->
     columns, view, out_shape, divisor = plan
     if not columns and x.numel() < fused.BLOCK_SUM_ELEMENTS:
         return None
-    total, absolute, grain = fused.sums_with_abs(fused.flat(x).reshape(view), columns, divisor, grains)
+    total, absolute = fused.sums_with_abs(fused.flat(x).reshape(view), columns, divisor)
     out = torch.from_numpy(total.reshape(out_shape))
-    fused.remember_abs_sums(out, absolute, grain)
+    fused.remember_abs_sums(out, absolute)
     return out
 
 

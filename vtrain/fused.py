@@ -846,17 +846,12 @@ BLOCK_SUM_ELEMENTS = 1 << 18  # (the CPU device's line sums from this size on: s
 SUM_LANES = 64
 
 
-def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float,
-                  grains: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(the sum of x over the reduced dims / divisor, the sum of |x| there, with `grains` the grain there: the
-    smallest lowest set bit of the nonzero values, `_lowest_bit`, inf for none; else None) in one pass, float64 in
-    the kept dims' order, x as `reduction_view` gives it (`columns`: its first form). The CPU device's sums and
-    means under rounded execution (vtrain.devices): a trainer's sum and its error bound's sum of |x| (vtrain.bounds)
-    each read x from memory once more, and on batch and layer norm's inputs (1-8 MB) that second pass cost as much
-    as the sum; so would vtrain.grains' test that every sum is exact and the certificates of single sums
-    (vtrain.resolve), which the sums of |x| and the grains settle. The grains cost the pass ~50 % on x in cache
-    (1024 x 256 values: 132 against 82 us), so they are asked for where that test is tried. The sum's order is
-    fixed by this code, on any machine and thread count (E bounds any order):
+def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the sum of x over the reduced dims / divisor, the sum of |x| there) in one pass, float64 in the kept dims'
+    order, x as `reduction_view` gives it (`columns`: its first form). The CPU device's sums and means under
+    rounded execution (vtrain.devices): a trainer's sum and its error bound's sum of |x| (vtrain.bounds) each
+    read x from memory once more, and on batch and layer norm's inputs (1-8 MB) that second pass cost as much as
+    the sum. The sum's order is fixed by this code, on any machine and thread count (E bounds any order):
     - columns (the reduced dims leading): each kept element's values added row after row from 0.0;
     - lines (the reduced dims trailing or inner, x as (outer, kept, inner)): value k of line x[a, c] goes to lane
       k % L of kept element c (L = min(inner, SUM_LANES)), each lane adds its values from 0.0 in order of a, then
@@ -865,29 +860,28 @@ def sums_with_abs(lines: np.ndarray, columns: bool, divisor: float,
     across lanes, never along one. A mean's sum is then divided by its count (`divisor`; 1.0 for a sum), one IEEE
     division per value as numpy's or torch's would be."""
     kept = lines.shape[-1 if columns else 1]
-    total, out, grain = np.empty(kept), np.empty(kept), np.empty(kept if grains else 0)
+    total, out = np.empty(kept), np.empty(kept)
     if columns:
-        _column_sums_with_abs(lines, total, out, grain, divisor)
-        return total, out, grain if grains else None
+        _column_sums_with_abs(lines, total, out, divisor)
+        return total, out
     # Lines run in parts of kept elements on torch's threads (vtrain.omp), each element's sums on one, in the
     # order above. (Parts of columns, each reading a stripe of every row, took longer than the whole pass in
     # GPT-2-tiny's steps: 341 against 188 us on 1024 x 256, 671 against 510 on 1024 x 768.)
     parts = min(omp.parts(lines.size), kept) if lines.dtype == np.float64 and lines.flags.c_contiguous else 1
     if parts > 1:
-        omp.kernels().lane_sums_with_abs(parts, lines, total, out, grain, divisor)
+        omp.kernels().lane_sums_with_abs(parts, lines, total, out, divisor)
     else:
-        _lane_sums_with_abs(lines, total, out, grain, divisor, 0, kept)
-    return total, out, grain if grains else None
+        _lane_sums_with_abs(lines, total, out, divisor, 0, kept)
+    return total, out
 
 
-# The sums of |x| and the grains that `sums_with_abs` computed with the CPU device's last sum or mean, for that op's
-# error bound (vtrain.bounds), exactness test (vtrain.grains) and certificates (vtrain.resolve): (the output tensor,
-# its sums, its grains), to that very tensor only, the sums handed out once.
-_ABS_SUMS: list = [None, None, None]
+# The sums of |x| that `sums_with_abs` computed with the CPU device's last sum or mean, for that op's error bound
+# (vtrain.bounds): (the output tensor, its sums), handed out once, to that very tensor only.
+_ABS_SUMS: list = [None, None]
 
 
-def remember_abs_sums(out: torch.Tensor, sums: np.ndarray, grains: np.ndarray | None) -> None:
-    _ABS_SUMS[:] = [out, sums, grains]
+def remember_abs_sums(out: torch.Tensor, sums: np.ndarray) -> None:
+    _ABS_SUMS[:] = [out, sums]
 
 
 def take_abs_sums(out: torch.Tensor) -> np.ndarray | None:
@@ -895,21 +889,8 @@ def take_abs_sums(out: torch.Tensor) -> np.ndarray | None:
     if _ABS_SUMS[0] is not out:
         return None
     sums = _ABS_SUMS[1]
-    _ABS_SUMS[1] = None
+    _ABS_SUMS[:] = [None, None]
     return sums
-
-
-def abs_sums_and_grains(out: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
-    """(the sums of |x|, the grains) behind the reduction whose output is `out`, if the device kept them and the
-    sums are not taken yet (they stay for `take_abs_sums`)."""
-    found = _ABS_SUMS[0] is out and _ABS_SUMS[1] is not None and _ABS_SUMS[2] is not None
-    return (_ABS_SUMS[1], _ABS_SUMS[2]) if found else None
-
-
-def kept_grains(out: torch.Tensor) -> np.ndarray | None:
-    """The grains behind the reduction whose output is `out`, if the device kept them: one an output element, the
-    smallest lowest set bit of its sum's nonzero terms (`sums_with_abs`)."""
-    return _ABS_SUMS[2] if _ABS_SUMS[0] is out else None
 
 
 def _reduction_layout(x: torch.Tensor, dims: list[int]) -> tuple[bool, np.ndarray, np.ndarray] | None:
@@ -978,13 +959,12 @@ def _halving_tree(acc: np.ndarray) -> float:
 
 
 # Where x holds _LANE_IMAGES outer lines (images) or more, `_lane_sums_with_abs` holds the lanes of a block of kept
-# elements at once, the lanes of their two sums (and grains) filling 32 KB (an L1 data cache)
+# elements at once, the two sums' lanes filling 32 KB (an L1 data cache)
 _LANE_BYTES, _LANE_IMAGES = 1 << 15, 16
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, grain: np.ndarray, divisor: float, lo: int,
-                        hi: int) -> None:
+def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float, lo: int, hi: int) -> None:
     # `sums_with_abs`'s lines, of kept elements lo:hi. No fast-math here: the order defines the CPU device's sums.
     # With many images the lanes of a block of elements are held together and x is read image by image (a, then
     # the block's elements), one stream through memory, where element by element each read its lines at a stride
@@ -992,76 +972,58 @@ def _lane_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, grain
     # 32, 32) input from memory 508-661 -> 463-537 us, (32, 64, 16, 16) 261-368 -> 238-294 (docs/benchmarks.md,
     # session 49). With fewer images, element by element: a layer norm's one outer line (1, 1024, 256) took ~10 %
     # longer in blocks of one element.
-    # With a grain array of kept elements (else of none), each lane also keeps its smallest lowest set bit.
-    lanes, grains = min(x.shape[2], SUM_LANES), grain.size > 0
-    block = 1 if x.shape[0] < _LANE_IMAGES else min(max(1, _LANE_BYTES // ((24 if grains else 16) * lanes)), hi - lo)
-    acc, acc_abs, acc_low = np.empty((block, lanes)), np.empty((block, lanes)), np.empty((block, lanes))
+    lanes = min(x.shape[2], SUM_LANES)
+    if x.shape[0] < _LANE_IMAGES:
+        lane, lane_abs = np.empty(lanes), np.empty(lanes)
+        for c in range(lo, hi):
+            lane[:] = 0.0
+            lane_abs[:] = 0.0
+            for a in range(x.shape[0]):
+                _add_lanes(x[a, c], lane, lane_abs)
+            total[c] = _halving_tree(lane) / divisor
+            out[c] = _halving_tree(lane_abs)
+        return
+    block = min(max(1, _LANE_BYTES // (16 * lanes)), hi - lo)
+    acc, acc_abs = np.empty((block, lanes)), np.empty((block, lanes))
     for c0 in range(lo, hi, block):
         c1 = min(hi, c0 + block)
         acc[:] = 0.0
         acc_abs[:] = 0.0
-        acc_low[:] = np.inf
         for a in range(x.shape[0]):
             for c in range(c0, c1):
-                _add_lanes(x[a, c], acc[c - c0], acc_abs[c - c0], acc_low[c - c0], grains)
+                _add_lanes(x[a, c], acc[c - c0], acc_abs[c - c0])
         for c in range(c0, c1):
             total[c] = _halving_tree(acc[c - c0]) / divisor
             out[c] = _halving_tree(acc_abs[c - c0])
-            if grains:
-                grain[c] = acc_low[c - c0].min()
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _lowest_bit(v: float) -> float:
-    """The value of v's lowest set bit (its grain, vtrain.grains), inf for a zero: |v| less |v| with that bit
-    cleared, an exact subtraction of two values of one binade (a power of two is its own); infinities give inf and
-    NaN NaN, whose sums of |x| fail every test anyway. Five integer and float operations that LLVM vectorises, where
-    vtrain.grains' exponent of the lowest bit takes a dozen, with a conversion (the lines' pass 113 against 178 us
-    on 1024 x 256 values in cache)."""
-    b = np.float64(v).view(np.int64) & 0x7FFFFFFFFFFFFFFF
-    magnitude = np.int64(b).view(np.float64)
-    low = magnitude - np.int64(b & (b - 1)).view(np.float64) if b & 0xFFFFFFFFFFFFF else magnitude
-    return low if b else np.inf
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _add_lanes(line: np.ndarray, lane: np.ndarray, lane_abs: np.ndarray, lane_low: np.ndarray, grains: bool) -> None:
+def _add_lanes(line: np.ndarray, lane: np.ndarray, lane_abs: np.ndarray) -> None:
     # value k of the line to lane k % lanes: the inner loop runs across the independent lanes, so LLVM vectorises it
     # with nothing reassociated (eight partial sums held in scalars had stayed scalar: 1.20 against 0.82 ms on 1M
-    # values from memory). LLVM moves the test of `grains` out of the loops: without, the pass's time is as
-    # without the grains' code (82 against 77 us).
+    # values from memory)
     lanes, k0 = lane.size, 0
     while k0 + lanes <= line.size:  # (whole rows of lanes apart from the rest: a loop LLVM vectorises)
         for j in range(lanes):
             v = line[k0 + j]
             lane[j] += v
             lane_abs[j] += abs(v)
-            if grains:
-                lane_low[j] = min(lane_low[j], _lowest_bit(v))
         k0 += lanes
     for j in range(line.size - k0):
         v = line[k0 + j]
         lane[j] += v
         lane_abs[j] += abs(v)
-        if grains:
-            lane_low[j] = min(lane_low[j], _lowest_bit(v))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _column_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, grain: np.ndarray,
-                          divisor: float) -> None:
-    # (grains as `_lane_sums_with_abs` takes them)
-    grains = grain.size > 0
+def _column_sums_with_abs(x: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
     total[:] = 0.0
     out[:] = 0.0
-    grain[:] = np.inf
     for i in range(x.shape[0]):
         row = x[i]
         for j in range(row.size):
             total[j] += row[j]
             out[j] += abs(row[j])
-            if grains:
-                grain[j] = min(grain[j], _lowest_bit(row[j]))
     for j in range(total.size):
         total[j] /= divisor
 

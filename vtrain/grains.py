@@ -204,17 +204,6 @@ def _lines_exact(x: np.ndarray, bits: np.ndarray, along: bool, mant: int, emask:
     return True
 
 
-@njit(cache=True, nogil=True)
-def _sums_exact(l1: np.ndarray, q: np.ndarray, limit: float, qmin: float) -> bool:
-    """`_lines_exact`'s test on statistics that the CPU device's sums computed in their own pass
-    (vtrain.fused.sums_with_abs): each line's sum of |x| (in its order: any serves, the module docstring's factor
-    2) and its smallest lsb."""
-    for t in range(l1.size):
-        if not (q[t] >= qmin and l1[t] < limit * q[t]):
-            return False
-    return True
-
-
 def _operand(t: torch.Tensor) -> tuple[np.ndarray, np.ndarray, bool, int, int, int]:
     """(x, its integer view, whether its rows are the lines, mantissa bits, exponent mask, exponent bias) for
     `_stats`, whose lines are t's rows: t itself or, for a transposed t, t.T read by columns (no copy), else
@@ -314,7 +303,10 @@ def _reduce(mean: bool) -> ExactAll:
         x = args[0]
         dim = args[1] if len(args) > 1 else kwargs.get("dim")
         nd = x.dim()
-        if not x.is_floating_point() or not nd:
+        # Sums that vtrain.bounds takes in its one compiled pass keep the band: it costs about what this test
+        # does, and their few candidates less than the test (mlp-xl's 256 x 1024 bias gradients: 0.59 ms a call
+        # with the band, 0.87 with the test first). Smaller ones would pay torch's per-call cost for the band.
+        if not x.is_floating_point() or not nd or x.numel() >= _FUSED_SUM_ELEMENTS:
             return False
         red = sorted({d % nd for d in dim}) if dim else list(range(nd))
         keep = [d for d in range(nd) if d not in red]
@@ -325,16 +317,6 @@ def _reduce(mean: bool) -> ExactAll:
         # n >= 2 keeps this inside the element certificate, whose S, read back from the mean's E, carries
         # the division's rounding u |mean| <= u S / n on top (vtrain.resolve._cert_reduce).
         if mean and (n < 2 or n & (n - 1)):
-            return False
-        out = outs[0]
-        kept = fused.abs_sums_and_grains(out)
-        if kept is not None and out.dtype in PRECISION:  # the CPU device's sum computed the lines' statistics
-            # (its sums of |x| are E's S: what passes here, the element certificate passes too)
-            return _sums_exact(*kept, 2.0**(PRECISION[out.dtype] - 1), QMIN[out.dtype] * (n if mean else 1))
-        # Other sums that vtrain.bounds takes in its one compiled pass keep the band: it costs about what this
-        # test does, and their few candidates less than the test (mlp-xl's 256 x 1024 bias gradients: 0.59 ms a
-        # call with the band, 0.87 with the test first). Smaller ones would pay torch's per-call cost for the band.
-        if x.numel() >= _FUSED_SUM_ELEMENTS:
             return False
         # (2-d: a view whichever dim is reduced; otherwise the reduced dims last, which may copy)
         lines = x.permute(*keep, *red).reshape(-1, n) if nd > 2 or red != [1] else x

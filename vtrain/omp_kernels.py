@@ -473,9 +473,9 @@ def round_float64(parts: int, v: np.ndarray, out: np.ndarray | None, m: int, lim
     return _first_bad(block, v.size)
 
 
-# fused.sums_with_abs's lines (float64): fields x (address), its shape (3 values), total, out, grain (addresses),
-# grain's size (kept or 0), floats (the address of the next field: divisor). Parts are whole kept elements; no slots.
-_S_FIELDS = 10
+# fused.sums_with_abs's lines (float64): fields x (address), its shape (3 values), total, out (addresses), floats
+# (the address of the next field: divisor). Parts are whole kept elements; no slots.
+_S_FIELDS = 8
 
 
 @cfunc(_SIGNATURE, cache=True, error_model="numpy")
@@ -484,32 +484,28 @@ def _lanes_part(d):  # noqa: ANN001, ANN202
     parts, kept = blk[1], blk[4]
     x = carray(_pointer(blk[2], np.float64), (blk[3], kept, blk[5]))
     total, out = carray(_pointer(blk[6], np.float64), kept), carray(_pointer(blk[7], np.float64), kept)
-    grain = carray(_pointer(blk[8], np.float64), blk[9])
-    divisor = carray(_pointer(blk[10], np.float64), 1)[0]
+    divisor = carray(_pointer(blk[8], np.float64), 1)[0]
     for j in range(parts):
         p = _part(d, j, parts)
         if p < 0:
             continue
-        fused._lane_sums_with_abs(x, total, out, grain, divisor, _cut(kept, p, parts, 1), _cut(kept, p + 1, parts, 1))
+        fused._lane_sums_with_abs(x, total, out, divisor, _cut(kept, p, parts, 1), _cut(kept, p + 1, parts, 1))
 
 
 @njit(cache=True, nogil=True)
-def _lanes_block(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, grain: np.ndarray,
-                 divisor: float) -> np.ndarray:
+def _lanes_block(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> np.ndarray:
     block = _new_block(parts, _S_FIELDS, 0)
     block[2], block[3], block[4], block[5] = lines.ctypes.data, lines.shape[0], lines.shape[1], lines.shape[2]
-    block[6], block[7], block[8], block[9] = total.ctypes.data, out.ctypes.data, grain.ctypes.data, grain.size
-    _put_floats(block, 10, (divisor,))
+    block[6], block[7] = total.ctypes.data, out.ctypes.data
+    _put_floats(block, 8, (divisor,))
     return block
 
 
-def lane_sums_with_abs(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, grain: np.ndarray,
-                       divisor: float) -> None:
-    """`fused._lane_sums_with_abs` over C-contiguous float64 lines (outer, kept, inner) into total, out and grain (of
-    kept elements, or none: no grains), in `parts` parts of whole kept elements (each element's sums in the one
-    pass's order)."""
-    _require(np.float64, lines, total, out, grain)
-    omp.run(_lanes_part.address, _lanes_block(parts, lines, total, out, grain, float(divisor)), parts)
+def lane_sums_with_abs(parts: int, lines: np.ndarray, total: np.ndarray, out: np.ndarray, divisor: float) -> None:
+    """`fused._lane_sums_with_abs` over C-contiguous float64 lines (outer, kept, inner) into total and out, in
+    `parts` parts of whole kept elements (each element's sums in the one pass's order)."""
+    _require(np.float64, lines, total, out)
+    omp.run(_lanes_part.address, _lanes_block(parts, lines, total, out, float(divisor)), parts)
 
 
 # fused_optim._adam or _sgd over a group's float64 parameters as one pass: fields kind (0 Adam, 1 SGD), tensors

@@ -1783,12 +1783,7 @@ def _cert_reduce(op: Any, mean: bool) -> Certifier:
         # exact whenever q / n does not underflow, which _certify checks; other n would round.
         if x.numel() == 0 or (mean and n & (n - 1)):
             return None
-        kept = fused.kept_grains(outs[0])
-        if kept is not None:  # the CPU device's sum found each grain in its own pass (vtrain.fused.sums_with_abs):
-            # the lines read again cost 0.73 ms a call on GPT-2-tiny's attention bias gradients (256 columns of 1024
-            # values near zero, across memory)
-            q = kept[pos.cpu().numpy()]
-        elif not keep:  # one output: the whole tensor is its slice
+        if not keep:  # one output: the whole tensor is its slice
             q = float(lsb(x).amin())
         elif len(keep) == 1 and keep[0]:  # (batch norm's channels: the asked slices only, not a permuted copy)
             q = _per_key(pos.cpu().numpy(), lambda u: _slices_min_lsb(x, u, keep[0]))

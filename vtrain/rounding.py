@@ -396,7 +396,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             # lands in the float64 copy of its operand, and from there in the operand)
             out = self._canonical(func, spec, wide, kwargs, out, widened=True)
             return args[0].copy_(out) if spec.inplace else _map_floats(out, lambda t: t.to(torch.float32))
-        out = self.device.execute(op, args, kwargs, self._wants_grains(spec))
+        out = self.device.execute(op, args, kwargs)
         if self.exact:
             return self._canonical(func, spec, args, kwargs, out)
         outs, floats = _outputs(out)
@@ -663,13 +663,6 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         passed = spec.exact_all(args, kwargs, floats, i)
         self._tried(key, passed)
         return passed
-
-    def _wants_grains(self, spec: OpSpec) -> bool:
-        """Whether the device's sums find their grains for this op (vtrain.fused.sums_with_abs): where `_exact_all`
-        will test its one output (the certificates take them too). Elsewhere their part of the pass is spared:
-        resnet-tiny's batch norm sums, which fail that test, took 5 % longer a step with them."""
-        return spec.exact_all is not None and (self.exact or (self.mode == "record" and self.policy == "bound")) \
-            and self._worth_trying((self._counts["ops"], 0, spec.name))
 
     def _worth_trying(self, key: tuple) -> bool:
         """Whether to run the speed-only test `key` (this op's position in the step, output, name, and which

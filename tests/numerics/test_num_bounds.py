@@ -476,10 +476,9 @@ def test_float64_reduction_bounds_in_numpy_give_the_torch_expressions_bits(op: o
             for numpy_path in (True, False):
                 monkeypatch.setattr(bounds, "_numpy_work", lambda v, on=numpy_path: on)
                 v = cpu.execute(op, (t, dim, keep), {}) if through_device else op(t, dim, keep)
-                grains = fused.kept_grains(v)
                 kept = fused.take_abs_sums(v)
                 if kept is not None:  # (looked at, and handed back for the bound)
-                    fused.remember_abs_sums(v, kept, grains)
+                    fused.remember_abs_sums(v, kept)
                 seen.add(("device kept its sums", kept is not None) if through_device else ("fused", fused_sums))
                 got.append(BOUNDS[op]((t, dim, keep), {}, [v])[0])
             assert got[0].shape == got[1].shape == v.shape, (dim, keep)

@@ -92,17 +92,6 @@ def _bits(values: list[float]) -> list[int]:
     return [struct.unpack("<q", struct.pack("<d", v))[0] for v in values]
 
 
-def _grain(line: list[float]) -> float:
-    """The smallest lowest set bit of the line's finite nonzero values (inf for none), from Python's integers."""
-    low = math.inf
-    for v in line:
-        if v and math.isfinite(v):
-            m, e = math.frexp(abs(v))  # (|v| = m 2^e, m in [1/2, 1): 53 bits of it an integer, subnormals too)
-            sig = int(m * 2**53)
-            low = min(low, math.ldexp(1.0, e - 53 + (sig & -sig).bit_length() - 1))
-    return low
-
-
 def _fixed_order_sums(lines: list[list[float]], lanes: int) -> float:
     """The CPU device's order for one kept element's lines (one per outer index), written out in Python floats
     (each + one IEEE float64 addition): value k of each line goes to lane k % lanes, each lane adds from 0.0 in
@@ -137,7 +126,7 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
         x[0, 2, 6] = x[0, 3, 67] = -math.inf
         x[1, 4, 9] = math.nan
     cpu = get_device("cpu")
-    got = cpu.execute(aten.sum.dim_IntList, (x, dims, True), {}, grains=True)
+    got = cpu.execute(aten.sum.dim_IntList, (x, dims, True), {})
     kept = [d for d in range(x.dim()) if d not in dims]
     lines = x.permute(*kept, *dims).reshape(-1, math.prod(x.shape[d] for d in dims))
     if dims == list(range(len(dims))) and kept:  # reduced dims lead: a column's values, row after row, one add each
@@ -155,12 +144,6 @@ def test_cpu_float64_sums_follow_one_fixed_order(shape: tuple[int, ...], dims: l
     assert _bits(got.reshape(-1).tolist()) == _bits(want)
     assert _bits(fused.take_abs_sums(got).tolist()) == _bits(want_abs)
     assert fused.take_abs_sums(got) is None  # handed out once
-    # each sum's grain (vtrain.grains' test and the certificates take it), where no term is NaN (its sums of |x| are
-    # NaN, and no test passes them)
-    grain = fused.kept_grains(got).tolist()
-    assert all(g == _grain(line) for g, line in zip(grain, lines.tolist()) if not any(map(math.isnan, line)))
-    alone = cpu.execute(aten.sum.dim_IntList, (x, dims, True), {})  # (the pass without them: the same sums)
-    assert _bits(alone.reshape(-1).tolist()) == _bits(want) and fused.kept_grains(alone) is None
     torch.set_num_threads(2)
     try:
         assert _bits(cpu.execute(aten.sum.dim_IntList, (x, dims, True), {}).reshape(-1).tolist()) == _bits(
@@ -202,11 +185,10 @@ def test_a_sum_s_error_bound_takes_the_device_s_sums_of_abs_and_bounds_the_exact
     monkeypatch.setattr(fused, "BLOCK_SUM_ELEMENTS", 1)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(16, 3, 12, 12, generator=gen, dtype=torch.float64) * 2.0**20
-    out = get_device("cpu").execute(aten.sum.dim_IntList, (x, [0, 2, 3], True), {}, grains=True)
+    out = get_device("cpu").execute(aten.sum.dim_IntList, (x, [0, 2, 3], True), {})
     held = fused._ABS_SUMS[1]
     (e,) = BOUNDS[aten.sum.dim_IntList]((x, [0, 2, 3], True), {}, [out])
     assert fused.take_abs_sums(out) is None and held is not None  # consumed by the bound
-    assert fused.abs_sums_and_grains(out) is None and fused.kept_grains(out) is not None  # (the grains stay)
     n = 16 * 144
     for c in range(3):
         terms = [Fraction(v) for v in x[:, c].reshape(-1).tolist()]

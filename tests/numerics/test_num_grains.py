@@ -183,51 +183,6 @@ def test_the_engine_writes_the_same_values_and_log_without_the_band(resolution: 
     assert rx.log.to_bytes() == plain.log.to_bytes()
 
 
-def _device_sums(spike: bool) -> tuple[list[torch.Tensor], RoundedExecution]:
-    """Sums and means that the CPU device computes in its own pass (vtrain.fused.sums_with_abs: 2^18 values in lines,
-    or over leading dims) of float32-grid values, some lines [1, 2^-24, 0, ...] (exact float32 ties: candidates of
-    any band, certified); with `spike`, one more line holds a value of 53 significant bits, whose sum fails the
-    whole-op test."""
-    gen = torch.Generator().manual_seed(4)
-    lines = torch.randn(1024, 256, generator=gen, dtype=torch.float64).float().double()
-    lines[::97] = 0.0
-    lines[::97, :2] = torch.tensor([1.0, 2.0**-24], dtype=torch.float64)
-    columns = lines[:, :64].contiguous()
-    if spike:
-        lines[5, 7] = columns[9, 3] = 1 + 2.0**-52
-    with RoundedExecution(bits=32, device=get_device("cpu")) as rx:
-        outs = [lines.sum(-1), lines.mean(-1), columns.sum(0)]
-    return outs, rx
-
-
-@pytest.mark.parametrize("spike", [False, True], ids=["exact", "one-line-inexact"])
-def test_the_cpu_device_s_sums_bring_their_own_test_and_grains(spike: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The whole-op test on the device pass's sums of |x| and grains (no pass of its own, at any size), and the
-    # certificates on those grains (none read the lines): values, logs and certificates as without either.
-    from vtrain import fused, resolve
-    reads = []
-    min_lsb = resolve._min_lsb
-    monkeypatch.setattr(resolve, "_min_lsb", lambda x, idx, dim: reads.append(idx.size) or min_lsb(x, idx, dim))
-    outs, rx = _device_sums(spike)
-    ties = 2 * len(range(0, 1024, 97))  # (the lines' sums and means)
-    if not spike:
-        assert rx.stats["exact_sums"] == sum(o.numel() for o in outs)
-        assert rx.stats["certified"] == 0
-    else:
-        assert rx.stats["exact_sums"] == 0
-        assert rx.stats["certified"] >= ties  # (the device's grains certified every tie)
-    assert not reads
-    monkeypatch.setattr(fused, "kept_grains", lambda out: None)  # the certificates read the lines
-    lined_outs, lined = _device_sums(spike)
-    assert lined.stats["certified"] == rx.stats["certified"] and bool(reads) == spike
-    without_grains(monkeypatch)  # no whole-op test: every tie a candidate, certified from the lines
-    bare_outs, bare = _device_sums(spike)
-    assert bare.stats["exact_sums"] == 0 and bare.stats["certified"] >= ties
-    for other, other_rx in ((lined_outs, lined), (bare_outs, bare)):
-        assert all(torch.equal(o, p) for o, p in zip(outs, other))
-        assert rx.log.to_bytes() == other_rx.log.to_bytes()
-
-
 def test_failed_tests_are_skipped_on_a_doubling_schedule() -> None:
     calls: list[int] = []
 
