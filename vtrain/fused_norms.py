@@ -39,6 +39,8 @@ from vtrain.fused import off_grid as _off
 from vtrain.fused import round_value as _r
 from vtrain.rounding import RoundedExecution, active_rounding
 
+aten = torch.ops.aten
+
 ENABLED = True  # (tests compare the fused passes with the written-out form)
 
 
@@ -204,9 +206,6 @@ def _fused(rx: RoundedExecution | None, code: int, ops: int, like: torch.Tensor,
     """Pass `code` on the inputs' values, rows of like's values laid out as `at` says, into `outputs` fresh tensors,
     counted as the `ops` elementwise ops it stands for; or None (fused.run_chain)."""
     return fused.run_chain(rx, fused.CHAIN_NORM, _pass, code, ops, like, inputs, outputs, at.width, at.period, at.count)
-
-
-aten = torch.ops.aten
 
 
 class _Norm(torch.autograd.Function):
