@@ -41,6 +41,7 @@ compute E from identical grid inputs; the slack also absorbs that their E may di
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -381,41 +382,48 @@ def _rows(dim: int, *ts: torch.Tensor) -> list | None:
     return [fused.flat(t).reshape(-1, n) for t in ts]
 
 
+def _softmax_terms(x: torch.Tensor, dim: int, y: torch.Tensor, log: bool) -> tuple[float, float, float, int]:
+    """(u, t, g, n) of a softmax's (`log`: a log-softmax's) bound over n terms, as fused.softmax_bound takes them:
+    t the exp's relative error (2 t for the softmax: its division's too), g gamma_n (gamma_(n+1))."""
+    u, t, n = unit_roundoff(y.dtype), _t(y.dtype), x.shape[dim] if x.dim() else 1
+    return (u, t, gamma(n, u), n) if log else (u, 2 * t, gamma(n + 1, u), n)
+
+
 def _log_softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     x, dim = args[0], args[1]
     y = outs[0]
-    u, t, n = unit_roundoff(y.dtype), _t(y.dtype), x.shape[dim] if x.dim() else 1
+    u, t, g, n = _softmax_terms(x, dim, y, True)
     rows = _rows(dim, x, y)
     if rows is not None:  # the expression below in one pass (vtrain.fused.softmax_bound)
         from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
 
         e = torch.empty_like(y)
-        if fused.softmax_bound(*rows, True, fused.flat(e).reshape(rows[0].shape), u, t, gamma(n, u),
+        if fused.softmax_bound(*rows, True, fused.flat(e).reshape(rows[0].shape), u, t, g,
                                *_finish_factors(n, u, y.dtype)):
             return [e]
     s, spread = _shifted(x, dim)  # s <= 0; spread bounds every exp argument's error
     lse = s - y  # log(sum exp(s)) up to rounding, >= 0
     # y = s - log(S): error of s (u|s|), of S (relative gamma_n + t + u*spread from the exp arguments),
     # of log (t |log S| + the relative error of S), and the final subtraction (u |y|).
-    e = u * (s.abs() + y.abs() + spread) + gamma(n, u) + t * (1 + lse.abs())
+    e = u * (s.abs() + y.abs() + spread) + g + t * (1 + lse.abs())
     return [_finish(e, n, u, y.dtype)]
 
 
 def _softmax(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> list:
     x, dim = args[0], args[1]
     p = outs[0]
-    u, t, n = unit_roundoff(p.dtype), _t(p.dtype), x.shape[dim] if x.dim() else 1
+    u, t2, g, n = _softmax_terms(x, dim, p, False)
     rows = _rows(dim, x, p)
     if rows is not None:  # the expression below in one pass (vtrain.fused.softmax_bound)
         from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
 
         e = torch.empty_like(p)
-        if fused.softmax_bound(*rows, False, fused.flat(e).reshape(rows[0].shape), u, 2 * t, gamma(n + 1, u),
+        if fused.softmax_bound(*rows, False, fused.flat(e).reshape(rows[0].shape), u, t2, g,
                                *_finish_factors(n, u, p.dtype)):
             return [e]
     s, spread = _shifted(x, dim)
     # p = exp(s)/S: relative errors of exp(s) (t + u|s|), of S (gamma_n + t + u*spread), the division u.
-    rel = u * (s.abs() + spread) + 2 * t + gamma(n + 1, u)
+    rel = u * (s.abs() + spread) + t2 + g
     return [_finish(p.abs() * rel, n, u, p.dtype)]
 
 
@@ -646,6 +654,48 @@ def _mm_k(args: tuple) -> int:
 def _addmm_k(args: tuple) -> int:
     return args[1].shape[-1]
 
+
+# The softmax family's rounding pass with its band computed in it (fused.round_near_softmax and its backward's), the
+# kernel given the op's operands and statistics: called as k(v, factor, limit, out, cand, held, e_cand, plus) with
+# round_near's arguments and e_cand for E at the candidates; None where the kernels cannot take the op (the bound
+# above and `round_near` then do). For float64 work at bits = 32 (`RoundedExecution._fused_near` asks).
+RowBand = Callable[[tuple, dict, Sequence[torch.Tensor | None]], Callable[..., tuple[int, int]] | None]
+
+
+def _softmax_rows(log: bool) -> RowBand:
+    def rows(args: tuple, kwargs: dict, outs: Sequence[torch.Tensor | None]) -> Callable[..., tuple[int, int]] | None:
+        x, dim = args[0], args[1]
+        y = outs[0]
+        views = _rows(dim, x, y)
+        if views is None:
+            return None
+        from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+        u, t, g, n = _softmax_terms(x, dim, y, log)
+        return functools.partial(fused.round_near_softmax, views[0], log, u, t, g, *_finish_factors(n, u, y.dtype))
+
+    return rows
+
+
+def _softmax_backward_rows(args: tuple, kwargs: dict,
+                           outs: Sequence[torch.Tensor | None]) -> Callable[..., tuple[int, int]] | None:
+    grad, out, dim = args[0], args[1], args[2]
+    y = outs[0]
+    views = _rows(dim, grad, out, y)
+    if views is None:
+        return None
+    from vtrain import fused  # noqa: PLC0415 (as in abs_bounds)
+
+    u, n = unit_roundoff(y.dtype), grad.shape[dim]
+    return functools.partial(fused.round_near_softmax_backward, views[0], views[1], u, gamma(n + 1, u),
+                             *_finish_factors(n, u, y.dtype))
+
+
+ROWS: dict[Any, RowBand] = {
+    aten._softmax.default: _softmax_rows(False),
+    aten._log_softmax.default: _softmax_rows(True),
+    aten._softmax_backward_data.default: _softmax_backward_rows,
+}
 
 RELATIVE: dict[Any, Relative] = {
     **{op: _TRANSCENDENTAL for op in (aten.exp.default, aten.exp2.default, aten.log.default, aten.tanh.default,

@@ -1117,17 +1117,19 @@ def softmax_bound(x: np.ndarray, y: np.ndarray, log: bool, out: np.ndarray, u: f
         mx, spread = _row_max_spread(x, r)
         nan = False
         for j in range(x.shape[1]):
-            v = x[r, j]
-            s = (mx if v == -math.inf else v) - mx
-            yv = y[r, j]
-            if log:
-                e = u * (abs(s) + abs(yv) + spread) + g + t * (1 + abs(s - yv))
-            else:
-                e = abs(yv) * (u * (abs(s) + spread) + t + g)
-            nan |= _finish_into(out, r, j, e, c, floor)
+            nan |= _finish_into(out, r, j, _softmax_e(x[r, j], y[r, j], mx, spread, log, u, t, g), c, floor)
         if nan:
             return False
     return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _softmax_e(v: float, yv: float, mx: float, spread: float, log: bool, u: float, t: float, g: float) -> float:
+    """`softmax_bound`'s e (unfinished) at an input v with output yv, in a row of max mx and spread `spread`."""
+    s = (mx if v == -math.inf else v) - mx
+    if log:
+        return u * (abs(s) + abs(yv) + spread) + g + t * (1 + abs(s - yv))
+    return abs(yv) * (u * (abs(s) + spread) + t + g)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1138,11 +1140,18 @@ def softmax_backward_bound(grad: np.ndarray, p: np.ndarray, sabs: np.ndarray, to
     for r in range(p.shape[0]):
         inner, nan = g * sabs[r], False
         for j in range(p.shape[1]):
-            e = abs(p[r, j]) * (inner + u * abs(grad[r, j] - total[r])) + u * abs(y[r, j])
-            nan |= _finish_into(out, r, j, e, c, floor)
+            nan |= _finish_into(out, r, j, _softmax_backward_e(grad[r, j], p[r, j], y[r, j], inner, total[r], u), c,
+                                floor)
         if nan:
             return False
     return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _softmax_backward_e(gv: float, pv: float, yv: float, inner: float, total: float, u: float) -> float:
+    """`softmax_backward_bound`'s e (unfinished) at grad gv, softmax pv and output yv, in a row of inner = g sabs
+    and sum `total`."""
+    return abs(pv) * (inner + u * abs(gv - total)) + u * abs(yv)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -1158,3 +1167,146 @@ def log_softmax_backward_bound(p: np.ndarray, sabs: np.ndarray, total: np.ndarra
         if nan:
             return False
     return True
+
+
+# -- the softmax family's band inside the rounding pass (vtrain.bounds.ROWS) -----------------------------------------
+# `softmax_bound` and `softmax_backward_bound` wrote E as large as the output, which `round_near` then read back:
+# here the rounding pass computes each row's E value by value, by the same functions from the same row statistics,
+# as `_near_block32`'s band. So the same E, candidates and rounding, bit for bit, with one pass fewer over the
+# output and no E in memory. (A NaN E, which made those kernels decline, flags nothing there, as it flagged
+# nothing in `round_near` from the torch expression's E, NaN there too.)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row_pass(v: np.ndarray, out: np.ndarray | None, n: int, stats: Callable, terms: Callable, data: tuple,
+              band: Callable, factor: float, limit: float, cand: np.ndarray, held: np.ndarray, e_cand: np.ndarray,
+              plus: float) -> tuple[int, int]:
+    """The row kernels' pass over v's rows of n values (flat), in place for out None (as `_outer_pass`): each row's
+    statistics st = stats(r, data), then by blocks of at most NEAR_BLOCK values the band band(j, x, terms(r, start,
+    stop, st, data)) of `_near_block32`, and e_cand at the block's candidates from the same band; (the candidate
+    count, the off-grid count)."""
+    count = nbad = 0
+    flags, keep = _block_buffers(min(n, NEAR_BLOCK))
+    for r in range(v.size // n):
+        st = stats(r, data)
+        for start in range(0, n, NEAR_BLOCK):
+            stop = min(start + NEAR_BLOCK, n)
+            at, tb = r * n + start, terms(r, start, stop, st, data)
+            vb = v[at:r * n + stop]
+            if out is None:
+                nflag, bad = _near_block32(vb, band, tb, factor, limit, vb, keep, flags, plus)
+                src = keep
+            else:
+                ob = out[at:r * n + stop]
+                nflag, bad = _near_block32(vb, band, tb, factor, limit, ob, ob, flags, plus)
+                src = vb
+            nbad += bad
+            new = _finish_block(src, vb.size, flags, nflag, at, cand, held, count)
+            for q in range(count, new):
+                e_cand[q] = band(cand[q] - at, held[q], tb)
+            count = new
+    return count, nbad
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _softmax_stats(r: int, data: tuple) -> tuple[float, float]:
+    return _row_max_spread(data[0], r)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _softmax_terms(r: int, start: int, stop: int, st: tuple, data: tuple) -> tuple:
+    x, log, u, t, g, c, floor = data
+    return x[r, start:stop], st[0], st[1], log, u, t, g, c, floor
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _band_softmax(j: int, x: float, terms: tuple) -> float:
+    """`softmax_bound`'s E, finished as `_finish_into` finishes it, at value j (x: the output's) of a row's block."""
+    xb, mx, spread, log, u, t, g, c, floor = terms
+    return _softmax_e(xb[j], x, mx, spread, log, u, t, g) * c + floor
+
+
+def round_near_softmax(x: np.ndarray, log: bool, u: float, t: float, g: float, c: float, floor: float, v: np.ndarray,
+                       factor: float, limit: float, out: np.ndarray, cand: np.ndarray, held: np.ndarray,
+                       e_cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
+    """`round_near` for float64 work at bits = 32 on a softmax's (`log`: a log-softmax's) output v, flat, of inputs
+    x (rows, n), the softmax dim last, with the band e = `softmax_bound`'s E (it takes log, u, t, g, c and floor
+    alike) computed as it goes; also e_cand[:count] = e at the candidates. On torch's threads in parts of whole
+    rows (vtrain.omp), the whole pass's results."""
+    parts = omp.parts(v.size)
+    if parts > 1:
+        kernels = omp.kernels()
+        return kernels.round_near_rows(kernels.ROWS_LOG_SOFTMAX if log else kernels.ROWS_SOFTMAX, parts, x, None, v,
+                                       out, cand, held, e_cand, (factor, limit, plus, u, t, g, c, floor))
+    return _round_near_softmax(x, log, u, t, g, c, floor, v, factor, limit, out, cand, held, e_cand, plus)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_near_softmax(x: np.ndarray, log: bool, u: float, t: float, g: float, c: float, floor: float,
+                        v: np.ndarray, factor: float, limit: float, out: np.ndarray, cand: np.ndarray, held: np.ndarray,
+                        e_cand: np.ndarray, plus: float) -> tuple[int, int]:
+    data = (x, log, u, t, g, c, floor)
+    if _same(v, out):
+        count, nbad = _row_pass(v, None, x.shape[1], _softmax_stats, _softmax_terms, data, _band_softmax, factor,
+                                limit, cand, held, e_cand, plus)
+    else:
+        count, nbad = _row_pass(v, out, x.shape[1], _softmax_stats, _softmax_terms, data, _band_softmax, factor,
+                                limit, cand, held, e_cand, plus)
+    return count, _first_bad(out, limit) if nbad else -1
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _backward_stats(r: int, data: tuple) -> tuple[float, float]:
+    """(g times the sum of |grad p|, the sum of grad p) over row r, each sum as `sums_with_abs` adds a line: the
+    products in lanes (`_add_lanes`), the lanes by `_halving_tree`."""
+    grad, p, u, g, c, floor, gp, lane, lane_abs = data
+    gr, pr = grad[r], p[r]
+    for j in range(gp.size):
+        gp[j] = gr[j] * pr[j]
+    lane[:] = 0.0
+    lane_abs[:] = 0.0
+    _add_lanes(gp, lane, lane_abs)
+    return g * _halving_tree(lane_abs), _halving_tree(lane)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _backward_terms(r: int, start: int, stop: int, st: tuple, data: tuple) -> tuple:
+    grad, p, u, g, c, floor, gp, lane, lane_abs = data
+    return grad[r, start:stop], p[r, start:stop], st[0], st[1], u, c, floor
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _band_softmax_backward(j: int, x: float, terms: tuple) -> float:
+    """`softmax_backward_bound`'s E, finished, at value j (x: the output's) of a row's block."""
+    gb, pb, inner, total, u, c, floor = terms
+    return _softmax_backward_e(gb[j], pb[j], x, inner, total, u) * c + floor
+
+
+def round_near_softmax_backward(grad: np.ndarray, p: np.ndarray, u: float, g: float, c: float, floor: float,
+                                v: np.ndarray, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
+                                held: np.ndarray, e_cand: np.ndarray, plus: float = -0.0) -> tuple[int, int]:
+    """`round_near` for float64 work at bits = 32 on a softmax backward's output v, flat, of grad and the softmax p
+    (rows, n), with the band e = `softmax_backward_bound`'s E computed as it goes, from the row sums of |grad p|
+    and grad p as `sums_with_abs` adds them (in the pass: torch's sums there took four passes over the
+    operands and two temporaries); also e_cand[:count] = e at the candidates. In parts as `round_near_softmax`."""
+    parts = omp.parts(v.size)
+    if parts > 1:
+        kernels = omp.kernels()
+        return kernels.round_near_rows(kernels.ROWS_BACKWARD, parts, grad, p, v, out, cand, held, e_cand,
+                                       (factor, limit, plus, u, 0.0, g, c, floor))
+    return _round_near_softmax_backward(grad, p, u, g, c, floor, v, factor, limit, out, cand, held, e_cand, plus)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_near_softmax_backward(grad: np.ndarray, p: np.ndarray, u: float, g: float, c: float, floor: float,
+                                 v: np.ndarray, factor: float, limit: float, out: np.ndarray, cand: np.ndarray,
+                                 held: np.ndarray, e_cand: np.ndarray, plus: float) -> tuple[int, int]:
+    n = p.shape[1]
+    data = (grad, p, u, g, c, floor, np.empty(n), np.empty(min(n, SUM_LANES)), np.empty(min(n, SUM_LANES)))
+    if _same(v, out):
+        count, nbad = _row_pass(v, None, p.shape[1], _backward_stats, _backward_terms, data, _band_softmax_backward,
+                                factor, limit, cand, held, e_cand, plus)
+    else:
+        count, nbad = _row_pass(v, out, p.shape[1], _backward_stats, _backward_terms, data, _band_softmax_backward,
+                                factor, limit, cand, held, e_cand, plus)
+    return count, _first_bad(out, limit) if nbad else -1

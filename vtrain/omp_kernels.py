@@ -176,10 +176,10 @@ def _require(dtype: type, *arrays: np.ndarray | None) -> None:
 
 @njit(cache=True, nogil=True)
 def _gathered(block: np.ndarray, units: int, grain: int, per_unit: int, cand: np.ndarray,
-              held: np.ndarray) -> tuple[int, int]:
+              held: np.ndarray, e_cand: np.ndarray | None = None) -> tuple[int, int]:
     """(count, first bad position or -1) of the whole pass from the parts' slots (count, bad), part p having begun
     at `_cut`(units, p, parts, grain) * per_unit: the parts' candidates moved from cand[start:start + count]
-    (positions counted from start) and held's alongside to the front, in order."""
+    (positions counted from start) and held's alongside to the front, in order (and e_cand's, where given)."""
     total, bad = 0, -1
     for p in range(block[1]):
         found, first_bad = _slot(block, 2, p, 0), _slot(block, 2, p, 1)
@@ -187,6 +187,8 @@ def _gathered(block: np.ndarray, units: int, grain: int, per_unit: int, cand: np
         for i in range(found):  # (forward: a stretch moves down, to where the ones before it ended)
             cand[total + i] = cand[start + i] + start
             held[total + i] = held[start + i]
+            if e_cand is not None:
+                e_cand[total + i] = e_cand[start + i]
         total += found
         if bad < 0 <= first_bad:
             bad = start + first_bad
@@ -418,6 +420,71 @@ def round_near32_outer(parts: int, v: np.ndarray, rows: np.ndarray, cols: np.nda
     block = _outer_block(parts, v, rows, cols, add, out, cand, held, sa, sb, _as_floats(factor, limit, plus))
     omp.run(_outer_part.address, block, parts)
     return _gathered(block, units, 1, n if batches == 1 else m * n, cand, held)
+
+
+# fused.round_near_softmax and round_near_softmax_backward: fields kind (ROWS_SOFTMAX, ROWS_LOG_SOFTMAX or
+# ROWS_BACKWARD), a (x, or grad), b (0, or p), v, out, cand, held, e_cand (addresses), rows, n, floats (the address of
+# the next eight fields: factor, limit, plus, u, t, g, c, floor); two slots a part: count, bad. Parts are whole rows.
+_ROW_FIELDS = 19
+ROWS_SOFTMAX, ROWS_LOG_SOFTMAX, ROWS_BACKWARD = 0, 1, 2
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _rows_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _ROW_FIELDS + 2 * d[1])
+    parts, kind, rows, n = blk[1], blk[2], blk[10], blk[11]
+    fl = carray(_pointer(blk[12], np.float64), 8)
+    factor, limit, plus, u, t, g, c, floor = fl[0], fl[1], fl[2], fl[3], fl[4], fl[5], fl[6], fl[7]
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p < 0:
+            continue
+        lo, hi = _cut(rows, p, parts, 1), _cut(rows, p + 1, parts, 1)
+        start, size = lo * n, (hi - lo) * n
+        a = carray(_pointer(blk[3] + 8 * start, np.float64), (hi - lo, n))
+        v = carray(_pointer(blk[5] + 8 * start, np.float64), size)
+        out = carray(_pointer(blk[6] + 8 * start, np.float64), size)
+        cand = carray(_pointer(blk[7] + 8 * start, np.int64), size)
+        held = carray(_pointer(blk[8] + 8 * start, np.float64), size)
+        e_cand = carray(_pointer(blk[9] + 8 * start, np.float64), size)
+        if kind == ROWS_BACKWARD:
+            b = carray(_pointer(blk[4] + 8 * start, np.float64), (hi - lo, n))
+            count, bad = fused._round_near_softmax_backward(a, b, u, g, c, floor, v, factor, limit, out, cand, held,
+                                                            e_cand, plus)
+        else:
+            count, bad = fused._round_near_softmax(a, kind == ROWS_LOG_SOFTMAX, u, t, g, c, floor, v, factor, limit,
+                                                   out, cand, held, e_cand, plus)
+        at = _HEAD + _ROW_FIELDS + 2 * p
+        blk[at], blk[at + 1] = count, bad
+
+
+@njit(cache=True, nogil=True)
+def _rows_block(parts: int, kind: int, a: np.ndarray, b: np.ndarray | None, v: np.ndarray, out: np.ndarray,
+                cand: np.ndarray, held: np.ndarray, e_cand: np.ndarray, floats: tuple) -> np.ndarray:
+    block = _new_block(parts, _ROW_FIELDS, 2)
+    block[2], block[3], block[5], block[6] = kind, a.ctypes.data, v.ctypes.data, out.ctypes.data
+    if b is not None:
+        block[4] = b.ctypes.data
+    block[7], block[8], block[9], block[10], block[11] = cand.ctypes.data, held.ctypes.data, e_cand.ctypes.data, \
+        a.shape[0], a.shape[1]
+    _put_floats(block, 12, floats)
+    return block
+
+
+def round_near_rows(kind: int, parts: int, a: np.ndarray, b: np.ndarray | None, v: np.ndarray, out: np.ndarray,
+                    cand: np.ndarray, held: np.ndarray, e_cand: np.ndarray,
+                    floats: tuple[float, ...]) -> tuple[int, int]:
+    """`fused._round_near_softmax` (kind ROWS_SOFTMAX, ROWS_LOG_SOFTMAX; a = x) or
+    `fused._round_near_softmax_backward` (ROWS_BACKWARD; a = grad, b = p) over a's rows, (rows, n), in up to `parts`
+    parts of whole rows: as `round_near32`, e_cand[:count] the whole pass's too. floats: (factor, limit, plus, u, t,
+    g, c, floor)."""
+    _require(np.float64, a, b, v, out, held, e_cand)
+    _require(np.int64, cand)
+    rows, n = a.shape
+    parts = min(parts, rows)
+    block = _rows_block(parts, kind, a, b, v, out, cand, held, e_cand, _as_floats(*floats))
+    omp.run(_rows_part.address, block, parts)
+    return _gathered(block, rows, 1, n, cand, held, e_cand)
 
 
 # fused.round_in_place and round_into (float64 values): fields v, out (0: in place), size, m, cast32, floats (the

@@ -44,7 +44,7 @@ from vtrain.draws import DRAWS
 from vtrain.grains import EXACT_ALL, ExactAll
 from vtrain.inline import INLINE, InlineBound
 from vtrain.prefilter import BOUNDS_AT, UPPERS, Upper
-from vtrain.bounds import BOUNDS, RELATIVE, Bound, PositionBound, Relative
+from vtrain.bounds import BOUNDS, RELATIVE, ROWS, Bound, PositionBound, Relative, RowBand
 from vtrain.errors import UnsupportedOpError
 
 aten = torch.ops.aten
@@ -71,6 +71,7 @@ class OpSpec:
     bound_upper: Upper | None = None  # class 3 matmuls: a cheap upper bound of `bound` (vtrain.prefilter)
     bound_inline: InlineBound | None = None  # class 3 small matmuls: `bound` computed as they round (vtrain.inline)
     bound_relative: Relative | None = None  # class 3 functions of one output: `bound`'s terms (vtrain.bounds.RELATIVE)
+    bound_rows: RowBand | None = None  # class 3 softmax family: `bound` computed row by row as it rounds (bounds.ROWS)
     exact_all: ExactAll | None = None  # class 3 sums: whether every output is exact on any device (vtrain.grains)
     constants: bool = False  # class 1 ops whose number arguments become output values (`_CONSTANTS`)
     integer: bool = False  # class 1 by its operands: outside the registry, on integer and boolean tensors only
@@ -342,7 +343,8 @@ def _build() -> dict[Any, OpSpec]:
         table[op] = OpSpec(str(op), OpClass.IEEE, inplace=op._schema.name.endswith("_"))
     for op, bound in BOUNDS.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, bound=bound, bound_at=BOUNDS_AT.get(op), bound_upper=UPPERS.get(op),
-                           bound_inline=INLINE.get(op), bound_relative=RELATIVE.get(op), exact_all=EXACT_ALL.get(op))
+                           bound_inline=INLINE.get(op), bound_relative=RELATIVE.get(op), bound_rows=ROWS.get(op),
+                           exact_all=EXACT_ALL.get(op))
     for op, functional in _DEVICE_INPLACE.items():
         table[op] = OpSpec(str(op), OpClass.DEVICE, inplace=True, functional=functional, bound=BOUNDS[functional],
                            bound_relative=RELATIVE.get(functional))

@@ -600,14 +600,20 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             count, bad = 0, self._round_alone(fv, fo)
             self._counts["exact_sums"] += v.numel() if bad < 0 else 0
         else:
-            inline = None
-            if bounds is None and spec.bound_inline and self._cast32(v):
-                inline = spec.bound_inline(args, kwargs, floats)
-            if inline is not None:  # a small matmul's E, computed as it rounds (vtrain.inline)
-                e_all = np.empty(v.numel())
-                count, bad = fused.round_near_mm(fv, inline.a, inline.b, inline.bias, inline.alpha,
-                                                 inline.beta, inline.scale, inline.floor, factor, self._limit,
-                                                 fo, cand, held, e_all, self._plus)
+            inline = rows = None
+            if bounds is None and self._cast32(v):
+                if spec.bound_inline:
+                    inline = spec.bound_inline(args, kwargs, floats)
+                elif spec.bound_rows:
+                    rows = spec.bound_rows(args, kwargs, floats)
+            if inline is not None or rows is not None:
+                e_all = np.empty(v.numel())  # (E at the candidates, which the kernel writes to the front)
+                if inline is not None:  # a small matmul's E, computed as it rounds (vtrain.inline)
+                    count, bad = fused.round_near_mm(fv, inline.a, inline.b, inline.bias, inline.alpha,
+                                                     inline.beta, inline.scale, inline.floor, factor, self._limit,
+                                                     fo, cand, held, e_all, self._plus)
+                else:  # a softmax's E, computed row by row as it rounds (vtrain.bounds.ROWS)
+                    count, bad = rows(fv, factor, self._limit, fo, cand, held, e_all, self._plus)
                 e_cand = torch.from_numpy(e_all[:count].copy())
             elif bounds is None and spec.bound_relative is not None and self._cast32(v):
                 # a function's E, computed as it rounds

@@ -18,7 +18,7 @@ KERNELS = {"binary": omp_kernels._binary_part, "near": omp_kernels._near_part, "
            "round": omp_kernels._round_part, "lanes": omp_kernels._lanes_part, "update": omp_kernels._update_part,
            "norms": omp_kernels._norms_part, "norms_batched": omp_kernels._norms_batched_part,
            "squares": omp_kernels._squares_part, "conv_abs": omp_kernels._conv_abs_part,
-           "window": omp_kernels._window_part, "chain": omp_kernels._chain_part}
+           "window": omp_kernels._window_part, "chain": omp_kernels._chain_part, "rows": omp_kernels._rows_part}
 
 
 def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
@@ -47,8 +47,9 @@ def _train(spec, threads: int, monkeypatch: pytest.MonkeyPatch) -> tuple:
 # (the pre-filter's norms split a matrix in blocks of prefilter.NORM_BLOCK rows, more than the default sizes' operands
 # have: the attention's batched operands split here, a matrix in tests/numerics/test_num_omp.py)
 @pytest.mark.parametrize("family,resolution,kernels", [
-    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched", "chain"}),
+    ("gpt2-tiny", "log", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched", "chain", "rows"}),
     ("resnet-tiny", "log", {"binary", "outer", "lanes", "update", "squares", "window"}),
+    # (the exact resolution decomposes the softmax family into primitive ops: no "rows")
     ("gpt2-tiny", "exact", {"binary", "near", "outer", "round", "lanes", "update", "norms_batched", "chain"}),
     # (the convolutions' E at candidates: the exact resolution's, and the auditor's at its entries; the
     # recording trainer logs with U there, rounding.UPPER_BAND)

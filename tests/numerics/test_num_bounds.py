@@ -370,6 +370,85 @@ def test_softmax_kernels_give_the_torch_expressions_bits(family: str, monkeypatc
     assert n_cases == 2 * len(_softmax_inputs())
 
 
+def _rows_near(run, v: torch.Tensor, factor: float, out_is_v: bool) -> tuple:
+    """A rounding pass `run` (round_near's arguments, then e_cand, plus) over v's values: (count, first bad, the
+    rounded values, the candidates, v's values and E there)."""
+    from vtrain.grid import grid_max
+
+    fv = v.numpy().reshape(-1).copy()
+    fo = fv if out_is_v else np.empty_like(fv)
+    cand, held, e_cand = np.full(fv.size, -7, np.int64), np.full(fv.size, -7.0), np.full(fv.size, -7.0)
+    count, bad = run(fv, factor, grid_max(32), fo, cand, held, e_cand, -0.0)
+    return count, bad, fo.copy(), cand[:count].copy(), held[:count].copy(), e_cand[:count].copy()
+
+
+def _band_then_round(e: torch.Tensor) -> object:
+    """The two passes the row kernels replace: E in memory, then fused.round_near against it (E gathered at the
+    candidates)."""
+    from vtrain import fused
+
+    fe = e.contiguous().numpy().reshape(-1)
+
+    def run(fv, factor, limit, fo, cand, held, e_cand, plus):  # noqa: ANN001, ANN202
+        count, bad = fused.round_near(fv, fe, factor, 23, limit, fo, cand, held, plus)
+        e_cand[:count] = fe[cand[:count]]
+        return count, bad
+
+    return run
+
+
+def _same_bits(a: tuple, b: tuple) -> bool:
+    return all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) if isinstance(x, np.ndarray) else x == y
+               for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("family", list(SOFTMAX_KERNELS))
+def test_softmax_rounding_passes_give_the_band_then_round_bits(family: str, parts: int,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """bounds.ROWS: E computed row by row inside the rounding pass (fused.round_near_softmax and its backward's),
+    whole or in parts of whole rows (vtrain.omp), gives the rounding, the candidates, v's values and E there of the
+    two passes it replaces, bit for bit: the forward's E the bound's own (the fused kernel's, or the torch
+    expression's where that kernel declines), the backward's from the row sums as fused.sums_with_abs adds them."""
+    from vtrain import fused, omp
+    from vtrain.bounds import ROWS, _finish_factors
+
+    monkeypatch.setattr(omp, "parts", lambda size: parts)
+    forward, _, backward, _ = SOFTMAX_KERNELS[family]
+    gen = torch.Generator().manual_seed(17)
+    n_cases = 0
+    for x, dim in _softmax_inputs():
+        if dim % x.dim() != x.dim() - 1:
+            assert ROWS[forward]((x, dim, False), {}, [forward(x, dim, False)]) is None  # (only the last dim)
+            continue
+        y = forward(x, dim, False)
+        grad = _grid(x.shape, gen, torch.float64, 32, scale=float(torch.rand(1, generator=gen)) * 8)
+        gy = backward(grad, y, dim, torch.float64)
+        fwd = ROWS[forward]((x, dim, False), {}, [y]), BOUNDS[forward]((x, dim, False), {}, [y])[0], y
+        if backward in ROWS:  # (the log-softmax's backward keeps its E in memory)
+            # the backward's E from its row sums in fused.sums_with_abs's order (of the products grad p as lines)
+            gp = (grad * y).reshape(1, -1, x.shape[-1]).numpy()
+            total, sabs = fused.sums_with_abs(np.ascontiguousarray(gp), False, 1.0)
+            n = x.shape[-1]
+            u = unit_roundoff(torch.float64)
+            e = torch.empty_like(gy)
+            rows = [t.reshape(-1, n).numpy() for t in (grad, y, gy)]
+            if not fused.softmax_backward_bound(rows[0], rows[1], sabs, total, rows[2], e.numpy().reshape(-1, n),
+                                                u, gamma(n + 1, u), *_finish_factors(n, u, torch.float64)):
+                continue  # (NaN in E: the rows' kernel flags nothing there, as round_near does from a NaN E)
+            bwd = ROWS[backward]((grad, y, dim, torch.float64), {}, [gy]), e, gy
+        else:
+            bwd = None
+        for kernel, e, v in (fwd, bwd) if bwd else (fwd,):
+            for factor in (2.0, 2.0**30):  # (2^30: most values candidates)
+                for out_is_v in (False, True):
+                    want = _rows_near(_band_then_round(e), v, factor, out_is_v)
+                    got = _rows_near(kernel, v, factor, out_is_v)
+                    assert _same_bits(got, want), (x.shape, factor, out_is_v)
+            n_cases += 1
+    assert n_cases > 20
+
+
 def test_nll_loss_scalar_bound_gives_the_tensor_expressions_bits() -> None:
     from vtrain.bounds import _nll_loss_scalars, _nll_loss_tensors
 
