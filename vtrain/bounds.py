@@ -30,7 +30,9 @@ too.
 On a small step E's per-call cost matters more than its arithmetic: the log-softmax bounds run their
 elementwise part as one numba pass (vtrain.fused), the reduced NLL loss bound runs in Python floats, each
 with the same IEEE operations in the same order as the torch expressions they stand in for (which remain
-the path for everything else; tests/numerics/test_num_bounds.py compares the bits).
+the path for everything else; tests/numerics/test_num_bounds.py compares the bits). The recording trainer
+computes the softmax family's E inside its rounding pass instead (`ROWS`), the softmax backward's row sums
+there in the CPU device's own order (any order is within the slack below).
 
 Every E is inflated by (1 + 2*gamma_K + 2^-20) so that computing E itself in floating point (which can
 undershoot the exact sum of absolute values by gamma_K relative) still leaves an upper bound, and gets an
@@ -656,9 +658,9 @@ def _addmm_k(args: tuple) -> int:
 
 
 # The softmax family's rounding pass with its band computed in it (fused.round_near_softmax and its backward's), the
-# kernel given the op's operands and statistics: called as k(v, factor, limit, out, cand, held, e_cand, plus) with
-# round_near's arguments and e_cand for E at the candidates; None where the kernels cannot take the op (the bound
-# above and `round_near` then do). For float64 work at bits = 32 (`RoundedExecution._fused_near` asks).
+# kernel given the op's operands: called as k(v, factor, limit, out, cand, held, e_cand, plus) with round_near's
+# arguments for the op's one output (outs[0]) and e_cand for E at the candidates; None where the kernels cannot take
+# the op (the bound above and `round_near` then do). For float64 work at bits = 32 (`RoundedExecution._fused_near`).
 RowBand = Callable[[tuple, dict, Sequence[torch.Tensor | None]], Callable[..., tuple[int, int]] | None]
 
 

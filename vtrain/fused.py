@@ -1171,10 +1171,11 @@ def log_softmax_backward_bound(p: np.ndarray, sabs: np.ndarray, total: np.ndarra
 
 # -- the softmax family's band inside the rounding pass (vtrain.bounds.ROWS) -----------------------------------------
 # `softmax_bound` and `softmax_backward_bound` wrote E as large as the output, which `round_near` then read back:
-# here the rounding pass computes each row's E value by value, by the same functions from the same row statistics,
-# as `_near_block32`'s band. So the same E, candidates and rounding, bit for bit, with one pass fewer over the
-# output and no E in memory. (A NaN E, which made those kernels decline, flags nothing there, as it flagged
-# nothing in `round_near` from the torch expression's E, NaN there too.)
+# here the rounding pass computes each row's E value by value, by the same functions, as `_near_block32`'s band, with
+# one pass fewer over the output and no E in memory. The softmax's and the log-softmax's E, candidates and rounding
+# are theirs bit for bit; the softmax backward's row sums are the pass's own, added in `sums_with_abs`' order where
+# torch's were (any order is within vtrain.bounds' slack). (A NaN E, which made those kernels decline, flags nothing
+# there, as it flagged nothing in `round_near` from the torch expression's E, NaN there too.)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -1208,13 +1209,40 @@ def _row_pass(v: np.ndarray, out: np.ndarray | None, n: int, stats: Callable, te
     return count, nbad
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _row_kernel(v: np.ndarray, out: np.ndarray, n: int, stats: Callable, terms: Callable, data: tuple, band: Callable,
+                factor: float, limit: float, cand: np.ndarray, held: np.ndarray, e_cand: np.ndarray,
+                plus: float) -> tuple[int, int]:
+    """`_row_pass` in place where out is v, else into out: (count, the first position off the grid or -1). (Inlined,
+    so that the functions passed in are resolved where it is compiled: passed to a compiled call, they kept numba
+    from caching the caller.)"""
+    if _same(v, out):
+        count, nbad = _row_pass(v, None, n, stats, terms, data, band, factor, limit, cand, held, e_cand, plus)
+    else:
+        count, nbad = _row_pass(v, out, n, stats, terms, data, band, factor, limit, cand, held, e_cand, plus)
+    return count, _first_bad(out, limit) if nbad else -1
+
+
+def _row_parts(v: np.ndarray, *operands: np.ndarray) -> int:
+    """In how many parts of whole rows a row kernel's pass over v runs (vtrain.omp). Raises where the operands are not
+    (rows, n) arrays of v's size (the compiled passes index them unchecked)."""
+    rows = operands[0].shape[0]
+    if any(a.ndim != 2 or a.shape != operands[0].shape for a in operands) or v.size != operands[0].size or not rows:
+        raise ValueError(f"a row kernel takes (rows, n) operands of v's {v.size} values, got "
+                         f"{[a.shape for a in operands]}")
+    return min(omp.parts(v.size), rows)
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _softmax_stats(r: int, data: tuple) -> tuple[float, float]:
+    """Row r's (max, spread) of the softmax's inputs x (`_row_max_spread`)."""
     return _row_max_spread(data[0], r)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _softmax_terms(r: int, start: int, stop: int, st: tuple, data: tuple) -> tuple:
+def _softmax_block_terms(r: int, start: int, stop: int, st: tuple, data: tuple) -> tuple:
+    """`_band_softmax`'s terms for values start:stop of row r: those inputs, the row's max and spread, log, u, t, g, c,
+    floor."""
     x, log, u, t, g, c, floor = data
     return x[r, start:stop], st[0], st[1], log, u, t, g, c, floor
 
@@ -1233,7 +1261,7 @@ def round_near_softmax(x: np.ndarray, log: bool, u: float, t: float, g: float, c
     x (rows, n), the softmax dim last, with the band e = `softmax_bound`'s E (it takes log, u, t, g, c and floor
     alike) computed as it goes; also e_cand[:count] = e at the candidates. On torch's threads in parts of whole
     rows (vtrain.omp), the whole pass's results."""
-    parts = omp.parts(v.size)
+    parts = _row_parts(v, x)
     if parts > 1:
         kernels = omp.kernels()
         return kernels.round_near_rows(kernels.ROWS_LOG_SOFTMAX if log else kernels.ROWS_SOFTMAX, parts, x, None, v,
@@ -1245,20 +1273,14 @@ def round_near_softmax(x: np.ndarray, log: bool, u: float, t: float, g: float, c
 def _round_near_softmax(x: np.ndarray, log: bool, u: float, t: float, g: float, c: float, floor: float,
                         v: np.ndarray, factor: float, limit: float, out: np.ndarray, cand: np.ndarray, held: np.ndarray,
                         e_cand: np.ndarray, plus: float) -> tuple[int, int]:
-    data = (x, log, u, t, g, c, floor)
-    if _same(v, out):
-        count, nbad = _row_pass(v, None, x.shape[1], _softmax_stats, _softmax_terms, data, _band_softmax, factor,
-                                limit, cand, held, e_cand, plus)
-    else:
-        count, nbad = _row_pass(v, out, x.shape[1], _softmax_stats, _softmax_terms, data, _band_softmax, factor,
-                                limit, cand, held, e_cand, plus)
-    return count, _first_bad(out, limit) if nbad else -1
+    return _row_kernel(v, out, x.shape[1], _softmax_stats, _softmax_block_terms, (x, log, u, t, g, c, floor),
+                       _band_softmax, factor, limit, cand, held, e_cand, plus)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _backward_stats(r: int, data: tuple) -> tuple[float, float]:
     """(g times the sum of |grad p|, the sum of grad p) over row r, each sum as `sums_with_abs` adds a line: the
-    products in lanes (`_add_lanes`), the lanes by `_halving_tree`."""
+    products in lanes (`_add_lanes`), the lanes by `_halving_tree` (gp, lane and lane_abs: the pass's buffers)."""
     grad, p, u, g, c, floor, gp, lane, lane_abs = data
     gr, pr = grad[r], p[r]
     for j in range(gp.size):
@@ -1270,7 +1292,9 @@ def _backward_stats(r: int, data: tuple) -> tuple[float, float]:
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _backward_terms(r: int, start: int, stop: int, st: tuple, data: tuple) -> tuple:
+def _backward_block_terms(r: int, start: int, stop: int, st: tuple, data: tuple) -> tuple:
+    """`_band_softmax_backward`'s terms for values start:stop of row r: grad and p there, the row's g sum|grad p| and
+    sum grad p, u, c, floor."""
     grad, p, u, g, c, floor, gp, lane, lane_abs = data
     return grad[r, start:stop], p[r, start:stop], st[0], st[1], u, c, floor
 
@@ -1289,7 +1313,7 @@ def round_near_softmax_backward(grad: np.ndarray, p: np.ndarray, u: float, g: fl
     (rows, n), with the band e = `softmax_backward_bound`'s E computed as it goes, from the row sums of |grad p|
     and grad p as `sums_with_abs` adds them (in the pass: torch's sums there took four passes over the
     operands and two temporaries); also e_cand[:count] = e at the candidates. In parts as `round_near_softmax`."""
-    parts = omp.parts(v.size)
+    parts = _row_parts(v, grad, p)
     if parts > 1:
         kernels = omp.kernels()
         return kernels.round_near_rows(kernels.ROWS_BACKWARD, parts, grad, p, v, out, cand, held, e_cand,
@@ -1303,10 +1327,5 @@ def _round_near_softmax_backward(grad: np.ndarray, p: np.ndarray, u: float, g: f
                                  held: np.ndarray, e_cand: np.ndarray, plus: float) -> tuple[int, int]:
     n = p.shape[1]
     data = (grad, p, u, g, c, floor, np.empty(n), np.empty(min(n, SUM_LANES)), np.empty(min(n, SUM_LANES)))
-    if _same(v, out):
-        count, nbad = _row_pass(v, None, p.shape[1], _backward_stats, _backward_terms, data, _band_softmax_backward,
-                                factor, limit, cand, held, e_cand, plus)
-    else:
-        count, nbad = _row_pass(v, out, p.shape[1], _backward_stats, _backward_terms, data, _band_softmax_backward,
-                                factor, limit, cand, held, e_cand, plus)
-    return count, _first_bad(out, limit) if nbad else -1
+    return _row_kernel(v, out, n, _backward_stats, _backward_block_terms, data, _band_softmax_backward, factor, limit,
+                       cand, held, e_cand, plus)

@@ -10,11 +10,12 @@ GPT-2-tiny's default step 43.3 ms with 2^18, 41.5 with 2^24, 41.3 with 2^26, wit
 at d_model 256, whose matmuls have 2^25 to 2^28 products, 409 ms with 2^18 or 2^24, 411 with 2^26 and 426 with
 every matmul here: the pre-filter's norms are shared by the forward and backward matmuls of an operand, and
 computed once. Session 56 lowered it from 2^24 to 2^22 (at context 128, batch 8): the pre-filter's kernels
-run on torch's threads and this one on one, and its norms are shared, so the larger of these products, the
-language-model head's (1024 x K x 37, 2^21 to 2^23 products at d_model 64 to 256) and attention's at d_model 64
-and 128, go faster there: the trainer's step 0.95, 0.97 and 0.98 of its time at d_model 64, 128 and 256 on two
-threads, 0.97-0.99 on one; the default step's products are all 2^22 or fewer. The logs take a few more entries
-there, as the pre-filter's band is U's (rounding.UPPER_BAND); the states are the same.)
+run on torch's threads and this one on one, and its norms are shared, so the larger of these products go faster
+there, the language-model head's at d_model 128 and 256 (1024 x d_model x 37: 2^22.2 and 2^23.2 products) and
+attention's at d_model 64 and 128 (2^23 and 2^24): the trainer's step 0.95, 0.97 and 0.98 of its time at d_model
+64, 128 and 256 on two threads, 0.97-0.99 on one; 2^21 made the default size's step (its products 2^22 or fewer)
+~3 % slower. The logs take a few more entries there, as the pre-filter's band is U's (rounding.UPPER_BAND); the
+states are the same.)
 
 E is the full bound's formula, gamma_k (1 + 2 gamma_k + 2^-20) times the sum of |terms| (alpha and beta
 as absolute values) plus k floor units (bounds._floor_unit), with k = K (+ 3 for addmm's scaling and

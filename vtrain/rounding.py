@@ -607,7 +607,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 elif spec.bound_rows:
                     rows = spec.bound_rows(args, kwargs, floats)
             if inline is not None or rows is not None:
-                e_all = np.empty(v.numel())  # (E at the candidates, which the kernel writes to the front)
+                e_all = self._scratch(v.numel(), np.float64, "band")  # (the kernel writes E at the candidates)
                 if inline is not None:  # a small matmul's E, computed as it rounds (vtrain.inline)
                     count, bad = fused.round_near_mm(fv, inline.a, inline.b, inline.bias, inline.alpha,
                                                      inline.beta, inline.scale, inline.floor, factor, self._limit,
@@ -648,14 +648,14 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
             return self._near_pre(spec, args, kwargs, floats, i, out, found, values, pre, self._cast32(v), bad >= 0)
         return Near(out, found, values, e_cand, bounds, bad >= 0)
 
-    def _scratch(self, n: int, dtype: Any) -> np.ndarray:
-        """n values of dtype from a buffer kept for the step: where the fused kernels write an output's
-        candidates (room for every value; a few hundred come, as a rule), which `_fused_near` copies out before
-        the next op can write there. Fresh, two such arrays per device op took ~20 us each at GPT-2-tiny
-        d_model 256 (6 MB: mapped anew every time), 4 ms a step."""
-        buf = self._scratch_bufs.get(dtype)
+    def _scratch(self, n: int, dtype: Any, use: str = "") -> np.ndarray:
+        """n values of dtype from a buffer kept for the step (one for each `use`): where the fused kernels write an
+        output's candidates and E there (room for every value; a few hundred come, as a rule), which `_fused_near`
+        copies out before the next op can write there. Fresh, two such arrays per device op took ~20 us each at
+        GPT-2-tiny d_model 256 (6 MB: mapped anew every time), 4 ms a step."""
+        buf = self._scratch_bufs.get((use, dtype))
         if buf is None or buf.size < n:
-            buf = self._scratch_bufs[dtype] = np.empty(n, dtype)
+            buf = self._scratch_bufs[use, dtype] = np.empty(n, dtype)
         return buf[:n]
 
     def _exact_all(self, spec: OpSpec, args: tuple, kwargs: dict, floats: list, i: int) -> bool:
@@ -730,7 +730,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
     def _cast32(self, v: torch.Tensor) -> bool:
         """Float64 work at bits = 32, rounded by the hardware cast: where the kernels that build the band as
         they go take v (fused.round_near_outer for the pre-filter, fused.round_near_mm for small matmuls,
-        fused.round_near_relative for functions of the output)."""
+        fused.round_near_relative for functions of the output, the softmax family's of bounds.ROWS)."""
         return v.dtype is torch.float64 and self.bits == 32
 
     def _candidates(self, v: torch.Tensor, r: torch.Tensor, band: torch.Tensor) -> torch.Tensor:

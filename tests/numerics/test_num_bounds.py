@@ -424,22 +424,23 @@ def test_softmax_rounding_passes_give_the_band_then_round_bits(family: str, part
         y = forward(x, dim, False)
         grad = _grid(x.shape, gen, torch.float64, 32, scale=float(torch.rand(1, generator=gen)) * 8)
         gy = backward(grad, y, dim, torch.float64)
-        fwd = ROWS[forward]((x, dim, False), {}, [y]), BOUNDS[forward]((x, dim, False), {}, [y])[0], y
+        cases = [(ROWS[forward]((x, dim, False), {}, [y]), BOUNDS[forward]((x, dim, False), {}, [y])[0], y)]
         if backward in ROWS:  # (the log-softmax's backward keeps its E in memory)
-            # the backward's E from its row sums in fused.sums_with_abs's order (of the products grad p as lines)
-            gp = (grad * y).reshape(1, -1, x.shape[-1]).numpy()
-            total, sabs = fused.sums_with_abs(np.ascontiguousarray(gp), False, 1.0)
+            # the backward's E from its row sums in fused.sums_with_abs's order (of the products grad p as lines), by
+            # softmax_backward_bound's operations written out in numpy (that kernel declines rows with a NaN E)
             n = x.shape[-1]
+            total, sabs = fused.sums_with_abs(np.ascontiguousarray((grad * y).reshape(1, -1, n).numpy()), False, 1.0)
+            g, p, out = (t.reshape(-1, n).numpy() for t in (grad, y, gy))
             u = unit_roundoff(torch.float64)
-            e = torch.empty_like(gy)
-            rows = [t.reshape(-1, n).numpy() for t in (grad, y, gy)]
-            if not fused.softmax_backward_bound(rows[0], rows[1], sabs, total, rows[2], e.numpy().reshape(-1, n),
-                                                u, gamma(n + 1, u), *_finish_factors(n, u, torch.float64)):
-                continue  # (NaN in E: the rows' kernel flags nothing there, as round_near does from a NaN E)
-            bwd = ROWS[backward]((grad, y, dim, torch.float64), {}, [gy]), e, gy
-        else:
-            bwd = None
-        for kernel, e, v in (fwd, bwd) if bwd else (fwd,):
+            c, floor = _finish_factors(n, u, torch.float64)
+            with np.errstate(invalid="ignore", over="ignore"):
+                e = (np.abs(p) * ((gamma(n + 1, u) * sabs)[:, None] + u * np.abs(g - total[:, None])) + u * np.abs(out)
+                     ) * c + floor
+                kernel_e = np.empty_like(e)
+                if fused.softmax_backward_bound(g, p, sabs, total, out, kernel_e, u, gamma(n + 1, u), c, floor):
+                    assert np.array_equal(kernel_e.view(np.uint8), e.view(np.uint8))
+            cases.append((ROWS[backward]((grad, y, dim, torch.float64), {}, [gy]), torch.from_numpy(e), gy))
+        for kernel, e, v in cases:
             for factor in (2.0, 2.0**30):  # (2^30: most values candidates)
                 for out_is_v in (False, True):
                     want = _rows_near(_band_then_round(e), v, factor, out_is_v)
