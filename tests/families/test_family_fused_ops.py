@@ -18,16 +18,22 @@ from vtrain.train import TrainingSession
 MODULES = {"gelu": (fused_gelu, "_run"), "norms": (fused_norms, "_fused")}  # (each one's pass runner)
 
 
+def _record(spec) -> tuple:
+    """Three recording steps: (the session, their results, their logs, losses and the final state's hash)."""
+    s = TrainingSession(spec, "cpu")
+    out = [s.step(t, "record") for t in range(1, 4)]
+    return s, out, [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes())
+
+
 def _train(spec, fused: str, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
     module, runner = MODULES[fused]
     monkeypatch.setattr(module, "ENABLED", on)
     passes, run = [], getattr(module, runner)
     monkeypatch.setattr(module, runner, lambda *a, **k: (out := run(*a, **k), passes.append(out is not None))[0])
-    s = TrainingSession(spec, "cpu")
-    out = [s.step(t, "record") for t in range(1, 4)]
+    s, out, logs, losses, state = _record(spec)
     stats = [(r.stats["ops"], r.stats["rounded"]) for r in out]
     norms = sum(isinstance(m, (LayerNorm, BatchNorm2d)) for m in s.model.modules())
-    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), stats, passes, norms
+    return logs, losses, state, stats, passes, norms
 
 
 @pytest.mark.parametrize("resolution", ["log", "exact"])
@@ -56,9 +62,7 @@ def _train_rows(spec, on: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
     for name in ("round_near_softmax", "round_near_softmax_backward"):
         run = getattr(fused, name)
         monkeypatch.setattr(fused, name, lambda *a, run=run, name=name: (passes.append(name), run(*a))[1])
-    s = TrainingSession(spec, "cpu")
-    out = [s.step(t, "record") for t in range(1, 4)]
-    return [r.log_bytes for r in out], [r.loss for r in out], state_hash(s.state_bytes()), passes
+    return (*_record(spec)[2:], passes)
 
 
 def test_gpt2_trains_alike_with_the_softmax_band_in_its_rounding_pass(family_data,
