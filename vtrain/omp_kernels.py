@@ -754,6 +754,42 @@ def norms_batched(parts: int, x: np.ndarray, rows: np.ndarray, cols: np.ndarray)
     return _batched_answer(block)
 
 
+# prefilter._row_dots (float64): fields g (address, rows, length), taps (address, rows), co_g, out (address,
+# columns). Parts are runs of out's columns; no slots.
+_D_FIELDS = 8
+
+
+@cfunc(_SIGNATURE, cache=True, error_model="numpy")
+def _dots_part(d):  # noqa: ANN001, ANN202
+    blk = carray(d, _HEAD + _D_FIELDS)
+    parts, length, width = blk[1], blk[4], blk[9]
+    g = carray(_pointer(blk[2], np.float64), (blk[3], length))
+    taps = carray(_pointer(blk[5], np.float64), (blk[6], length))
+    out = carray(_pointer(blk[8], np.float64), (blk[3], width))
+    for j in range(parts):
+        p = _part(d, j, parts)
+        if p >= 0:
+            prefilter._row_dots(g, taps, blk[7], _cut(width, p, parts, 1), _cut(width, p + 1, parts, 1), out)
+
+
+@njit(cache=True, nogil=True)
+def _dots_block(parts: int, g: np.ndarray, taps: np.ndarray, co_g: int, out: np.ndarray) -> np.ndarray:
+    block = _new_block(parts, _D_FIELDS, 0)
+    block[2], block[3], block[4] = g.ctypes.data, g.shape[0], g.shape[1]
+    block[5], block[6], block[7] = taps.ctypes.data, taps.shape[0], co_g
+    block[8], block[9] = out.ctypes.data, out.shape[1]
+    return block
+
+
+def row_dots(parts: int, g: np.ndarray, taps: np.ndarray, co_g: int, out: np.ndarray) -> None:
+    """`prefilter._row_dots` over all of out's columns in `parts` parts of whole columns: the one pass's bits."""
+    _require(np.float64, g, taps, out)
+    if g.shape[1] != taps.shape[1] or out.shape[0] != g.shape[0] or g.shape[0] % co_g or \
+            taps.shape[0] != g.shape[0] // co_g * out.shape[1]:  # (the callback reads by address, unchecked)
+        raise ValueError(f"row_dots: g {g.shape}, taps {taps.shape}, groups of {co_g}, out {out.shape}")
+    omp.run(_dots_part.address, _dots_block(parts, g, taps, co_g, out), parts)
+
+
 # prefilter's E at a convolution's candidates (float64): fields kind (CONV_FORWARD, CONV_INPUT, CONV_WEIGHT), the
 # kernel's two operands (address and four dims each), the bias (address, size), pos (address, size), geometry
 # (address, size), groups, the gradient's shape (address of four values), out (address). Parts are runs of
