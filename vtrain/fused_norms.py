@@ -46,9 +46,12 @@ ENABLED = True  # (tests compare the fused passes with the written-out form)
 
 # Each pass walks rows of d values, a row's statistics (number r % k) read once and its inner loop over columns
 # vectorised (with each value's row and column by division, or the float32 cast a run-time choice in the loop, the
-# passes ran slower than the dispatch path's twenty). `_pass` compiles each with the cast a constant, and the two that
-# read the weight with its layout a constant: one value a column (AFFINE, SCALE_GRADS) or one a row's channel, r % k
-# (the _CHANNELS codes).
+# passes ran slower than the dispatch path's twenty). `_pass` compiles each with the cast a constant, and the two
+# that read the weight with its layout a constant: one value a column (AFFINE, SCALE_GRADS) or one a row's channel,
+# r % k (the _CHANNELS codes). The inner loops index row slices from 0: indexed from r d on, their indices not known
+# to be >= 0, the values went through numba's negative-index wraparound and LLVM stored them with scatters
+# (vscatterqpd), 1.4-4.1 ns a value where the slices take 0.6-1.1 (one thread, resnet-tiny's (32, 32, 32, 32) batch
+# norm; its step at width 32 took 0.83 of the time; session 57).
 CENTER, AFFINE, AFFINE_CHANNELS, SCALE_GRADS, SCALE_GRADS_CHANNELS, QUOTIENT_GRADS, SQUARE_GRADS, MEAN_GRAD = range(8)
 
 
@@ -59,11 +62,12 @@ def _center(x: np.ndarray, mu: np.ndarray, xc: np.ndarray, sq: np.ndarray, r0: i
     nbad = 0
     for r in range(r0, r1):
         mr, i0 = mu[r % k], r * d
-        for i in range(i0, i0 + d):
-            c = _r(x[i] - mr, m, cast32, pow2)
+        xr, cr, qr = x[i0:i0 + d], xc[i0:i0 + d], sq[i0:i0 + d]
+        for j in range(d):
+            c = _r(xr[j] - mr, m, cast32, pow2)
             q = _r(c * c, m, cast32, pow2)
             nbad += _off(c, limit) + _off(q, limit)
-            xc[i], sq[i] = c, q
+            cr[j], qr[j] = c, q
     return nbad
 
 
@@ -75,12 +79,13 @@ def _affine(xc: np.ndarray, s: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.n
     for r in range(r0, r1):
         sr, i0 = s[r % k], r * d
         p0, step = (r % k, 0) if channels else (0, 1)  # (w and b's index: p0 + j step)
+        xr, yr = xc[i0:i0 + d], y[i0:i0 + d]
         for j in range(d):
-            n = _r(xc[i0 + j] / sr, m, cast32, pow2)
+            n = _r(xr[j] / sr, m, cast32, pow2)
             p = _r(n * w[p0 + j * step], m, cast32, pow2)
             v = _r(p + b[p0 + j * step], m, cast32, pow2)
             nbad += _off(n, limit) + _off(p, limit) + _off(v, limit)
-            y[i0 + j] = v
+            yr[j] = v
     return nbad
 
 
@@ -93,13 +98,13 @@ def _scale_grads(g: np.ndarray, xc: np.ndarray, s: np.ndarray, w: np.ndarray, gw
     for r in range(r0, r1):
         sr, i0 = s[r % k], r * d
         p0, step = (r % k, 0) if channels else (0, 1)
+        gr, xr, ar, cr = g[i0:i0 + d], xc[i0:i0 + d], gwp[i0:i0 + d], gxn[i0:i0 + d]
         for j in range(d):
-            i = i0 + j
-            n = _r(xc[i] / sr, m, cast32, pow2)
-            a = _r(g[i] * n, m, cast32, pow2)
-            c = _r(g[i] * w[p0 + j * step], m, cast32, pow2)
+            n = _r(xr[j] / sr, m, cast32, pow2)
+            a = _r(gr[j] * n, m, cast32, pow2)
+            c = _r(gr[j] * w[p0 + j * step], m, cast32, pow2)
             nbad += _off(a, limit) + _off(c, limit)
-            gwp[i], gxn[i] = a, c
+            ar[j], cr[j] = a, c
     return nbad
 
 
@@ -110,14 +115,15 @@ def _quotient_grads(gxn: np.ndarray, xc: np.ndarray, s: np.ndarray, gsp: np.ndar
     nbad = 0
     for r in range(r0, r1):
         sr, i0 = s[r % k], r * d
-        for i in range(i0, i0 + d):
-            q1 = _r(xc[i] / sr, m, cast32, pow2)
+        gr, xr, ar, cr = gxn[i0:i0 + d], xc[i0:i0 + d], gsp[i0:i0 + d], gxc[i0:i0 + d]
+        for j in range(d):
+            q1 = _r(xr[j] / sr, m, cast32, pow2)
             q2 = _r(q1 / sr, m, cast32, pow2)
-            ng = _r(-gxn[i], m, cast32, pow2)
+            ng = _r(-gr[j], m, cast32, pow2)
             a = _r(ng * q2, m, cast32, pow2)
-            c = _r(gxn[i] / sr, m, cast32, pow2)
+            c = _r(gr[j] / sr, m, cast32, pow2)
             nbad += _off(q1, limit) + _off(q2, limit) + _off(a, limit) + _off(c, limit)
-            gsp[i], gxc[i] = a, c
+            ar[j], cr[j] = a, c
     return nbad
 
 
@@ -130,12 +136,13 @@ def _square_grads(gvar: np.ndarray, xc: np.ndarray, gxc: np.ndarray, a2: np.ndar
     for r in range(r0, r1):
         gq, i0 = _r(gvar[r % k] / count, m, cast32, pow2), r * d
         nbad += _off(gq, limit)
-        for i in range(i0, i0 + d):
-            p = _r(gq * xc[i], m, cast32, pow2)
-            a1 = _r(gxc[i] + p, m, cast32, pow2)
+        xr, gr, ar, nr = xc[i0:i0 + d], gxc[i0:i0 + d], a2[i0:i0 + d], n2[i0:i0 + d]
+        for j in range(d):
+            p = _r(gq * xr[j], m, cast32, pow2)
+            a1 = _r(gr[j] + p, m, cast32, pow2)
             a = _r(a1 + p, m, cast32, pow2)
             nbad += _off(p, limit) + _off(a1, limit) + _off(a, limit)
-            a2[i], n2[i] = a, -a
+            ar[j], nr[j] = a, -a
     return nbad
 
 
