@@ -94,11 +94,13 @@ def _stats(x: np.ndarray, bits: np.ndarray, along: bool, first: int, last: int, 
             l1[t], top[t], low[t] = s, m, lo
     else:
         for k in range(x.shape[0] if terms < 0 else min(terms, x.shape[0])):
-            row, brow = x[k], bits[k]
+            # (the row's stretch as a slice from 0: indexed from `first` on, an index not known to be >= 0, its
+            # reads went through numba's negative-index wraparound, as gathers)
+            row, brow = x[k, first:last], bits[k, first:last]
             for t in range(n):
-                l1[t] += abs(np.float64(row[first + t]))
-                top[t] = max(top[t], brow[first + t] & sign)
-                low[t] = min(low[t], _lsb_exp(brow[first + t], mant, emask, bias))
+                l1[t] += abs(np.float64(row[t]))
+                top[t] = max(top[t], brow[t] & sign)
+                low[t] = min(low[t], _lsb_exp(brow[t], mant, emask, bias))
     for t in range(n):
         if bits.itemsize == 8:
             mx[t] = np.int64(top[t]).view(np.float64)
