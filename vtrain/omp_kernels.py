@@ -784,7 +784,7 @@ def _dots_block(parts: int, g: np.ndarray, taps: np.ndarray, co_g: int, out: np.
 def row_dots(parts: int, g: np.ndarray, taps: np.ndarray, co_g: int, out: np.ndarray) -> None:
     """`prefilter._row_dots` over all of out's columns in `parts` parts of whole columns: the one pass's bits."""
     _require(np.float64, g, taps, out)
-    if g.shape[1] != taps.shape[1] or out.shape[0] != g.shape[0] or g.shape[0] % co_g or \
+    if parts < 1 or co_g < 1 or g.shape[1] != taps.shape[1] or out.shape[0] != g.shape[0] or g.shape[0] % co_g or \
             taps.shape[0] != g.shape[0] // co_g * out.shape[1]:  # (the callback reads by address, unchecked)
         raise ValueError(f"row_dots: g {g.shape}, taps {taps.shape}, groups of {co_g}, out {out.shape}")
     omp.run(_dots_part.address, _dots_block(parts, g, taps, co_g, out), parts)

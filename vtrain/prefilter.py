@@ -1114,11 +1114,12 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
 
     One product for all taps: x's rows as (Cin, KH, images, OH), row y of tap a and output row oy read from
     the rows zero-padded (a padding row's norm is 0), a strided view copied once, and its dots in `_row_dots`,
-    each on one thread: since session 51 the recording trainer logs with U itself (rounding.UPPER_BAND), so U's
-    bits must not depend on the thread count, as a BLAS's split sums may. (torch.mm on two threads had taken
-    310-380 us a call on resnet-tiny width 32's 32-channel layer, `_row_dots` on one 490-650; numpy's OpenBLAS,
-    before that, kept its own pool, whose threads contended with a busy core: ~1.3 ms a call alone, 8.6 ms while
-    the other core was busy.)"""
+    each dot on one thread however the columns are split across torch's threads: since session 51 the recording
+    trainer logs with U itself (rounding.UPPER_BAND), so U's bits must not depend on the thread count, as a
+    BLAS's split sums may. (torch.mm on two threads had taken 310-380 us a call on resnet-tiny width 32's
+    32-channel layer, `_row_dots` one row at a time on one thread 490-650; numpy's OpenBLAS, before that, kept its
+    own pool, whose threads contended with a busy core: ~1.3 ms a call alone, 8.6 ms while the other core was
+    busy.)"""
     n_img, c_out, oh = g_rows.shape
     c_in, h = x_rows.shape[1:]
     co_g, c_g = c_out // groups, c_in // groups
@@ -1127,9 +1128,11 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     padded = torch.nn.functional.pad(torch.from_numpy(x_rows), (p, back))
     hp = padded.shape[2]
     taps = padded.as_strided((c_in, kh, n_img, oh), (hp, d, c_in * hp, s)).reshape(c_in * kh, n_img * oh)
-    gs = g_rows.transpose(1, 0, 2).reshape(c_out, n_img * oh)  # (a copy, C-contiguous)
-    sums, width = np.empty((c_out, c_g * kh)), c_g * kh
-    taps, gs = np.ascontiguousarray(taps.numpy()), np.ascontiguousarray(gs)  # (copies already, but for one image)
+    gs = g_rows.transpose(1, 0, 2).reshape(c_out, n_img * oh)
+    width = c_g * kh
+    sums = np.empty((c_out, width))
+    # (no-ops where the reshapes copied, as they do but for some layouts of one image: the kernels read C order)
+    taps, gs = np.ascontiguousarray(taps.numpy()), np.ascontiguousarray(gs)
     parts = omp.parts(c_out * width * n_img * oh, _DOTS_PER_PART) if width > 1 else 1
     if parts > 1:
         omp.kernels().row_dots(min(parts, width), gs, taps, co_g, sums)
@@ -1138,7 +1141,8 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     return np.repeat(sums.reshape(c_out, c_g, kh, 1), kw, axis=3).reshape(c_out, -1)
 
 
-# Products a part of `_row_dots` at least, split on torch's threads (a 32-channel layer's 3M: ~150 us on one)
+# At least this many products in each part of `_row_dots` split on torch's threads (a 32-channel layer's 3M took
+# ~300 us on one thread)
 _DOTS_PER_PART = 2**18
 
 
@@ -1147,8 +1151,10 @@ def _row_dots(g: np.ndarray, taps: np.ndarray, co_g: int, first: int, last: int,
     """out[co, t] = g[co] . taps[j * width + t] for co in group j and t in first:last (width: out's columns):
     `_weight_sums`' products, each a contiguous dot product (reassociated: a norm's sum, which bounds in any
     order). Four rows of a group at a time, each line read once for the four (0.65-0.86 of the time of one dot
-    at a time on resnet-tiny's layers); every value is computed by the same loop whichever columns a call
-    takes, so a pass split by columns (vtrain.omp_kernels.row_dots) gives the one pass's bits."""
+    at a time on resnet-tiny's layers; the same bits as that on an AVX-512 machine, but LLVM may split a dot's
+    sum differently in the two loops elsewhere: U bounds either way); every value is computed by the same loop
+    whichever columns a call takes, so a pass split by columns (vtrain.omp_kernels.row_dots) gives the one
+    pass's bits."""
     width = out.shape[1]
     for j in range(g.shape[0] // co_g):
         co, end = j * co_g, (j + 1) * co_g

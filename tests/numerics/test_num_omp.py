@@ -315,25 +315,27 @@ def test_convolution_window_and_cover_norms_in_parts(geometry: tuple, monkeypatc
     assert ran == [(omp_kernels._window_part.address, 2)] * 2
 
 
-@pytest.mark.parametrize("groups", [1, 2])
-def test_convolution_weight_sums_in_parts(groups: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("co_g", "groups"), [(6, 1), (6, 2), (3, 2)])
+def test_convolution_weight_sums_in_parts(co_g: int, groups: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The weight gradient pre-filter's sums of row-norm products (`prefilter._row_dots`, four rows of a group at a
-    time and the rest one by one) in parts of whole columns, and through `prefilter._weight_sums` where passes
-    split: the one pass's, bit for bit, and each the dot product of its row and line within float64's roundings."""
-    rng = np.random.default_rng(groups)
-    co_g, width, length = 6, 7, 300  # (a group's rows: one block of four and two alone)
+    time and the rest one by one) in parts of whole columns (more parts than columns too), and through
+    `prefilter._weight_sums` where passes split: the one pass's, bit for bit, and each the dot product of its row
+    and line within float64's roundings."""
+    rng = np.random.default_rng(co_g + groups)
+    width, length = 7, 301  # (groups of six rows: a block of four and two alone; of three: all alone)
     g = rng.random((co_g * groups, length)) * 2.0 ** rng.integers(-20, 20, (co_g * groups, length))
     taps = rng.random((width * groups, length))
     whole = np.full((co_g * groups, width), np.nan)
     prefilter._row_dots(g, taps, co_g, 0, width, whole)
     exact = np.array([[g[co] @ taps[co // co_g * width + t] for t in range(width)] for co in range(co_g * groups)])
     assert np.allclose(whole, exact, rtol=length * 2.0**-52, atol=0)
-    for parts in (*PARTS, width):
+    for parts in (*PARTS, width, width + 3):
         got = np.full_like(whole, np.nan)
         omp_kernels.row_dots(parts, g, taps, co_g, got)
         assert np.array_equal(got, whole)
-    with pytest.raises(ValueError, match="row_dots"):
-        omp_kernels.row_dots(2, g, taps[1:], co_g, whole)
+    for parts, rows, taps_given in ((2, co_g, taps[1:]), (0, co_g, taps), (2, 0, taps)):
+        with pytest.raises(ValueError, match="row_dots"):
+            omp_kernels.row_dots(parts, g, taps_given, rows, whole)
     g_rows, x_rows = rng.random((3, 4 * groups, 10)), rng.random((3, 2 * groups, 20))
     args = (g_rows, x_rows, (2, 2), (1, 1), (1, 1), groups, 3, 3)
     want = prefilter._weight_sums(*args)
