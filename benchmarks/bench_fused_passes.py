@@ -75,12 +75,13 @@ def main() -> None:
           f"{args.reps})")
     print("| pass | fused | numpy, the same arrays | fused / numpy |")
     print("|---|---|---|---|")
+    a, b, o, p = arrays[0], arrays[1], arrays[4], arrays[5]
+    # (each pass's inputs in _pass's order: the statistics and parameters where it reads them, values elsewhere)
+    inputs = {"CENTER": (a, stats, a, a), "AFFINE": (a, stats, params, params), "SCALE_GRADS": (a, b, stats, params),
+              "QUOTIENT_GRADS": (a, b, stats, a), "SQUARE_GRADS": (stats, a, b, a), "MEAN_GRAD": (stats, a, a, a)}
     for name, reads, writes in NORM_PASSES:
         code = getattr(fused_norms, name + ("_CHANNELS" if channels and name in ("AFFINE", "SCALE_GRADS") else ""))
-        a, b, x, e, o, p = arrays
-        # (each pass's inputs in _pass's order: the statistics and parameters where it reads them, values elsewhere)
-        ins = {"CENTER": (a, stats, a, a), "AFFINE": (a, stats, params, params), "SCALE_GRADS": (a, b, stats, params),
-               "QUOTIENT_GRADS": (a, b, stats, a), "SQUARE_GRADS": (stats, a, b, a), "MEAN_GRAD": (stats, a, a, a)}[name]
+        ins = inputs[name]
         fused = _median_ns(lambda: fused_norms._pass(code, *ins, o, p, 0, rows, width, period, count, LIMIT, POW2),
                            size, args.reps)
         plain = _median_ns(_traffic(arrays, reads, writes), size, args.reps)

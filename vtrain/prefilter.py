@@ -1133,9 +1133,9 @@ def _weight_sums(g_rows: np.ndarray, x_rows: np.ndarray, stride: Sequence[int], 
     sums = np.empty((c_out, width))
     # (no-ops where the reshapes copied, as they do but for some layouts of one image: the kernels read C order)
     taps, gs = np.ascontiguousarray(taps.numpy()), np.ascontiguousarray(gs)
-    parts = omp.parts(c_out * width * n_img * oh, _DOTS_PER_PART) if width > 1 else 1
+    parts = min(omp.parts(c_out * width * n_img * oh, _DOTS_PER_PART), width)  # (parts of whole columns)
     if parts > 1:
-        omp.kernels().row_dots(min(parts, width), gs, taps, co_g, sums)
+        omp.kernels().row_dots(parts, gs, taps, co_g, sums)
     else:
         _row_dots(gs, taps, co_g, 0, width, sums)
     return np.repeat(sums.reshape(c_out, c_g, kh, 1), kw, axis=3).reshape(c_out, -1)
