@@ -21,7 +21,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vtrain import fused_gelu, fused_norms  # noqa: E402
-from vtrain.fused import POW2  # noqa: E402
 from vtrain.grid import grid_max  # noqa: E402
 
 LIMIT = grid_max(32)
@@ -82,7 +81,7 @@ def main() -> None:
     for name, reads, writes in NORM_PASSES:
         code = getattr(fused_norms, name + ("_CHANNELS" if channels and name in ("AFFINE", "SCALE_GRADS") else ""))
         ins = inputs[name]
-        fused = _median_ns(lambda: fused_norms._pass(code, *ins, o, p, 0, rows, width, period, count, LIMIT, POW2),
+        fused = _median_ns(lambda: fused_norms._pass(code, *ins, o, p, 0, rows, width, period, count, LIMIT),
                            size, args.reps)
         plain = _median_ns(_traffic(arrays, reads, writes), size, args.reps)
         print(f"| norm {name} | {fused:.2f} | {plain:.2f} | {fused / plain:.2f}x |")
@@ -91,7 +90,7 @@ def main() -> None:
     for name, reads, writes in GELU_PASSES:
         code = getattr(fused_gelu, name)
         fused = _median_ns(lambda: fused_gelu._pass(code, g[0], t, g[2], g[3], g[4], g[5], 0, args.gelu, 1, 1, 1,
-                                                    LIMIT, POW2), args.gelu, args.reps)
+                                                    LIMIT), args.gelu, args.reps)
         plain = _median_ns(_traffic(g, reads, writes), args.gelu, args.reps)
         print(f"| GELU {name} | {fused:.2f} | {plain:.2f} | {fused / plain:.2f}x |")
 

@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 from torch.utils._mode_utils import no_dispatch
 
 from vtrain import omp
@@ -45,12 +46,8 @@ name_files_by_key()  # (before any kernel here compiles: see vtrain.numba_cache)
 MIN_NORMAL = 2.0**-126
 ENABLED = True  # tests turn it off to compare against the torch path
 
-# Binary exponents E of grid values (clamped below at -126, where the grid turns uniform): 2^E for
-# E = -126 .. 127 by table lookup, since numba has no cheap float<->int bit cast for scalars (frexp/ldexp
-# per element measured 6x slower).
+# Binary exponents E of grid values, clamped below at -126, where the grid turns uniform
 _EMIN, _EMAX = -126, 127
-POW2 = np.array([2.0**e for e in range(_EMIN, _EMAX + 1)])
-POW2_32 = POW2.astype(np.float32)  # the same powers (all float32 values): grid rounding in float32 arithmetic
 
 
 def usable(t: torch.Tensor) -> bool:
@@ -78,7 +75,7 @@ def run_chain(rx: Any, kind: int, kernel: Callable[..., int], code: int, ops: in
               inputs: list[torch.Tensor], outputs: int, width: int = 1, period: int = 1,
               count: int = 1) -> list[torch.Tensor] | None:
     """`outputs` fresh tensors of `like`'s shape from pass `code` of a fused chain (`kind`; `kernel`: its passes,
-    called kernel(code, four inputs, two outputs, first row, end row, width, period, count, limit, pow2)) over rows
+    called kernel(code, four inputs, two outputs, first row, end row, width, period, count, limit)) over rows
     of `width` values (a norm's: row r's statistics number r % period, each over `count` values), counted in the
     RoundedExecution rx as the `ops` elementwise ops the pass stands for; None outside rounded execution (rx None),
     off float64 work at bits = 32, where a tensor is not one the kernels take, or where a value left the grid
@@ -96,7 +93,7 @@ def run_chain(rx: Any, kind: int, kernel: Callable[..., int], code: int, ops: in
     if parts > 1:
         nbad = omp.kernels().chain(kind, parts, code, *ins, *arrays, rows, width, period, count, rx._limit)
     else:
-        nbad = kernel(code, *ins, *arrays, 0, rows, width, period, count, rx._limit, POW2)
+        nbad = kernel(code, *ins, *arrays, 0, rows, width, period, count, rx._limit)
     if nbad:
         return None
     rx.count_rounded(ops * like.numel(), ops)
@@ -154,7 +151,7 @@ def round_into(v: np.ndarray, out: np.ndarray, m: int, limit: float) -> int:
     if parts > 1:
         return omp.kernels().round_float64(parts, v, out, m, limit)
     vi, mant, emask, bias = _layout(v)
-    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit, POW2)
+    return _round_into(v, vi, mant, emask, bias, out, m, m == 23 and v.dtype == np.float64, limit)
 
 
 def round_in_place(v: np.ndarray, m: int, limit: float) -> int:
@@ -163,7 +160,7 @@ def round_in_place(v: np.ndarray, m: int, limit: float) -> int:
     parts = omp.parts(v.size) if v.dtype == np.float64 else 1
     if parts > 1:
         return omp.kernels().round_float64(parts, v, None, m, limit)
-    return _round_in_place(v, m, m == 23 and v.dtype == np.float64, limit, POW2)
+    return _round_in_place(v, m, m == 23 and v.dtype == np.float64, limit)
 
 
 def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
@@ -184,9 +181,7 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
         if parts > 1:
             return omp.kernels().round_near32(parts, v, e, out, cand, held, factor, limit, plus)
         return _round_near32(v, e, factor, limit, out, cand, held, plus)
-    vi, mant, emask, bias = _layout(v)
-    oi = _layout(out)[0]
-    return _round_near(v, vi, mant, emask, bias, e, factor, m, limit, out, oi, cand, held, POW2, plus)
+    return _round_near(v, e, factor, m, limit, out, cand, held, plus)
 
 
 def round_near_relative(v: np.ndarray, k: float, a: float, c: float, f: float, factor: float, limit: float,
@@ -231,55 +226,77 @@ def _exponent(bits: int, mant: int, emask: int, bias: int) -> int:
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _grid_round(x: float, exp: int, m: int, cast32: bool, pow2: np.ndarray) -> float:
-    """x rounded to nearest-even on the grid, given x's clamped binary exponent (unused when cast32); beyond
-    the largest binade, x itself (the caller flags it). With float32 x and float32 powers (float32 work's
-    optimizer kernels), a float32, where the caller passes cast32 as a constant False (numba then drops the
-    float64 branch before typing; tests/numerics/test_num_fused_optim.py fails on float64 arithmetic)."""
-    if cast32:
-        return np.float64(np.float32(x))
-    if exp > _EMAX:  # |x| >= 2^128 (or inf, NaN): off the grid
-        return x
-    q = pow2[exp - _EMIN] * pow2[-m - _EMIN]  # the spacing at x: a power of two, so x / q and r * q are exact
+def _power_of_two(k: int) -> float:
+    """2^k for -1022 <= k <= 1023, from its bits: no table lookup, which LLVM would have to gather."""
+    return np.int64((k + 1023) << 52).view(np.float64)
+
+
+def _to_multiple(x: float, k: int) -> float:
+    """x rounded to the nearest multiple of 2^k, ties to even (-149 <= k <= 127), in x's arithmetic: exact, since
+    2^k is a power of two (`_to_multiple_typed` compiles each type's own)."""
+    q = 2.0**k
     return np.rint(x / q) * q
 
 
+@overload(_to_multiple, inline="always")
+def _to_multiple_typed(x, k):  # noqa: ANN001, ANN202, ARG001 (numba's overload protocol, as fused_binary._item_at)
+    if x == types.float32:
+        # float32 arithmetic (float32 work's values): 2^-k can exceed float32's range, while 2^k is a
+        # float32 (down to 2^-149, a subnormal), and so is x / 2^k, below 2^(m+1)
+        return lambda x, k: np.rint(x / np.float32(_power_of_two(k))) * np.float32(_power_of_two(k))
+    # A product for the quotient, and powers from their bits: with a table's lookups (gathers) LLVM kept grid
+    # rounding's loops scalar, 2.0 against 0.6 ns a value for float32 work's outputs at bits = 19, and float32
+    # work's Adam update ran 6x slower
+    return lambda x, k: np.rint(x * _power_of_two(-k)) * _power_of_two(k)
+
+
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def round_scalar(x: float, m: int, cast32: bool, pow2: np.ndarray) -> float:
+def _grid_round(x: float, exp: int, m: int, cast32: bool) -> float:
+    """x rounded to nearest-even on the grid, given x's clamped binary exponent (unused when cast32); beyond
+    the largest binade, x itself (the caller flags it). With float32 x (float32 work), a float32 in float32
+    arithmetic, where the caller passes cast32 as a constant False (numba then drops the float64 branch before
+    typing; tests/numerics/test_num_fused_optim.py fails on float64 arithmetic in the optimizer's kernels)."""
+    if cast32:
+        return np.float64(np.float32(x))
+    r = _to_multiple(x, min(exp, _EMAX + 1) - m)
+    return x if exp > _EMAX else r  # |x| >= 2^128 (or inf, NaN): off the grid (a select: see `_to_multiple`)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def round_scalar(x: float, m: int, cast32: bool) -> float:
     """One value rounded onto the grid (for kernels whose values live in registers, not arrays), in x's type
     as `_grid_round`."""
     if cast32:
         return np.float64(np.float32(x))
     if x == 0 or not math.isfinite(x):
         return x  # signed zero stays; inf and NaN are the caller's to flag
-    return round_value(x, m, False, pow2)
+    return round_value(x, m, False)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def round_value(x: float, m: int, cast32: bool, pow2: np.ndarray) -> float:
+def round_value(x: float, m: int, cast32: bool) -> float:
     """A value rounded onto the grid, in a form LLVM vectorises in a loop (no branch on x: zero, inf and NaN
     come out of `_grid_round` as they went in), unlike `round_scalar`. The exponent comes from float64 bits
     (a float32 widens exactly; subnormals of either clamp to -126): math.frexp cost ~3 ns a call, eight calls
     an element in float32 work's Adam."""
-    return _grid_round(x, 0 if cast32 else _exponent(np.float64(x).view(np.int64), 52, 0x7FF, 1023), m, cast32,
-                       pow2)
+    return _grid_round(x, 0 if cast32 else _exponent(np.float64(x).view(np.int64), 52, 0x7FF, 1023), m, cast32)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_into(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int, out: np.ndarray, m: int,
-                cast32: bool, limit: float, pow2: np.ndarray) -> int:
+                cast32: bool, limit: float) -> int:
     # Off-grid values counted, not their first position kept: a conditional index in the loop stops LLVM
     # from vectorising it (3.2x slower at bits = 32). The rare bad output is then found in `out`.
     nbad = 0
     for i in range(v.size):
-        r = _grid_round(v[i], 0 if cast32 else _exponent(vi[i], mant, emask, bias), m, cast32, pow2)
+        r = _grid_round(v[i], 0 if cast32 else _exponent(vi[i], mant, emask, bias), m, cast32)
         nbad += not abs(r) <= limit
         out[i] = r
     return _first_bad(out, limit) if nbad else -1
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _round_in_place(v: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+def _round_in_place(v: np.ndarray, m: int, cast32: bool, limit: float) -> int:
     # `_round_into` with out = v. Written to v through a second array (or read through an integer view of
     # v), LLVM cannot rule out a loop-carried overlap and runs the loop scalar: 2.5x slower on 4M values.
     # One array and the exponent from the value's own bits (float64's layout: a float32 value widens
@@ -293,7 +310,7 @@ def _round_in_place(v: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.
     nbad = 0
     for i in range(v.size):
         x = v[i]
-        r = round_value(x, m, cast32, pow2)
+        r = round_value(x, m, cast32)
         good = abs(r) <= limit
         nbad += not good
         v[i] = r if good else x + 0.0
@@ -310,36 +327,27 @@ def _first_bad(out: np.ndarray, limit: float) -> int:
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _round_near(v: np.ndarray, vi: np.ndarray, mant: int, emask: int, bias: int, e: np.ndarray, factor: float,
-                m: int, limit: float, out: np.ndarray, oi: np.ndarray, cand: np.ndarray, held: np.ndarray,
-                pow2: np.ndarray, plus: float) -> tuple[int, int]:
-    # (float64 work at bits = 32, the hardware cast, takes `_round_near32`.) A scalar loop: out may be v
-    # (and oi vi), since each value is read before its rounding is written.
-    fraction = (1 << mant) - 1
-    one = e.size == 1
-    count = 0
-    bad = -1
-    for i in range(v.size):
-        x = v[i]
-        r = _grid_round(x, _exponent(vi[i], mant, emask, bias), m, False, pow2)
-        good = abs(r) <= limit
-        if bad < 0 and not good:
-            bad = i
-        out[i] = r + plus if good else x
-        # Half the spacing below r: 2^(E-m-1) in r's binade E, half that at a power of two above the
-        # uniform range (vtrain.grid.spacing_below); read from r's bits as stored.
-        rb = oi[i]
-        exp = ((rb >> mant) & emask) - bias
-        below = exp - 1 if (rb & fraction) == 0 and exp > _EMIN else max(exp, _EMIN)
-        if below > _EMAX:
-            continue  # off the grid: flagged above
-        half = pow2[below - _EMIN] * pow2[-m - 1 - _EMIN]
-        band = (e[0] if one else e[i]) * factor
-        if abs(x - r) + band >= half:
-            cand[count] = i
-            held[count] = x
-            count += 1
-    return count, bad
+def _round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
+                cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
+    # (float64 work at bits = 32, the hardware cast, takes `_round_near32`.) By blocks, as `_round_near32`, so
+    # that the test's loop vectorises: a scalar loop appending candidates as it went took 4.4-6.6 against
+    # 1.0-1.2 ns a value (64K values at bits = 19, float64 and float32 work).
+    count = nbad = 0
+    flags, keep = _block_buffers(NEAR_BLOCK)
+    same = _same(v, out)
+    fill = np.full(NEAR_BLOCK, e[0])  # one band for all: read like a per-element one, with no branch
+    for start in range(0, v.size, NEAR_BLOCK):
+        stop = min(start + NEAR_BLOCK, v.size)
+        vb, terms = v[start:stop], (fill if e.size == 1 else e[start:stop],)
+        if same:  # (keep: float64, vb float32 in float32 work, so each branch finishes its own block)
+            nflag, bad = _near_block(vb, _near_grid, m, _band_given, terms, factor, limit, vb, keep, flags, plus)
+            count = _finish_block(keep, vb.size, flags, nflag, start, cand, held, count)
+        else:
+            ob = out[start:stop]
+            nflag, bad = _near_block(vb, _near_grid, m, _band_given, terms, factor, limit, ob, ob, flags, plus)
+            count = _finish_block(vb, vb.size, flags, nflag, start, cand, held, count)
+        nbad += bad
+    return count, _first_bad(out, limit) if nbad else -1
 
 
 NEAR_BLOCK = 512
@@ -352,7 +360,7 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
                   cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
     # `_round_near` for float64 work at bits = 32, the trainer's common case, where every output of a large
     # step passes. The same operations on the same values, arranged so that LLVM vectorises the pass (see
-    # `_near_block32`), by blocks of NEAR_BLOCK values. 1.7-2.5 against 4.2-5.5 ns a value on 4M values
+    # `_near_block`), by blocks of NEAR_BLOCK values. 1.7-2.5 against 4.2-5.5 ns a value on 4M values
     # with and without a per-element band.
     count = nbad = 0
     flags, keep = _block_buffers(NEAR_BLOCK)
@@ -361,11 +369,11 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
         vb, terms = v[start:stop], (fill if e.size == 1 else e[start:stop],)
-        if same:  # (the arrays `_near_block32` asks for)
-            nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, vb, keep, flags, plus)
+        if same:  # (the arrays `_near_block` asks for)
+            nflag, bad = _near_block(vb, _near32, 23, _band_given, terms, factor, limit, vb, keep, flags, plus)
         else:
             ob = out[start:stop]
-            nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, ob, ob, flags, plus)
+            nflag, bad = _near_block(vb, _near32, 23, _band_given, terms, factor, limit, ob, ob, flags, plus)
         nbad += bad
         count = _finish_block(keep if same else vb, vb.size, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
@@ -383,10 +391,10 @@ def _round_near32_relative(v: np.ndarray, k: float, a: float, c: float, f: float
         stop = min(start + NEAR_BLOCK, v.size)
         vb, terms = v[start:stop], (k, a, c, f)
         if same:
-            nflag, bad = _near_block32(vb, _band_relative, terms, factor, limit, vb, keep, flags, plus)
+            nflag, bad = _near_block(vb, _near32, 23, _band_relative, terms, factor, limit, vb, keep, flags, plus)
         else:
             ob = out[start:stop]
-            nflag, bad = _near_block32(vb, _band_relative, terms, factor, limit, ob, ob, flags, plus)
+            nflag, bad = _near_block(vb, _near32, 23, _band_relative, terms, factor, limit, ob, ob, flags, plus)
         nbad += bad
         count = _finish_block(keep if same else vb, vb.size, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
@@ -414,7 +422,7 @@ def _outer_pass(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarr
     """`_round_near32_outer`'s pass, in place for out None: (the candidate count, the off-grid count). In place or
     not is the argument's type, so numba compiles each pass on its own, with no choice in the loop over blocks.
     With the choice made there, from a flag (and the off-grid values put back after each block's loop, see
-    `_near_block32`), a block cost ~60 ns besides its values, and a matmul's rows of 128 or 256 values are a
+    `_near_block`), a block cost ~60 ns besides its values, and a matmul's rows of 128 or 256 values are a
     block each: GPT-2-tiny's 1024 x 256 output, in place, in cache, 0.30 against 0.54 ns a value, its 16 x 128 x
     128 attention scores 0.32 against 0.79 (session 48)."""
     m, n_cols = rows.shape[1], cols.shape[1]
@@ -429,11 +437,13 @@ def _outer_pass(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarr
                 stop = min(start + NEAR_BLOCK, n_cols)
                 vb, terms = v[row + start:row + stop], (ri, cn[start:stop], an[start:stop])
                 if out is None:
-                    nflag, bad = _near_block32(vb, _band_outer, terms, factor, limit, vb, keep, flags, plus)
+                    nflag, bad = _near_block(vb, _near32, 23, _band_outer, terms, factor, limit, vb, keep, flags,
+                                             plus)
                     src = keep
                 else:
                     ob = out[row + start:row + stop]
-                    nflag, bad = _near_block32(vb, _band_outer, terms, factor, limit, ob, ob, flags, plus)
+                    nflag, bad = _near_block(vb, _near32, 23, _band_outer, terms, factor, limit, ob, ob, flags,
+                                             plus)
                     src = vb
                 nbad += bad
                 new = _finish_block(src, vb.size, flags, nflag, row + start, cand, held, count)
@@ -451,7 +461,7 @@ def _outer_pass(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, add: np.ndarr
     return count, nbad
 
 
-# The bands of `_near_block32`, at value j (x) of a block: given per value (terms: (the block's bands,)), the matmul
+# The bands of `_near_block`, at value j (x) of a block: given per value (terms: (the block's bands,)), the matmul
 # pre-filter's outer product (terms: (rows[n, i] of the block's row, the block's columns of cols[n] and add[n])), a
 # function's relative band (terms: (k, a, c, f) of vtrain.bounds.RELATIVE)
 @njit(cache=True, nogil=True, inline="always")
@@ -520,10 +530,10 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
             start, size = (h * m + i0) * n, (i1 - i0) * n
             vb, kb, fb, terms = v[start:start + size], keep[:size], flags[:size], (eb[:size],)
             if same:
-                nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, vb, kb, fb, plus)
+                nflag, bad = _near_block(vb, _near32, 23, _band_given, terms, factor, limit, vb, kb, fb, plus)
             else:
                 ob = out[start:start + size]
-                nflag, bad = _near_block32(vb, _band_given, terms, factor, limit, ob, ob, fb, plus)
+                nflag, bad = _near_block(vb, _near32, 23, _band_given, terms, factor, limit, ob, ob, fb, plus)
                 kb = vb
             nbad += bad
             for t in range(size if nflag else 0):
@@ -535,7 +545,7 @@ def round_near_mm(v: np.ndarray, a: np.ndarray, b: np.ndarray, bias: np.ndarray,
                     eb[t:t + 1] = s  # (E from its sum by the row's own operations: `_scale_sums`)
                     _scale_sums(eb[t:t + 1], bias[i:i + 1, j:j + 1] if bias.size else bias, 0, alpha, beta, scale,
                                 floor)
-                    near = _near32(kb[t], eb[t], factor, limit)[1]
+                    near = _near32(kb[t], eb[t], factor, 23, limit)[1]
                     fb[t] = near
                     nflag -= not near
             new = _finish_block(kb, size, fb, nflag, start, cand, held, count)
@@ -592,10 +602,10 @@ def _share_a_bit(x: np.ndarray, y: np.ndarray) -> bool:
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _near32(x: float, e: float, factor: float, limit: float) -> tuple[float, bool, bool]:
-    """(x rounded (bits = 32), the candidate test against the band e * factor, whether r is off the grid).
-    Branch-free, so that the loops that call it vectorise, off-grid values counted by the caller (their first
-    position is found afterwards, as in `_round_into`)."""
+def _near32(x: float, e: float, factor: float, m: int, limit: float) -> tuple[float, bool, bool]:
+    """(x rounded (bits = 32, m = 23: the argument is `_near_block`'s protocol), the candidate test against the
+    band e * factor, whether r is off the grid). Branch-free, so that the loops that call it vectorise, off-grid
+    values counted by the caller (their first position is found afterwards, as in `_round_into`)."""
     r = np.float64(np.float32(x))
     # Half the spacing below r (as `_round_near`), 2^(E - 24) for the binade 2^E below r: |r| (1 - 2^-24),
     # exact since r has 24 bits, lies in r's binade, or in the one below where r is a power of two, and its
@@ -610,11 +620,26 @@ def _near32(x: float, e: float, factor: float, limit: float) -> tuple[float, boo
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], terms: tuple, factor: float,
-                  limit: float, dest: np.ndarray, keep: np.ndarray, flags: np.ndarray, plus: float) -> tuple[int, int]:
-    """dest = vb rounded (bits = 32) + plus (a value off the grid as it was, + 0.0: a NaN quieted), keep = vb,
-    flags = `_near32`'s test against the band band(j, vb[j], terms) * factor; (the number of candidates, the
-    number of off-grid values). (`band`: a compiled function, which numba specialises and inlines.) The off-grid
+def _near_grid(x: float, e: float, factor: float, m: int, limit: float) -> tuple[float, bool, bool]:
+    """`_near32` on the grid of m mantissa bits (any bits, float64 or float32 work), in float64 arithmetic, as
+    `_round_near`'s scalar loop had it: half the spacing below r is 2^(E - m - 1) for the binade 2^E of
+    |r| (1 - 2^-(m+1)) (exact: r has at most m + 1 bits), at least 2^-126's."""
+    r = round_value(x, m, False)
+    binade = np.int64(np.float64(abs(r) * (1.0 - _power_of_two(-m - 1))).view(np.int64) & _EXPONENT_BITS).view(
+        np.float64)
+    half = max(binade, MIN_NORMAL) * _power_of_two(-m - 1)
+    near = abs(x - r) + e * factor >= half
+    return r, near, not abs(r) <= limit
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _near_block(vb: np.ndarray, test: Callable[..., tuple[float, bool, bool]], m: int,
+                band: Callable[[int, float, tuple], float], terms: tuple, factor: float, limit: float,
+                dest: np.ndarray, keep: np.ndarray, flags: np.ndarray, plus: float) -> tuple[int, int]:
+    """dest = vb rounded + plus (a value off the grid as it was, + 0.0: a NaN quieted), keep = vb, flags = the
+    test's (`_near32` at bits = 32 on float64 work, else `_near_grid` for m mantissa bits) against the band
+    band(j, vb[j], terms) * factor; (the number of candidates, the number of off-grid values). (`test` and
+    `band`: compiled functions, which numba specialises and inlines.) The off-grid
     values are selected in the loop: put back after it, by a loop inlined into every block, they cost the
     matmul pass ~25 ns a block though none was there (session 48).
 
@@ -629,7 +654,7 @@ def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], te
     nflag = nbad = 0
     for j in range(vb.size):
         x = vb[j]
-        r, near, bad = _near32(x, band(j, x, terms), factor, limit)
+        r, near, bad = test(x, band(j, x, terms), factor, m, limit)
         keep[j] = x
         dest[j] = x + 0.0 if bad else r + plus
         flags[j] = near
@@ -640,7 +665,7 @@ def _near_block32(vb: np.ndarray, band: Callable[[int, float, tuple], float], te
 
 @njit(cache=True, nogil=True, inline="always")
 def _block_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(flags, keep): a block's candidate flags and its unrounded values, for the `_near_block32` family."""
+    """(flags, keep): a block's candidate flags and its unrounded values, for the `_near_block` family."""
     return np.empty(size, np.int64), np.empty(size)
 
 
@@ -1171,7 +1196,7 @@ def log_softmax_backward_bound(p: np.ndarray, sabs: np.ndarray, total: np.ndarra
 
 # -- the softmax family's band inside the rounding pass (vtrain.bounds.ROWS) -----------------------------------------
 # `softmax_bound` and `softmax_backward_bound` wrote E as large as the output, which `round_near` then read back:
-# here the rounding pass computes each row's E value by value, by the same functions, as `_near_block32`'s band, with
+# here the rounding pass computes each row's E value by value, by the same functions, as `_near_block`'s band, with
 # one pass fewer over the output and no E in memory. The softmax's and the log-softmax's E, candidates and rounding
 # are theirs bit for bit; the softmax backward's row sums are the pass's own, added in `sums_with_abs`' order where
 # torch's were (any order is within vtrain.bounds' slack). (A NaN E, which made those kernels decline, flags nothing
@@ -1184,7 +1209,7 @@ def _row_pass(v: np.ndarray, out: np.ndarray | None, n: int, stats: Callable, te
               plus: float) -> tuple[int, int]:
     """The row kernels' pass over v's rows of n values (flat), in place for out None (as `_outer_pass`): each row's
     statistics st = stats(r, data), then by blocks of at most NEAR_BLOCK values the band band(j, x, terms(r, start,
-    stop, st, data)) of `_near_block32`, and e_cand at the block's candidates from the same band; (the candidate
+    stop, st, data)) of `_near_block`, and e_cand at the block's candidates from the same band; (the candidate
     count, the off-grid count)."""
     count = nbad = 0
     flags, keep = _block_buffers(min(n, NEAR_BLOCK))
@@ -1195,11 +1220,11 @@ def _row_pass(v: np.ndarray, out: np.ndarray | None, n: int, stats: Callable, te
             at, tb = r * n + start, terms(r, start, stop, st, data)
             vb = v[at:r * n + stop]
             if out is None:
-                nflag, bad = _near_block32(vb, band, tb, factor, limit, vb, keep, flags, plus)
+                nflag, bad = _near_block(vb, _near32, 23, band, tb, factor, limit, vb, keep, flags, plus)
                 src = keep
             else:
                 ob = out[at:r * n + stop]
-                nflag, bad = _near_block32(vb, band, tb, factor, limit, ob, ob, flags, plus)
+                nflag, bad = _near_block(vb, _near32, 23, band, tb, factor, limit, ob, ob, flags, plus)
                 src = vb
             nbad += bad
             new = _finish_block(src, vb.size, flags, nflag, at, cand, held, count)

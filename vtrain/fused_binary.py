@@ -37,7 +37,7 @@ from numba.extending import overload
 from torch.autograd.graph import increment_version
 
 from vtrain import fused, omp
-from vtrain.fused import POW2, round_value
+from vtrain.fused import round_value
 from vtrain.grid import GridOverflowError, check_finite_range
 
 aten = torch.ops.aten
@@ -89,7 +89,7 @@ def binary(func: Any, args: tuple, kwargs: dict, m: int, limit: float, into_x: b
     if parts > 1:
         nbad = omp.kernels().binary(parts, code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, plan.size)
     else:
-        nbad = _binary(code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, POW2, 0, plan.size)
+        nbad = _binary(code, a, plan.sa, b, plan.sb, plan.dims, o, m, m == 23, limit, 0, plan.size)
     if nbad:
         if in_place:  # (x's values are gone: no second way to take; x holds the value's rounding, off the grid)
             check_finite_range(x, m + 9)
@@ -276,10 +276,10 @@ def _item_at(v, i):  # noqa: ANN001, ANN202, ARG001 (numba's overload protocol: 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _pairs_as(code: int, x: np.ndarray | float, y: np.ndarray | float, out: np.ndarray, m: int, cast32: bool,
-              limit: float, pow2: np.ndarray) -> int:
+              limit: float) -> int:
     nbad = 0
     for i in range(out.size):
-        r = round_value(_op(code, _item(x, i), _item(y, i)), m, cast32, pow2)
+        r = round_value(_op(code, _item(x, i), _item(y, i)), m, cast32)
         nbad += not abs(r) <= limit
         out[i] = r
     return nbad
@@ -287,30 +287,30 @@ def _pairs_as(code: int, x: np.ndarray | float, y: np.ndarray | float, out: np.n
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _pairs(code: int, x: np.ndarray | float, y: np.ndarray | float, out: np.ndarray, m: int, cast32: bool,
-           limit: float, pow2: np.ndarray) -> int:
+           limit: float) -> int:
     """out = rounded x op y elementwise (x and y arrays of out's length, or one value for all; out may be x itself);
     the count of values off the grid."""
     if not cast32:  # (the other grids' rounding does not vectorise)
-        return _pairs_as(code, x, y, out, m, False, limit, pow2)
+        return _pairs_as(code, x, y, out, m, False, limit)
     # One loop per op, each with its op a constant. With the op read at run time, LLVM kept its tests, and
     # the backward ops' arithmetic, inside the vectorised loop, for every value: in situ the kernels took
     # 4-7 % longer (docs/benchmarks.md, session 33).
     if code == ADD:
-        return _pairs_as(ADD, x, y, out, m, True, limit, pow2)
+        return _pairs_as(ADD, x, y, out, m, True, limit)
     if code == SUB:
-        return _pairs_as(SUB, x, y, out, m, True, limit, pow2)
+        return _pairs_as(SUB, x, y, out, m, True, limit)
     if code == MUL:
-        return _pairs_as(MUL, x, y, out, m, True, limit, pow2)
+        return _pairs_as(MUL, x, y, out, m, True, limit)
     if code == DIV:
-        return _pairs_as(DIV, x, y, out, m, True, limit, pow2)
+        return _pairs_as(DIV, x, y, out, m, True, limit)
     if code == TANH_BACKWARD:
-        return _pairs_as(TANH_BACKWARD, x, y, out, m, True, limit, pow2)
-    return _pairs_as(SIGMOID_BACKWARD, x, y, out, m, True, limit, pow2)
+        return _pairs_as(TANH_BACKWARD, x, y, out, m, True, limit)
+    return _pairs_as(SIGMOID_BACKWARD, x, y, out, m, True, limit)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndarray, dims: np.ndarray,
-            out: np.ndarray | None, m: int, cast32: bool, limit: float, pow2: np.ndarray, lo: int, hi: int) -> int:
+            out: np.ndarray | None, m: int, cast32: bool, limit: float, lo: int, hi: int) -> int:
     """out[lo:hi] (flat, C order over dims) = the rounded a op b there, a and b read through their strides over
     dims (innermost 0 or 1); the count of values off the grid. Out None: a itself is the output (contiguous)."""
     # (numba compiles a None out and an array apart, each with its own loop below only: with both loops in one
@@ -334,19 +334,19 @@ def _binary(code: int, a: np.ndarray, sa: np.ndarray, b: np.ndarray, sb: np.ndar
             # 1.19 into a fresh tensor)
             part = a[first + start:first + stop]
             if sb[3]:
-                nbad += _pairs(code, part, b[pb + start:pb + stop], part, m, cast32, limit, pow2)
+                nbad += _pairs(code, part, b[pb + start:pb + stop], part, m, cast32, limit)
             else:
-                nbad += _pairs(code, part, b[pb], part, m, cast32, limit, pow2)
+                nbad += _pairs(code, part, b[pb], part, m, cast32, limit)
         else:
             dest = out[first + start:first + stop]
             if sa[3] and sb[3]:
-                nbad += _pairs(code, a[pa + start:pa + stop], b[pb + start:pb + stop], dest, m, cast32, limit, pow2)
+                nbad += _pairs(code, a[pa + start:pa + stop], b[pb + start:pb + stop], dest, m, cast32, limit)
             elif sa[3]:
-                nbad += _pairs(code, a[pa + start:pa + stop], b[pb], dest, m, cast32, limit, pow2)
+                nbad += _pairs(code, a[pa + start:pa + stop], b[pb], dest, m, cast32, limit)
             elif sb[3]:
-                nbad += _pairs(code, a[pa], b[pb + start:pb + stop], dest, m, cast32, limit, pow2)
+                nbad += _pairs(code, a[pa], b[pb + start:pb + stop], dest, m, cast32, limit)
             else:
-                nbad += _pairs(code, a[pa], b[pb], dest, m, cast32, limit, pow2)
+                nbad += _pairs(code, a[pa], b[pb], dest, m, cast32, limit)
         o += stop - start
         start = 0
         i2 += 1  # (the next line's indices by carries: a division a line cost ~10 % on 256-value lines)

@@ -45,29 +45,28 @@ _OPS = {INNER: 6, OUTER: 2, BACKWARD: 14}  # the dispatched ops each pass stands
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _inner_loop(x: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+def _inner_loop(x: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float) -> int:
     nbad = 0
     for i in range(x.size):
         v = x[i]
         # (x * 0.5, the forward's first op, is on the grid for any x on it: the outer pass computes it)
-        xx = _r(v * v, m, cast32, pow2)
-        x3 = _r(xx * v, m, cast32, pow2)
-        k3 = _r(x3 * K, m, cast32, pow2)
-        s = _r(v + k3, m, cast32, pow2)
-        u = _r(s * C, m, cast32, pow2)
+        xx = _r(v * v, m, cast32)
+        x3 = _r(xx * v, m, cast32)
+        k3 = _r(x3 * K, m, cast32)
+        s = _r(v + k3, m, cast32)
+        u = _r(s * C, m, cast32)
         nbad += _off(xx, limit) + _off(x3, limit) + _off(k3, limit) + _off(s, limit) + _off(u, limit)
         out[i] = u
     return nbad
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _outer_loop(x: np.ndarray, t: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float,
-                pow2: np.ndarray) -> int:
+def _outer_loop(x: np.ndarray, t: np.ndarray, out: np.ndarray, m: int, cast32: bool, limit: float) -> int:
     nbad = 0
     for i in range(x.size):
-        h = _r(x[i] * 0.5, m, cast32, pow2)
-        p = _r(t[i] + 1.0, m, cast32, pow2)
-        y = _r(h * p, m, cast32, pow2)
+        h = _r(x[i] * 0.5, m, cast32)
+        p = _r(t[i] + 1.0, m, cast32)
+        y = _r(h * p, m, cast32)
         nbad += _off(y, limit)
         out[i] = y
     return nbad
@@ -75,26 +74,26 @@ def _outer_loop(x: np.ndarray, t: np.ndarray, out: np.ndarray, m: int, cast32: b
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _backward_loop(g: np.ndarray, x: np.ndarray, t: np.ndarray, out: np.ndarray, m: int, cast32: bool,
-                   limit: float, pow2: np.ndarray) -> int:
+                   limit: float) -> int:
     nbad = 0
     for i in range(x.size):
         v, w, d = x[i], t[i], g[i]
-        h = _r(v * 0.5, m, cast32, pow2)  # the forward's values that autograd keeps, again
-        p = _r(w + 1.0, m, cast32, pow2)
-        xx = _r(v * v, m, cast32, pow2)
-        gh = _r(d * h, m, cast32, pow2)  # y = h p: p's gradient, then h's
-        gp = _r(d * p, m, cast32, pow2)
-        gu = _r(_op(TANH_BACKWARD, gh, w), m, cast32, pow2)
-        gs = _r(gu * C, m, cast32, pow2)  # u = s C; s = x + k3, k3's gradient is s's
-        gk = _r(gs * K, m, cast32, pow2)  # k3 = x3 K
-        ga = _r(gk * xx, m, cast32, pow2)  # x3 = xx x: x's gradient, then xx's
-        gxx = _r(gk * v, m, cast32, pow2)
-        a1 = _r(gs + ga, m, cast32, pow2)  # x's buffer: s's share, then x3's
-        gb = _r(gxx * v, m, cast32, pow2)  # xx = x x: both operands' gradients, one value
-        a2 = _r(a1 + gb, m, cast32, pow2)
-        a3 = _r(a2 + gb, m, cast32, pow2)
-        gd = _r(gp * 0.5, m, cast32, pow2)  # h = x 0.5
-        gx = _r(a3 + gd, m, cast32, pow2)
+        h = _r(v * 0.5, m, cast32)  # the forward's values that autograd keeps, again
+        p = _r(w + 1.0, m, cast32)
+        xx = _r(v * v, m, cast32)
+        gh = _r(d * h, m, cast32)  # y = h p: p's gradient, then h's
+        gp = _r(d * p, m, cast32)
+        gu = _r(_op(TANH_BACKWARD, gh, w), m, cast32)
+        gs = _r(gu * C, m, cast32)  # u = s C; s = x + k3, k3's gradient is s's
+        gk = _r(gs * K, m, cast32)  # k3 = x3 K
+        ga = _r(gk * xx, m, cast32)  # x3 = xx x: x's gradient, then xx's
+        gxx = _r(gk * v, m, cast32)
+        a1 = _r(gs + ga, m, cast32)  # x's buffer: s's share, then x3's
+        gb = _r(gxx * v, m, cast32)  # xx = x x: both operands' gradients, one value
+        a2 = _r(a1 + gb, m, cast32)
+        a3 = _r(a2 + gb, m, cast32)
+        gd = _r(gp * 0.5, m, cast32)  # h = x 0.5
+        gx = _r(a3 + gd, m, cast32)
         nbad += _off(gh, limit) + _off(gp, limit) + _off(gu, limit) + _off(gs, limit) + _off(gk, limit) + \
             _off(ga, limit) + _off(gxx, limit) + _off(a1, limit) + _off(gb, limit) + _off(a2, limit) + \
             _off(a3, limit) + _off(gd, limit) + _off(gx, limit)
@@ -104,7 +103,7 @@ def _backward_loop(g: np.ndarray, x: np.ndarray, t: np.ndarray, out: np.ndarray,
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, e: np.ndarray, out: np.ndarray, q: np.ndarray,
-          lo: int, hi: int, width: int, period: int, count: int, limit: float, pow2: np.ndarray) -> int:
+          lo: int, hi: int, width: int, period: int, count: int, limit: float) -> int:
     """Pass `code` over values lo:hi (INNER reads x; OUTER x and t; BACKWARD g, x and t; e, q, width, period and
     count, which fused.run_chain passes every chain, unread): the count of rounded values off the grid. (The
     float32 cast a constant in the loops, as in vtrain.fused_optim: float64 work at bits = 32 only; each other
@@ -112,10 +111,10 @@ def _pass(code: int, x: np.ndarray, t: np.ndarray, g: np.ndarray, e: np.ndarray,
     ~20 s longer.)"""
     x, t, g, out = x[lo:hi], t[lo:hi], g[lo:hi], out[lo:hi]
     if code == INNER:
-        return _inner_loop(x, out, 23, True, limit, pow2)
+        return _inner_loop(x, out, 23, True, limit)
     if code == OUTER:
-        return _outer_loop(x, t, out, 23, True, limit, pow2)
-    return _backward_loop(g, x, t, out, 23, True, limit, pow2)
+        return _outer_loop(x, t, out, 23, True, limit)
+    return _backward_loop(g, x, t, out, 23, True, limit)
 
 
 def _run(rx: RoundedExecution | None, code: int, *inputs: torch.Tensor) -> torch.Tensor | None:

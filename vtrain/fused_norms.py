@@ -57,15 +57,15 @@ CENTER, AFFINE, AFFINE_CHANNELS, SCALE_GRADS, SCALE_GRADS_CHANNELS, QUOTIENT_GRA
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _center(x: np.ndarray, mu: np.ndarray, xc: np.ndarray, sq: np.ndarray, r0: int, r1: int, d: int, k: int, m: int,
-            cast32: bool, limit: float, pow2: np.ndarray) -> int:
+            cast32: bool, limit: float) -> int:
     """xc = x - mu, sq = xc xc."""
     nbad = 0
     for r in range(r0, r1):
         mr, i0 = mu[r % k], r * d
         xr, cr, qr = x[i0:i0 + d], xc[i0:i0 + d], sq[i0:i0 + d]
         for j in range(d):
-            c = _r(xr[j] - mr, m, cast32, pow2)
-            q = _r(c * c, m, cast32, pow2)
+            c = _r(xr[j] - mr, m, cast32)
+            q = _r(c * c, m, cast32)
             nbad += _off(c, limit) + _off(q, limit)
             cr[j], qr[j] = c, q
     return nbad
@@ -73,7 +73,7 @@ def _center(x: np.ndarray, mu: np.ndarray, xc: np.ndarray, sq: np.ndarray, r0: i
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _affine(xc: np.ndarray, s: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.ndarray, r0: int, r1: int, d: int,
-            k: int, channels: bool, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+            k: int, channels: bool, m: int, cast32: bool, limit: float) -> int:
     """y = xc / s * w + b."""
     nbad = 0
     for r in range(r0, r1):
@@ -81,9 +81,9 @@ def _affine(xc: np.ndarray, s: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.n
         p0, step = (r % k, 0) if channels else (0, 1)  # (w and b's index: p0 + j step)
         xr, yr = xc[i0:i0 + d], y[i0:i0 + d]
         for j in range(d):
-            n = _r(xr[j] / sr, m, cast32, pow2)
-            p = _r(n * w[p0 + j * step], m, cast32, pow2)
-            v = _r(p + b[p0 + j * step], m, cast32, pow2)
+            n = _r(xr[j] / sr, m, cast32)
+            p = _r(n * w[p0 + j * step], m, cast32)
+            v = _r(p + b[p0 + j * step], m, cast32)
             nbad += _off(n, limit) + _off(p, limit) + _off(v, limit)
             yr[j] = v
     return nbad
@@ -91,8 +91,7 @@ def _affine(xc: np.ndarray, s: np.ndarray, w: np.ndarray, b: np.ndarray, y: np.n
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _scale_grads(g: np.ndarray, xc: np.ndarray, s: np.ndarray, w: np.ndarray, gwp: np.ndarray, gxn: np.ndarray,
-                 r0: int, r1: int, d: int, k: int, channels: bool, m: int, cast32: bool, limit: float,
-                 pow2: np.ndarray) -> int:
+                 r0: int, r1: int, d: int, k: int, channels: bool, m: int, cast32: bool, limit: float) -> int:
     """The product's gradients: gwp = g xn (to be summed into w's), gxn = g w; xn = xc / s as the forward made it."""
     nbad = 0
     for r in range(r0, r1):
@@ -100,9 +99,9 @@ def _scale_grads(g: np.ndarray, xc: np.ndarray, s: np.ndarray, w: np.ndarray, gw
         p0, step = (r % k, 0) if channels else (0, 1)
         gr, xr, ar, cr = g[i0:i0 + d], xc[i0:i0 + d], gwp[i0:i0 + d], gxn[i0:i0 + d]
         for j in range(d):
-            n = _r(xr[j] / sr, m, cast32, pow2)
-            a = _r(gr[j] * n, m, cast32, pow2)
-            c = _r(gr[j] * w[p0 + j * step], m, cast32, pow2)
+            n = _r(xr[j] / sr, m, cast32)
+            a = _r(gr[j] * n, m, cast32)
+            c = _r(gr[j] * w[p0 + j * step], m, cast32)
             nbad += _off(a, limit) + _off(c, limit)
             ar[j], cr[j] = a, c
     return nbad
@@ -110,18 +109,18 @@ def _scale_grads(g: np.ndarray, xc: np.ndarray, s: np.ndarray, w: np.ndarray, gw
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _quotient_grads(gxn: np.ndarray, xc: np.ndarray, s: np.ndarray, gsp: np.ndarray, gxc: np.ndarray, r0: int,
-                    r1: int, d: int, k: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+                    r1: int, d: int, k: int, m: int, cast32: bool, limit: float) -> int:
     """The quotient xc / s's gradients: gsp = -gxn (xc / s / s) (to be summed into s's), gxc = gxn / s."""
     nbad = 0
     for r in range(r0, r1):
         sr, i0 = s[r % k], r * d
         gr, xr, ar, cr = gxn[i0:i0 + d], xc[i0:i0 + d], gsp[i0:i0 + d], gxc[i0:i0 + d]
         for j in range(d):
-            q1 = _r(xr[j] / sr, m, cast32, pow2)
-            q2 = _r(q1 / sr, m, cast32, pow2)
-            ng = _r(-gr[j], m, cast32, pow2)
-            a = _r(ng * q2, m, cast32, pow2)
-            c = _r(gr[j] / sr, m, cast32, pow2)
+            q1 = _r(xr[j] / sr, m, cast32)
+            q2 = _r(q1 / sr, m, cast32)
+            ng = _r(-gr[j], m, cast32)
+            a = _r(ng * q2, m, cast32)
+            c = _r(gr[j] / sr, m, cast32)
             nbad += _off(q1, limit) + _off(q2, limit) + _off(a, limit) + _off(c, limit)
             ar[j], cr[j] = a, c
     return nbad
@@ -129,18 +128,18 @@ def _quotient_grads(gxn: np.ndarray, xc: np.ndarray, s: np.ndarray, gsp: np.ndar
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _square_grads(gvar: np.ndarray, xc: np.ndarray, gxc: np.ndarray, a2: np.ndarray, n2: np.ndarray, r0: int,
-                  r1: int, d: int, k: int, count: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+                  r1: int, d: int, k: int, count: int, m: int, cast32: bool, limit: float) -> int:
     """The variance's mean and the square's gradients, summed into xc's: a2 = gxc + gq xc + gq xc with gq = gvar /
     count (both products, one value), and n2 = -a2 (to be summed into the mean's)."""
     nbad = 0
     for r in range(r0, r1):
-        gq, i0 = _r(gvar[r % k] / count, m, cast32, pow2), r * d
+        gq, i0 = _r(gvar[r % k] / count, m, cast32), r * d
         nbad += _off(gq, limit)
         xr, gr, ar, nr = xc[i0:i0 + d], gxc[i0:i0 + d], a2[i0:i0 + d], n2[i0:i0 + d]
         for j in range(d):
-            p = _r(gq * xr[j], m, cast32, pow2)
-            a1 = _r(gr[j] + p, m, cast32, pow2)
-            a = _r(a1 + p, m, cast32, pow2)
+            p = _r(gq * xr[j], m, cast32)
+            a1 = _r(gr[j] + p, m, cast32)
+            a = _r(a1 + p, m, cast32)
             nbad += _off(p, limit) + _off(a1, limit) + _off(a, limit)
             ar[j], nr[j] = a, -a
     return nbad
@@ -148,11 +147,11 @@ def _square_grads(gvar: np.ndarray, xc: np.ndarray, gxc: np.ndarray, a2: np.ndar
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _mean_grad(gm: np.ndarray, out: np.ndarray, r0: int, r1: int, d: int, k: int, count: int, m: int, cast32: bool,
-               limit: float, pow2: np.ndarray) -> int:
+               limit: float) -> int:
     """The mean's gradient, gm / count (one value a row)."""
     nbad = 0
     for r in range(r0, r1):
-        v, i0 = _r(gm[r % k] / count, m, cast32, pow2), r * d
+        v, i0 = _r(gm[r % k] / count, m, cast32), r * d
         nbad += _off(v, limit)
         out[i0:i0 + d] = v
     return nbad
@@ -160,31 +159,31 @@ def _mean_grad(gm: np.ndarray, out: np.ndarray, r0: int, r1: int, d: int, k: int
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _pass(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray, p: np.ndarray,
-          r0: int, r1: int, d: int, k: int, count: int, limit: float, pow2: np.ndarray) -> int:
+          r0: int, r1: int, d: int, k: int, count: int, limit: float) -> int:
     """Pass `code` over rows r0:r1 (of d values, row r's statistics number r % k, each over `count` values) on inputs
     a, b, c, e (as many as it reads) into outputs o and p: the count of values off the grid. (Float64 work at bits =
     32 only, as vtrain.fused_gelu's.)"""
-    return _step(code, a, b, c, e, o, p, r0, r1, d, k, count, 23, True, limit, pow2)
+    return _step(code, a, b, c, e, o, p, r0, r1, d, k, count, 23, True, limit)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _step(code: int, a: np.ndarray, b: np.ndarray, c: np.ndarray, e: np.ndarray, o: np.ndarray, p: np.ndarray,
-          r0: int, r1: int, d: int, k: int, count: int, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+          r0: int, r1: int, d: int, k: int, count: int, m: int, cast32: bool, limit: float) -> int:
     if code == CENTER:
-        return _center(a, b, o, p, r0, r1, d, k, m, cast32, limit, pow2)
+        return _center(a, b, o, p, r0, r1, d, k, m, cast32, limit)
     if code == AFFINE:
-        return _affine(a, b, c, e, o, r0, r1, d, k, False, m, cast32, limit, pow2)
+        return _affine(a, b, c, e, o, r0, r1, d, k, False, m, cast32, limit)
     if code == AFFINE_CHANNELS:
-        return _affine(a, b, c, e, o, r0, r1, d, k, True, m, cast32, limit, pow2)
+        return _affine(a, b, c, e, o, r0, r1, d, k, True, m, cast32, limit)
     if code == SCALE_GRADS:
-        return _scale_grads(a, b, c, e, o, p, r0, r1, d, k, False, m, cast32, limit, pow2)
+        return _scale_grads(a, b, c, e, o, p, r0, r1, d, k, False, m, cast32, limit)
     if code == SCALE_GRADS_CHANNELS:
-        return _scale_grads(a, b, c, e, o, p, r0, r1, d, k, True, m, cast32, limit, pow2)
+        return _scale_grads(a, b, c, e, o, p, r0, r1, d, k, True, m, cast32, limit)
     if code == QUOTIENT_GRADS:
-        return _quotient_grads(a, b, c, o, p, r0, r1, d, k, m, cast32, limit, pow2)
+        return _quotient_grads(a, b, c, o, p, r0, r1, d, k, m, cast32, limit)
     if code == SQUARE_GRADS:
-        return _square_grads(a, b, c, o, p, r0, r1, d, k, count, m, cast32, limit, pow2)
-    return _mean_grad(a, o, r0, r1, d, k, count, m, cast32, limit, pow2)
+        return _square_grads(a, b, c, o, p, r0, r1, d, k, count, m, cast32, limit)
+    return _mean_grad(a, o, r0, r1, d, k, count, m, cast32, limit)
 
 
 @dataclass(frozen=True)

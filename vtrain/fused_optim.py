@@ -33,7 +33,6 @@ from torch.optim.sgd import sgd as torch_sgd
 from torch.utils._mode_utils import no_dispatch
 
 from vtrain import fused, omp
-from vtrain.fused import POW2, POW2_32
 from vtrain.fused import round_scalar as _r
 from vtrain.rounding import NonFiniteError, RoundedExecution, active_rounding
 
@@ -48,38 +47,38 @@ def _flags(ok_p: bool, ok_s1: bool, ok_s2: bool) -> int:
 @njit(cache=True, nogil=True, error_model="numpy")
 def _adam(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
           beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool, limit: float,
-          pow2: np.ndarray, lo: int, hi: int) -> int:
+          lo: int, hi: int) -> int:
     # Elements lo:hi, the loop over slices from 0: over range(lo, hi), its indices not known to be >= 0, each read
     # kept numba's negative-index wrap and the loop stayed scalar (13 against 5 ms on 1M values). (lo and hi as
     # defaults left out, the compiled loop ran 1.6x as long.) The float32 cast as a constant, so the compiler
     # drops the general rounding from the loop (~1.4x).
     p, g, m1, m2 = p[lo:hi], g[lo:hi], m1[lo:hi], m2[lo:hi]
     if cast32:
-        return _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, 23, True, limit, pow2)
-    return _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, m, False, limit, pow2)
+        return _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, 23, True, limit)
+    return _adam_loop(p, g, m1, m2, decay, wd, w1, beta2, w2, bc2_sqrt, eps, scale, m, False, limit)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _adam_loop(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, decay: float, wd: float, w1: float,
                beta2: float, w2: float, bc2_sqrt: float, eps: float, scale: float, m: int, cast32: bool,
-               limit: float, pow2: np.ndarray) -> int:
+               limit: float) -> int:
     ok_p = ok_m1 = ok_m2 = True
     for i in range(p.size):
         x = p[i]
         grad = g[i]
         if decay != 1.0:  # AdamW: param.mul_(1 - lr * wd)
-            x = _r(x * decay, m, cast32, pow2)
+            x = _r(x * decay, m, cast32)
         if wd != 0.0:  # Adam: grad.add(param, alpha=wd)
-            grad = _r(grad + x * wd, m, cast32, pow2)
-        avg = _r(m1[i] + (grad - m1[i]) * w1, m, cast32, pow2)  # exp_avg.lerp_(grad, 1 - beta1)
-        sq = _r(m2[i] * beta2, m, cast32, pow2)  # exp_avg_sq.mul_(beta2)
+            grad = _r(grad + x * wd, m, cast32)
+        avg = _r(m1[i] + (grad - m1[i]) * w1, m, cast32)  # exp_avg.lerp_(grad, 1 - beta1)
+        sq = _r(m2[i] * beta2, m, cast32)  # exp_avg_sq.mul_(beta2)
         gg = grad * grad
-        sq = _r(sq + (gg if w2 == 1.0 else gg * w2), m, cast32, pow2)  # .addcmul_(grad, grad, value=1 - beta2)
-        den = _r(math.sqrt(sq), m, cast32, pow2)  # exp_avg_sq.sqrt()
-        den = _r(den / bc2_sqrt, m, cast32, pow2)  # / bias_correction2_sqrt
-        den = _r(den + eps, m, cast32, pow2)  # .add_(eps)
+        sq = _r(sq + (gg if w2 == 1.0 else gg * w2), m, cast32)  # .addcmul_(grad, grad, value=1 - beta2)
+        den = _r(math.sqrt(sq), m, cast32)  # exp_avg_sq.sqrt()
+        den = _r(den / bc2_sqrt, m, cast32)  # / bias_correction2_sqrt
+        den = _r(den + eps, m, cast32)  # .add_(eps)
         q = avg / den
-        x = _r(x + (q if scale == 1.0 else q * scale), m, cast32, pow2)  # param.addcdiv_(avg, den, value=-step_size)
+        x = _r(x + (q if scale == 1.0 else q * scale), m, cast32)  # param.addcdiv_(avg, den, value=-step_size)
         p[i] = x
         m1[i] = avg
         m2[i] = sq
@@ -91,32 +90,32 @@ def _adam_loop(p: np.ndarray, g: np.ndarray, m1: np.ndarray, m2: np.ndarray, dec
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _sgd(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
-         neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray, lo: int, hi: int) -> int:
+         neg_lr: float, m: int, cast32: bool, limit: float, lo: int, hi: int) -> int:
     p, g, buf = p[lo:hi], g[lo:hi], buf[lo:hi]
     if cast32:  # as in _adam
-        return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, 23, True, limit, pow2)
-    return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, m, False, limit, pow2)
+        return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, 23, True, limit)
+    return _sgd_loop(p, g, buf, fresh, wd, momentum, alpha, neg_lr, m, False, limit)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _sgd_loop(p: np.ndarray, g: np.ndarray, buf: np.ndarray, fresh: bool, wd: float, momentum: float, alpha: float,
-              neg_lr: float, m: int, cast32: bool, limit: float, pow2: np.ndarray) -> int:
+              neg_lr: float, m: int, cast32: bool, limit: float) -> int:
     ok_p = ok_buf = True
     for i in range(p.size):
         x = p[i]
         grad = g[i]
         if wd != 0.0:  # grad.add(param, alpha=wd)
-            grad = _r(grad + x * wd, m, cast32, pow2)
+            grad = _r(grad + x * wd, m, cast32)
         if momentum != 0.0:
             if fresh:  # buf = grad.clone()
                 b = grad
             else:  # buf.mul_(momentum).add_(grad, alpha=1 - dampening)
-                b = _r(buf[i] * momentum, m, cast32, pow2)
-                b = _r(b + (grad if alpha == 1.0 else grad * alpha), m, cast32, pow2)
+                b = _r(buf[i] * momentum, m, cast32)
+                b = _r(b + (grad if alpha == 1.0 else grad * alpha), m, cast32)
             buf[i] = b
             ok_buf &= abs(b) <= limit
             grad = b
-        x = _r(x + grad * neg_lr, m, cast32, pow2)  # param.add_(grad, alpha=-lr)
+        x = _r(x + grad * neg_lr, m, cast32)  # param.add_(grad, alpha=-lr)
         p[i] = x
         ok_p &= abs(x) <= limit
     return _flags(ok_p, ok_buf, True)
@@ -177,8 +176,7 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, updates: l
                                  rx._limit)
         flags = [bad if i == at else 0 for i in range(len(updates))]
     else:
-        pow2 = POW2 if work is np.float64 else POW2_32
-        flags = [kernel(*a, *c, m, m == 23, rx._limit, pow2, 0, a[0].size) for a, c in zip(arrays, scalars)]
+        flags = [kernel(*a, *c, m, m == 23, rx._limit, 0, a[0].size) for a, c in zip(arrays, scalars)]
     for (index, tensors, _, rounded), bad in zip(updates, flags):
         for t in tensors[:1] + tensors[2:]:  # written through numpy: bumped as torch's in-place updates would be
             increment_version(t)  # (vtrain.prefilter.LineNorms trusts version counters)

@@ -29,7 +29,7 @@ from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
 from vtrain import fused, fused_binary, fused_gelu, fused_norms, fused_optim, omp, prefilter
-from vtrain.fused import NEAR_BLOCK, POW2
+from vtrain.fused import NEAR_BLOCK
 
 _SIGNATURE = types.void(types.CPointer(types.int64))
 _HEAD = 2  # block[0]: where the parts' flags begin (the block's last block[1] values); block[1]: the number of parts
@@ -214,10 +214,10 @@ def _binary_part(d):  # noqa: ANN001, ANN202
             continue
         lo, hi = _cut(size, p, parts, 1), _cut(size, p + 1, parts, 1)
         if blk[19] == 0:
-            nbad = fused_binary._binary(code, a, sa, b, sb, dims, None, m, cast32, limit, POW2, lo, hi)
+            nbad = fused_binary._binary(code, a, sa, b, sb, dims, None, m, cast32, limit, lo, hi)
         else:
             out = carray(_pointer(blk[19], np.float64), size)
-            nbad = fused_binary._binary(code, a, sa, b, sb, dims, out, m, cast32, limit, POW2, lo, hi)
+            nbad = fused_binary._binary(code, a, sa, b, sb, dims, out, m, cast32, limit, lo, hi)
         blk[_HEAD + _B_FIELDS + p] = nbad
 
 
@@ -269,9 +269,9 @@ def _chain_part(d):  # noqa: ANN001, ANN202
             continue
         r0, r1 = _cut(rows, p, parts, 1), _cut(rows, p + 1, parts, 1)
         if kind == fused.CHAIN_GELU:
-            bad = fused_gelu._pass(code, a, b, c, e, o, q, r0, r1, width, period, count, limit, POW2)
+            bad = fused_gelu._pass(code, a, b, c, e, o, q, r0, r1, width, period, count, limit)
         else:
-            bad = fused_norms._pass(code, a, b, c, e, o, q, r0, r1, width, period, count, limit, POW2)
+            bad = fused_norms._pass(code, a, b, c, e, o, q, r0, r1, width, period, count, limit)
         blk[_HEAD + _E_FIELDS + p] = bad
 
 
@@ -504,10 +504,10 @@ def _round_part(d):  # noqa: ANN001, ANN202
         lo, hi = _cut(size, p, parts, NEAR_BLOCK), _cut(size, p + 1, parts, NEAR_BLOCK)
         v = carray(_pointer(blk[2] + 8 * lo, np.float64), hi - lo)
         if blk[3] == 0:
-            bad = fused._round_in_place(v, m, cast32, limit, POW2)
+            bad = fused._round_in_place(v, m, cast32, limit)
         else:
             out = carray(_pointer(blk[3] + 8 * lo, np.float64), hi - lo)
-            bad = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, out, m, cast32, limit, POW2)
+            bad = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, out, m, cast32, limit)
         blk[_HEAD + _R_FIELDS + p] = bad
 
 
@@ -608,9 +608,9 @@ def _update_part(d):  # noqa: ANN001, ANN202
             if kind == ADAM:
                 s2 = carray(_pointer(table[t, 3], np.float64), n)
                 bad = fused_optim._adam(x, g, s1, s2, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], m, m == 23,
-                                        limit, POW2, a, b)
+                                        limit, a, b)
             else:
-                bad = fused_optim._sgd(x, g, s1, c[0] != 0, c[1], c[2], c[3], c[4], m, m == 23, limit, POW2, a, b)
+                bad = fused_optim._sgd(x, g, s1, c[0] != 0, c[1], c[2], c[3], c[4], m, m == 23, limit, a, b)
             if bad and first == count:
                 first, flags = t, bad
         at = _HEAD + _U_FIELDS + 2 * p

@@ -305,7 +305,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 continue
             v = float(a)
             if not abs(v) > self._limit and \
-                    self._fused.round_scalar(v, self.bits - 9, self.bits == 32, self._fused.POW2) != v:
+                    self._fused.round_scalar(v, self.bits - 9, self.bits == 32) != v:
                 return True
         return False
 

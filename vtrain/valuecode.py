@@ -28,7 +28,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from vtrain.fused import POW2, round_scalar
+from vtrain.fused import round_scalar
 from vtrain.grid import check_bits, grid_index, grid_max
 
 MARGIN = 2.25  # the trainer's code spans round(v -+ MARGIN * band): 1 + 1.25 for the auditor's (see above)
@@ -39,7 +39,7 @@ def encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, bits: int) -> tuple[n
     m = check_bits(bits)
     res, widths = np.empty(vv.size, np.int64), np.empty(vv.size, np.uint8)
     if vv.size:
-        _encode(vv, rr, ww, MARGIN, m, _top(bits), bits, POW2, res, widths)
+        _encode(vv, rr, ww, MARGIN, m, _top(bits), bits, res, widths)
     return res, widths
 
 
@@ -50,7 +50,7 @@ def decode(vv: np.ndarray, ww: np.ndarray, res: np.ndarray, widths: np.ndarray,
     m = check_bits(bits)
     values, named = np.empty(vv.size), np.empty(vv.size, np.bool_)
     if vv.size:
-        _decode(vv, ww, res.astype(np.int64), widths.astype(np.int64), m, _top(bits), POW2, values, named)
+        _decode(vv, ww, res.astype(np.int64), widths.astype(np.int64), m, _top(bits), values, named)
     return values, named
 
 
@@ -96,17 +96,17 @@ def _residue(g: float, width: int, m: int, top: int) -> int:
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _range(v: float, w: float, m: int, top: int, pow2: np.ndarray) -> tuple[int, int]:
+def _range(v: float, w: float, m: int, top: int) -> tuple[int, int]:
     """The indices of round(v - w) and round(v + w) (v - w in v's own type, as the auditor's torch check)."""
-    return (_index(round_scalar(v - w, m, False, pow2), m, top),
-            _index(round_scalar(v + w, m, False, pow2), m, top))
+    return (_index(round_scalar(v - w, m, False), m, top),
+            _index(round_scalar(v + w, m, False), m, top))
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, margin: float, m: int, top: int, bits: int,
-            pow2: np.ndarray, res: np.ndarray, widths: np.ndarray) -> None:
+            res: np.ndarray, widths: np.ndarray) -> None:
     for i in range(vv.size):
-        lo, hi = _range(vv[i], ww[i] * margin, m, top, pow2)
+        lo, hi = _range(vv[i], ww[i] * margin, m, top)
         span, width = max(hi - lo, 0), 0  # (hi < lo only for a NaN band, which no legitimacy check passes)
         while span >> width:
             width += 1
@@ -117,9 +117,9 @@ def _encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, margin: float, m: in
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _decode(vv: np.ndarray, ww: np.ndarray, res: np.ndarray, widths: np.ndarray, m: int, top: int,
-            pow2: np.ndarray, values: np.ndarray, named: np.ndarray) -> None:
+            values: np.ndarray, named: np.ndarray) -> None:
     for i in range(vv.size):
-        lo, hi = _range(vv[i], ww[i], m, top, pow2)
+        lo, hi = _range(vv[i], ww[i], m, top)
         k = lo + ((res[i] - lo) & ((1 << widths[i]) - 1))
         named[i] = k <= hi
         k = min(k, hi)

@@ -101,17 +101,21 @@ def test_values_off_the_grid_in_a_short_block_stay_as_they_were_within_it(size: 
     if size > 200:
         x[200], first = 1e39, 200
     m = 7 if size % 7 == 0 else 3 if size % 3 == 0 else 1  # (rows of 100 and of 512 values)
-    kernels = [lambda v, o, c, h: fused.round_near(v, np.full(size, 2.0**-30), 1.0, 23, top, o, c, h),
-               lambda v, o, c, h: fused.round_near_relative(v, 2.0**-30, 0.0, 1.0, 0.0, 1.0, top, o, c, h, -0.0)]
+    band = np.full(size, 2.0**-30)
+    kernels = [(32, lambda v, o, c, h: fused.round_near(v, band, 1.0, 23, top, o, c, h)),
+               (32, lambda v, o, c, h: fused.round_near_relative(v, 2.0**-30, 0.0, 1.0, 0.0, 1.0, top, o, c, h,
+                                                                -0.0)),
+               # (the grid of any other bits: its own kernel, by blocks too)
+               (19, lambda v, o, c, h: fused.round_near(v, band, 1.0, 10, grid_max(19), o, c, h))]
     for rows in (1, m):
-        kernels.append(lambda v, o, c, h, rows=rows: fused.round_near_outer(
+        kernels.append((32, lambda v, o, c, h, rows=rows: fused.round_near_outer(
             v, np.full((1, rows), 2.0**-30), np.ones((1, size // rows)), np.zeros((1, size // rows)), 1.0, top, o, c,
-            h, -0.0))
-    with np.errstate(over="ignore"):  # (1e39's float32 is inf: off the grid)
-        want = np.float32(x).astype(np.float64)
-    off = ~np.isfinite(want)
-    want[off] = x[off]
-    for kernel in kernels:
+            h, -0.0)))
+    for bits, kernel in kernels:
+        with np.errstate(over="ignore"):  # (1e39 rounds to inf: off the grid)
+            want = round_unchecked(torch.from_numpy(x), bits).numpy().copy()
+        off = ~(np.abs(want) <= grid_max(bits))
+        want[off] = x[off]
         for in_place in (True, False):
             memory = np.full(size + fused.NEAR_BLOCK, 7.0)  # (the output, then a block that nothing may write)
             v = memory[:size] if in_place else x.copy()

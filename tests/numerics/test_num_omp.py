@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from vtrain import fused, fused_binary, fused_optim, omp, omp_kernels, prefilter
-from vtrain.fused import POW2
 from vtrain.grid import grid_max
 
 aten = torch.ops.aten
@@ -50,7 +49,7 @@ def test_binary_in_parts(code: int, shapes: tuple) -> None:
     for in_place in (False, True):
         whole_out = None if in_place else np.empty(plan.size)
         whole_a = a.copy()
-        whole = fused_binary._binary(code, whole_a, plan.sa, b, plan.sb, plan.dims, whole_out, 23, True, LIMIT, POW2,
+        whole = fused_binary._binary(code, whole_a, plan.sa, b, plan.sb, plan.dims, whole_out, 23, True, LIMIT,
                                      0, plan.size)
         for parts in PARTS:
             part_a, out = a.copy(), None if in_place else np.empty(plan.size)
@@ -69,8 +68,8 @@ def test_without_libgomp_a_pass_runs_every_part_on_this_thread() -> None:
     plan = fused_binary._plan(fused_binary._key(x), fused_binary._key(y))
     a, b = fused_binary._memory(x, plan.x_span), fused_binary._memory(y, plan.y_span)
     whole_out, out = np.empty(plan.size), np.empty(plan.size)
-    whole = fused_binary._binary(fused_binary.MUL, a, plan.sa, b, plan.sb, plan.dims, whole_out, 23, True, LIMIT,
-                                 POW2, 0, plan.size)
+    whole = fused_binary._binary(fused_binary.MUL, a, plan.sa, b, plan.sb, plan.dims, whole_out, 23, True, LIMIT, 0,
+                                 plan.size)
     block = omp_kernels._binary_block(3, fused_binary.MUL, a, plan.sa, b, plan.sb, plan.dims, out, 23, True, LIMIT,
                                       plan.size)
     omp_kernels._ALONE(omp_kernels._binary_part.address, block.ctypes.data, 3, 0)
@@ -351,9 +350,9 @@ def test_rounding_in_parts() -> None:
     for in_place in (False, True):
         whole_v, whole_out = v.copy(), np.empty_like(v)
         if in_place:
-            whole = fused._round_in_place(whole_v, 23, True, LIMIT, POW2)
+            whole = fused._round_in_place(whole_v, 23, True, LIMIT)
         else:
-            whole = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, whole_out, 23, True, LIMIT, POW2)
+            whole = fused._round_into(v, v.view(np.int64), 52, 0x7FF, 1023, whole_out, 23, True, LIMIT)
         for parts in PARTS:
             part_v, out = v.copy(), np.empty_like(v)
             bad = omp_kernels.round_float64(parts, part_v, None if in_place else out, 23, LIMIT)
@@ -404,7 +403,7 @@ def test_optimizer_updates_in_parts(kind: str, m: int) -> None:
     group[2][1][4000] = np.inf  # parameter 2's gradient: its state or value leaves the grid
     group[4][0][5] = 2.0 * LIMIT  # parameter 4 starts off the grid
     want = [[a.copy() for a in arrays] for arrays in group]
-    flags = [kernel(*arrays, *c, m, m == 23, LIMIT, POW2, 0, arrays[0].size) for arrays, c in zip(want, coefficients)]
+    flags = [kernel(*arrays, *c, m, m == 23, LIMIT, 0, arrays[0].size) for arrays, c in zip(want, coefficients)]
     assert flags[2] and flags[4] & 1 and not any(flags[i] for i in (0, 1, 3))
     for parts in PARTS:
         got = [[a.copy() for a in arrays] for arrays in group]
