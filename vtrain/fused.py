@@ -232,21 +232,21 @@ def _power_of_two(k: int) -> float:
 
 
 def _to_multiple(x: float, k: int) -> float:
-    """x rounded to the nearest multiple of 2^k, ties to even (-149 <= k <= 127), in x's arithmetic: exact, since
-    2^k is a power of two (`_to_multiple_typed` compiles each type's own)."""
+    """x rounded to the nearest multiple of 2^k, ties to even (-149 <= k <= 127), in x's type (`_to_multiple_typed`
+    compiles each type's own): exact, since 2^k is a power of two."""
     q = 2.0**k
     return np.rint(x / q) * q
 
 
 @overload(_to_multiple, inline="always")
 def _to_multiple_typed(x, k):  # noqa: ANN001, ANN202, ARG001 (numba's overload protocol, as fused_binary._item_at)
-    if x == types.float32:
-        # float32 arithmetic (float32 work's values): 2^-k can exceed float32's range, while 2^k is a
-        # float32 (down to 2^-149, a subnormal), and so is x / 2^k, below 2^(m+1)
-        return lambda x, k: np.rint(x / np.float32(_power_of_two(k))) * np.float32(_power_of_two(k))
     # A product for the quotient, and powers from their bits: with a table's lookups (gathers) LLVM kept grid
     # rounding's loops scalar, 2.0 against 0.6 ns a value for float32 work's outputs at bits = 19, and float32
-    # work's Adam update ran 6x slower
+    # work's Adam update ran 6x slower. Float32 x in float64 (2^-k can exceed float32's range), and the result,
+    # a float32 (or inf where x rounds to 2^128), back in float32, so that float32 arithmetic stays float32
+    # after it (float32 work's optimizer kernels).
+    if x == types.float32:
+        return lambda x, k: np.float32(np.rint(np.float64(x) * _power_of_two(-k)) * _power_of_two(k))
     return lambda x, k: np.rint(x * _power_of_two(-k)) * _power_of_two(k)
 
 
@@ -326,30 +326,6 @@ def _first_bad(out: np.ndarray, limit: float) -> int:
     return -1
 
 
-@njit(cache=True, nogil=True, error_model="numpy")
-def _round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
-                cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
-    # (float64 work at bits = 32, the hardware cast, takes `_round_near32`.) By blocks, as `_round_near32`, so
-    # that the test's loop vectorises: a scalar loop appending candidates as it went took 4.4-6.6 against
-    # 1.0-1.2 ns a value (64K values at bits = 19, float64 and float32 work).
-    count = nbad = 0
-    flags, keep = _block_buffers(NEAR_BLOCK)
-    same = _same(v, out)
-    fill = np.full(NEAR_BLOCK, e[0])  # one band for all: read like a per-element one, with no branch
-    for start in range(0, v.size, NEAR_BLOCK):
-        stop = min(start + NEAR_BLOCK, v.size)
-        vb, terms = v[start:stop], (fill if e.size == 1 else e[start:stop],)
-        if same:  # (keep: float64, vb float32 in float32 work, so each branch finishes its own block)
-            nflag, bad = _near_block(vb, _near_grid, m, _band_given, terms, factor, limit, vb, keep, flags, plus)
-            count = _finish_block(keep, vb.size, flags, nflag, start, cand, held, count)
-        else:
-            ob = out[start:stop]
-            nflag, bad = _near_block(vb, _near_grid, m, _band_given, terms, factor, limit, ob, ob, flags, plus)
-            count = _finish_block(vb, vb.size, flags, nflag, start, cand, held, count)
-        nbad += bad
-    return count, _first_bad(out, limit) if nbad else -1
-
-
 NEAR_BLOCK = 512
 _SHRINK32 = 1.0 - 2.0**-24
 _EXPONENT_BITS = 0x7FF0000000000000
@@ -358,10 +334,26 @@ _EXPONENT_BITS = 0x7FF0000000000000
 @njit(cache=True, nogil=True, error_model="numpy")
 def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out: np.ndarray,
                   cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
-    # `_round_near` for float64 work at bits = 32, the trainer's common case, where every output of a large
-    # step passes. The same operations on the same values, arranged so that LLVM vectorises the pass (see
-    # `_near_block`), by blocks of NEAR_BLOCK values. 1.7-2.5 against 4.2-5.5 ns a value on 4M values
-    # with and without a per-element band.
+    # `round_near` for float64 work at bits = 32, the trainer's common case, where every output of a large step
+    # passes. 1.7-2.5 against 4.2-5.5 ns a value on 4M values with and without a per-element band, against a
+    # scalar loop appending candidates as it went.
+    return _near_pass(v, e, factor, _near32, 23, limit, out, cand, held, plus)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float, out: np.ndarray,
+                cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
+    # `round_near` on any other grid, or float32 work: 1.0-1.2 against 4.4-6.6 ns a value by that scalar loop
+    # (64K values at bits = 19, float64 and float32 work).
+    return _near_pass(v, e, factor, _near_grid, m, limit, out, cand, held, plus)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _near_pass(v: np.ndarray, e: np.ndarray, factor: float, test: Callable[..., tuple[float, bool, bool]], m: int,
+               limit: float, out: np.ndarray, cand: np.ndarray, held: np.ndarray, plus: float) -> tuple[int, int]:
+    """`round_near` with the band e given (one value for all, or one for each) and the rounding test `test` for m
+    mantissa bits (as `_near_block`): the same operations on the same values as one loop over v, arranged so that
+    LLVM vectorises the pass, by blocks of NEAR_BLOCK values."""
     count = nbad = 0
     flags, keep = _block_buffers(NEAR_BLOCK)
     same = _same(v, out)
@@ -369,13 +361,16 @@ def _round_near32(v: np.ndarray, e: np.ndarray, factor: float, limit: float, out
     for start in range(0, v.size, NEAR_BLOCK):
         stop = min(start + NEAR_BLOCK, v.size)
         vb, terms = v[start:stop], (fill if e.size == 1 else e[start:stop],)
-        if same:  # (the arrays `_near_block` asks for)
-            nflag, bad = _near_block(vb, _near32, 23, _band_given, terms, factor, limit, vb, keep, flags, plus)
+        # (the arrays `_near_block` asks for; each branch finishes its block, since keep is float64 and vb float32
+        # in float32 work)
+        if same:
+            nflag, bad = _near_block(vb, test, m, _band_given, terms, factor, limit, vb, keep, flags, plus)
+            count = _finish_block(keep, vb.size, flags, nflag, start, cand, held, count)
         else:
             ob = out[start:stop]
-            nflag, bad = _near_block(vb, _near32, 23, _band_given, terms, factor, limit, ob, ob, flags, plus)
+            nflag, bad = _near_block(vb, test, m, _band_given, terms, factor, limit, ob, ob, flags, plus)
+            count = _finish_block(vb, vb.size, flags, nflag, start, cand, held, count)
         nbad += bad
-        count = _finish_block(keep if same else vb, vb.size, flags, nflag, start, cand, held, count)
     return count, _first_bad(out, limit) if nbad else -1
 
 
@@ -607,9 +602,9 @@ def _near32(x: float, e: float, factor: float, m: int, limit: float) -> tuple[fl
     band e * factor, whether r is off the grid). Branch-free, so that the loops that call it vectorise, off-grid
     values counted by the caller (their first position is found afterwards, as in `_round_into`)."""
     r = np.float64(np.float32(x))
-    # Half the spacing below r (as `_round_near`), 2^(E - 24) for the binade 2^E below r: |r| (1 - 2^-24),
-    # exact since r has 24 bits, lies in r's binade, or in the one below where r is a power of two, and its
-    # exponent bits alone are that binade's 2^E. At least 2^-150, the uniform range's (r = 0 included). One
+    # Half the spacing below r (as `_near_grid` on any grid), 2^(E - 24) for the binade 2^E below r: |r|
+    # (1 - 2^-24), exact since r has 24 bits, lies in r's binade, or in the one below where r is a power of two,
+    # and its exponent bits alone are that binade's 2^E. At least 2^-150, the uniform range's (r = 0 included). One
     # integer operation where the exponent's arithmetic took six: 1.2 against 1.4 ns a value in cache. At an
     # r off the grid (inf, NaN) the test means nothing: such a value is flagged, and settled otherwise (an
     # error, or the exact resolution's recomputation).
@@ -621,9 +616,11 @@ def _near32(x: float, e: float, factor: float, m: int, limit: float) -> tuple[fl
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _near_grid(x: float, e: float, factor: float, m: int, limit: float) -> tuple[float, bool, bool]:
-    """`_near32` on the grid of m mantissa bits (any bits, float64 or float32 work), in float64 arithmetic, as
-    `_round_near`'s scalar loop had it: half the spacing below r is 2^(E - m - 1) for the binade 2^E of
-    |r| (1 - 2^-(m+1)) (exact: r has at most m + 1 bits), at least 2^-126's."""
+    """`_near32` on the grid of m mantissa bits (any bits, float64 or float32 work), the test in float64
+    arithmetic: half the spacing below r (vtrain.grid.spacing_below) is 2^(E - m - 1) for the binade 2^E of
+    |r| (1 - 2^-(m+1)) (exact: r has at most m + 1 bits), at least 2^-126's. (x widened first: float32 x's
+    rounding, in float64 and back (`_to_multiple`), then read in float64 again, cost the pass ~40 %.)"""
+    x = np.float64(x)
     r = round_value(x, m, False)
     binade = np.int64(np.float64(abs(r) * (1.0 - _power_of_two(-m - 1))).view(np.int64) & _EXPONENT_BITS).view(
         np.float64)
