@@ -823,11 +823,9 @@ def _logged(vv: np.ndarray, r: np.ndarray, idx: np.ndarray, e: np.ndarray, rows:
 def _binade(x: float) -> float:
     """max(2^floor(log2 |x|), MIN_NORMAL), inf for inf and NaN: what spacings_np reads from x's exponent bits
     (a subnormal of x's dtype has none, and the maximum lifts it to MIN_NORMAL either way)."""
-    if not math.isfinite(x):
-        return math.inf
-    if x == 0:
-        return MIN_NORMAL
-    return max(math.ldexp(0.5, math.frexp(x)[1]), MIN_NORMAL)
+    # (x's exponent bits alone, in float64, where a float32 subnormal is normal: frexp and ldexp, library calls,
+    # took ~40 % of the classification of float32 work's many candidates)
+    return max(np.int64(np.float64(x).view(np.int64) & _EXPONENT_BITS).view(np.float64), MIN_NORMAL)
 
 
 def abs32(t: torch.Tensor) -> tuple[torch.Tensor, float]:
