@@ -76,6 +76,7 @@ class FloorSession(TrainingSession):
         return PassThrough()
 
 
+@native_views.held()  # (as a run's steps are: vtrain.train, vtrain.audit)
 def run_steps(spec: Spec, device: str, rounding: str, steps: int, logs: list[StepLog] | None = None,
               measure_storage: bool = False, session: type = TrainingSession) -> dict:
     s = session(spec, device)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from vtrain import native_views
 from vtrain.intervals import interval_record
 from vtrain.leaves import LeafRecord, hex0x, keccak256
 from vtrain.merkle import MerkleTree
@@ -114,6 +115,7 @@ def _audit_worker(group: Group, path: str, device: str, out: str | None, ignore_
     return _audit(group, Run.open(path), device, out if group.rank == 0 else None, ignore_log, None)
 
 
+@native_views.held()  # (a replay's steps: see vtrain.native_views)
 def _audit(group: Group, run: Run, device: str, out: str | Path | None, ignore_log: bool,
            progress: Callable[[int, StepResult], None] | None) -> AuditReport:
     session = TrainingSession(run.spec, device, group)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.nn import functional as F
 
+from vtrain import native_views
 from vtrain.data import batch_indices, load_dataset
 from vtrain.devices import get_device
 from vtrain.faults import Fault, perturb_weights, poison_labels
@@ -261,6 +262,7 @@ def train(spec: Spec, out: str | Path, *, spec_toml: str, device: str = "cpu", s
                        threads=threads)
 
 
+@native_views.held()  # (a run's steps: see vtrain.native_views)
 def _train(group: Group, spec: Spec, out: str | Path, spec_toml: str, device: str, steps: int | None,
            faults: tuple[Fault, ...], progress: Callable[[int, StepResult], None] | None) -> TrainResult:
     last = spec.steps if steps is None else min(steps, spec.steps)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,4 +69,38 @@ def test_the_kernels_go_when_the_execution_fails() -> None:
     with pytest.raises(ZeroDivisionError), RoundedExecution(bits=32, device=get_device("cpu")):
         assert native_views.active()
         raise ZeroDivisionError
+    assert not native_views.active()
+
+
+def test_a_held_block_keeps_the_kernels_across_executions(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.arange(24, dtype=torch.float64)
+    seen = _dispatched(monkeypatch)
+    with native_views.held():
+        assert native_views.active()
+        for _ in range(2):  # (a run's steps: each execution leaves them standing)
+            with RoundedExecution(bits=32, device=get_device("cpu")):
+                out = _views(x)
+            assert native_views.active()
+    assert not native_views.active()
+    assert seen == [aten.add.Tensor, aten.add.Tensor]
+    assert torch.equal(out[0], x.reshape(4, 6) + 1.0)
+    with pytest.raises(ZeroDivisionError), native_views.held():  # (and they go when the block fails)
+        raise ZeroDivisionError
+    assert not native_views.active()
+
+
+def test_a_run_and_its_audit_hold_the_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # registered once for the run's steps and once for the audit's, not once a step
+    from vtrain.audit import audit
+    from vtrain.run import Run
+    from vtrain.spec import load_spec, to_toml
+    from vtrain.train import train
+
+    registered: list[bool] = []  # (whether the kernels stood already, at each acquire)
+    acquire = native_views.acquire
+    monkeypatch.setattr(native_views, "acquire", lambda: (registered.append(native_views.active()), acquire())[1])
+    spec = load_spec(Path(__file__).resolve().parents[2] / "examples" / "logreg.toml")
+    train(spec, tmp_path / "run", spec_toml=to_toml(spec), steps=3)
+    audit(Run.open(tmp_path / "run"))
+    assert registered.count(False) == 2 and len(registered) == 2 + 2 * 3
     assert not native_views.active()
