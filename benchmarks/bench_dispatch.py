@@ -19,6 +19,7 @@ and prints medians (steps 3 onward) and ratios to native.
     .venv/bin/python benchmarks/bench_dispatch.py --family gpt2-tiny --set d_model=256 --set context=128 \\
         --set batch_size=8 --steps 10
     .venv/bin/python benchmarks/bench_dispatch.py --family resnet-tiny --set width=32 --set batch_size=32
+    .venv/bin/python benchmarks/bench_dispatch.py --family scale/gpt2-tiny --steps 10   # float32 work, bits = 20
 
 `--threads N` runs every mode on N torch threads (default 1, as bench_families).
 """
@@ -44,7 +45,9 @@ from vtrain.train import TrainingSession  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=("gpt2-tiny", "resnet-tiny"), default="gpt2-tiny")
+    ap.add_argument("--family", choices=("gpt2-tiny", "resnet-tiny", "scale/gpt2-tiny", "scale/resnet-tiny"),
+                    default="gpt2-tiny", help="a model family, or its scale model (float32 work at bits = 20 or 19: "
+                    "native is then plain FP32 training)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=INT",
                     help="a family size setting, e.g. d_model=256 (repeatable)")
     ap.add_argument("--steps", type=int, default=8, help="steps per mode; the first two are warm-up")

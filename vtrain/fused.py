@@ -10,7 +10,8 @@ They compute the same values with the same IEEE operations as the torch path, so
 tell them apart: tests/numerics/test_num_fused.py checks the rounding bit for bit against
 `vtrain.grid.round_unchecked`, and the candidate sets against `RoundedExecution._candidates`. Rounding:
 at bits = 32 on float64 the hardware cast to float32 (RNE from the float64 value, subnormals included);
-otherwise x / q rounded half-to-even and scaled back by q, the grid spacing at x, all exact. A value that
+otherwise x / q (a product by 2^-k, for the spacing q = 2^k at x) rounded half-to-even and scaled back by q, all
+exact (float32 values in float64, and back). A value that
 is NaN, infinite or beyond the grid makes a kernel report its position; the caller then takes the torch
 path, which raises the error that names it (or, in the exact resolution, settles such elements exactly).
 
@@ -172,7 +173,8 @@ def round_near(v: np.ndarray, e: np.ndarray, factor: float, m: int, limit: float
 
     out may be v itself: the trainer rounds a fresh output in place (`RoundedExecution._fused_near`), since
     nothing reads v afterwards but at the candidates, whose values `held` keeps. A value that rounds off
-    the grid stays in out as it was (as `round_in_place` leaves it), so that the error can name it.
+    the grid stays in out as it was (a NaN quieted, as `round_in_place` leaves it), so that the error can name
+    it; the candidates then mean nothing (the callers drop them).
 
     The test is `RoundedExecution._candidates`: a superset of the values within factor * e of a rounding
     boundary, since the nearest boundary is at least half the spacing below r away from r."""
@@ -253,9 +255,10 @@ def _to_multiple_typed(x, k):  # noqa: ANN001, ANN202, ARG001 (numba's overload 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
 def _grid_round(x: float, exp: int, m: int, cast32: bool) -> float:
     """x rounded to nearest-even on the grid, given x's clamped binary exponent (unused when cast32); beyond
-    the largest binade, x itself (the caller flags it). With float32 x (float32 work), a float32 in float32
-    arithmetic, where the caller passes cast32 as a constant False (numba then drops the float64 branch before
-    typing; tests/numerics/test_num_fused_optim.py fails on float64 arithmetic in the optimizer's kernels)."""
+    the largest binade, x itself (the caller flags it). With float32 x (float32 work), a float32 (computed in
+    float64, exactly: `_to_multiple`), where the caller passes cast32 as a constant False (numba then drops the
+    float64 branch before typing; tests/numerics/test_num_fused_optim.py fails on float64 arithmetic after the
+    rounding in the optimizer's kernels)."""
     if cast32:
         return np.float64(np.float32(x))
     r = _to_multiple(x, min(exp, _EMAX + 1) - m)

@@ -164,7 +164,7 @@ def _run(rx: RoundedExecution, kernel: Callable[..., int], name: str, updates: l
     with no_dispatch():  # numpy views without sending each tensor's detach through the rounding mode
         arrays = [[fused.flat(t) for t in tensors] for _, tensors, _, _ in updates]
     # The coefficients in the work dtype, as torch's kernels take a Python scalar: float32 work then
-    # computes every operation in float32 (and rounds to the grid with float32 powers of two), float64 work
+    # computes every operation in float32 (its roundings return float32s: fused._to_multiple), float64 work
     # in float64. (Python ints as floats too: a kernel compiled for an integer coefficient ran 2.6x slower,
     # 31 against 12 ns an element for Adam on 4M parameters.)
     work = arrays[0][0].dtype.type

@@ -127,7 +127,7 @@ def test_values_off_the_grid_in_a_short_block_stay_as_they_were_within_it(size: 
             assert np.array_equal(memory[:size], want, equal_nan=True) and (memory[size:] == 7.0).all()
 
 
-@pytest.mark.parametrize("bits,dtype", _cases([19, 32]))
+@pytest.mark.parametrize("bits,dtype", _cases([10, 19, 24, 31, 32]))
 def test_round_near_gives_the_torch_candidates(bits: int, dtype: np.dtype) -> None:
     # and values just above powers of two, rounding down onto them: there the spacing below r is half the
     # spacing above, so a value a quarter spacing or more above r is within a quarter of the lower boundary

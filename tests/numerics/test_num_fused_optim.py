@@ -94,6 +94,28 @@ def test_a_diverging_update_raises_on_both_paths(monkeypatch: pytest.MonkeyPatch
             opt.step()
 
 
+@pytest.mark.parametrize("bits", [19, 13])
+def test_a_float32_update_rounding_up_to_2_to_the_128_raises_on_both_paths(bits: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # float32 work: the grid's largest value plus 3/4 of its spacing, a finite float32, rounds up to 2^128 (inf in
+    # float32), which the kernels' roundings report as torch's path does
+    import vtrain.fused_optim as fo
+
+    runs = []
+    real = fo._run
+    monkeypatch.setattr(fo, "_run", lambda *a, **k: runs.append(a[2]) or real(*a, **k))
+    spacing = 2.0 ** (127 - (bits - 9))
+    for on in (True, False):
+        monkeypatch.setattr(fused, "ENABLED", on)
+        p = torch.nn.Parameter(torch.full((4,), 2.0**128 - spacing, dtype=torch.float32))
+        p.grad = torch.full((4,), -1.0, dtype=torch.float32)
+        opt = RoundedSGD([p], lr=0.75 * spacing)
+        assert torch.isfinite(p.detach() + 0.75 * spacing).all()
+        with pytest.raises(NonFiniteError), RoundedExecution(bits=bits, device=get_device("cpu"), mode="plain"):
+            opt.step()
+        assert len(runs) == 1  # (the kernels' update with them on, torch's without)
+
+
 def test_outside_rounded_execution_it_is_torchs_optimizer() -> None:
     gen = torch.Generator().manual_seed(3)
     a = torch.nn.Parameter(torch.randn(8, generator=gen, dtype=torch.float64))
