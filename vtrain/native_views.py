@@ -10,11 +10,10 @@ time, 1-3 % of a small model's (docs/benchmarks.md, session 45).
 The kernels are registered when the first rounded execution in the process enters and removed when the last one
 leaves, or for a whole run's steps (`held`): while they stand, every mode and tensor subclass misses these ops, so
 outside rounded execution and those loops none does (another dispatch mode, a subclass, torch.compile's fake
-tensors). Only views whose
-kernels stay below the Python key are listed: `t` and `transpose` call `as_strided`, which is listed too;
-`split` and `chunk` call `narrow` (outside vtrain.ops' table), and `detach` reaches the modes whatever is
-registered, so they keep the modes' path. (A kernel that other code registered at that key for one of these ops
-is overridden meanwhile, with torch's warning, and back when the last execution leaves.)
+tensors). Only views whose kernels stay below the Python key are listed: `t` and `transpose` call `as_strided`,
+which is listed too; `split` and `chunk` call `narrow` (outside vtrain.ops' table), and `detach` reaches the modes
+whatever is registered, so they keep the modes' path. (A kernel that other code registered at that key for one of
+these ops is overridden meanwhile, with torch's warning, and back when the last execution leaves.)
 """
 
 from __future__ import annotations

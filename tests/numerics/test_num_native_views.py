@@ -11,8 +11,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vtrain import native_views
+from vtrain.audit import audit
 from vtrain.devices import get_device
 from vtrain.rounding import RoundedExecution
+from vtrain.run import Run
+from vtrain.spec import load_spec, to_toml
+from vtrain.train import train
 
 aten = torch.ops.aten
 
@@ -91,11 +95,6 @@ def test_a_held_block_keeps_the_kernels_across_executions(monkeypatch: pytest.Mo
 
 def test_a_run_and_its_audit_hold_the_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # registered once for the run's steps and once for the audit's, not once a step
-    from vtrain.audit import audit
-    from vtrain.run import Run
-    from vtrain.spec import load_spec, to_toml
-    from vtrain.train import train
-
     registered: list[bool] = []  # (whether the kernels stood already, at each acquire)
     acquire = native_views.acquire
     monkeypatch.setattr(native_views, "acquire", lambda: (registered.append(native_views.active()), acquire())[1])
