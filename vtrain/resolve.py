@@ -31,8 +31,9 @@ things per op:
   exactly (non-overlapping max pooling, embedding rows gathered once, the unweighted NLL loss and its
   backward). Quantised data (k/16 pixels) is certified almost everywhere; float64 sums of FP32-grid
   values often are. The engine asks through `certify`, which first reads a matmul's or convolution's own
-  values: a certified sum is exact, so its lowest set bit bounds q from above (`_ruled_out`); and then a
-  matmul's line samples, whose lowest lsb bound q from above too (`_sampled_out`).
+  values: a certified sum is exact, so its lowest set bit bounds q from above (`_ruled_out`); and then
+  samples of its lines or slices, whose lowest lsb bound q from above too (`_certify_lines`, which does both
+  in one compiled pass for a matmul; `_sampled_out` for a convolution).
 
 Ops are read through their aten schema (_bind), so positional and keyword calls look the same. Only
 2-d pooling and 1-d, 2-d and 3-d convolutions (any groups, stride, padding, dilation; transposed ones read
@@ -1242,8 +1243,11 @@ def _certified(q: np.ndarray | float, e: Bound | None, k: int, out: torch.Tensor
                divisor: int = 1) -> np.ndarray | None:
     """`_certify` as a numpy array."""
     bound = _sum_bound(e, k, out, divisor)
-    if bound is None:
-        return None
+    return None if bound is None else _passes(q, bound, divisor)
+
+
+def _passes(q: np.ndarray | float, bound: SumBound, divisor: int = 1) -> np.ndarray:
+    """Where grain q passes the certificate of S's bound `bound` (`_sum_bound`'s, for the same divisor)."""
     s_upper, p, tiny = bound
     # (q 2^p beyond float64's range, for grains near its top, is rightly infinite: any finite S of such
     # grains counts fewer than 2^p of them)
@@ -1275,91 +1279,35 @@ def _sum_bound(e: Bound | None, k: int, out: torch.Tensor, divisor: int = 1) -> 
 
 def certify(op: Any, args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
             pos: torch.Tensor, held: np.ndarray | None = None) -> torch.Tensor | None:
-    """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier). Given the output's
-    own values there (`held`: the device's unrounded v), a matmul or convolution whose values rule a certificate out
-    at every position (`_ruled_out`) answers False there without reading its operands, and a matmul or convolution
-    whose values and samples of its lines or slices do (`_sampled_out`) after reading 32 (a matmul) or a few hundred
-    values a position; the answer is the certifier's everywhere (False for its None: an addmm scaled by alpha or
-    beta, where no certificate applies). (Where some position stays open the certifier takes them all: its cost is
-    per call, ~50-200 us, and asking it for fewer positions saved nothing.)"""
+    """`CERTIFIERS[op]` at flat positions `pos` of output i (None where the op has no certifier), given the output's
+    own values there if known (`held`: the device's unrounded v). A matmul's certificate reads them in its own
+    compiled pass (`_certify_lines`). A convolution whose values rule a certificate out at every position
+    (`_ruled_out`) answers False there without reading its operands, and one whose values and samples of its
+    slices do (`_sampled_out`) after reading a few hundred values a position; the answer is the certifier's
+    everywhere. (Where some position stays open the certifier takes them all: its cost is per call, ~250 us,
+    and asking it for fewer positions saved nothing.)"""
     certifier = CERTIFIERS.get(op)
     if certifier is None:
         return None
+    if op in _LINE_CERTIFIED:
+        return certifier(args, kwargs, outs, e, i, pos, held)
     terms = _TERMS.get(op)
     if held is not None and terms is not None and e is not None and len(pos):
         k = terms(args, kwargs, i)
         bound = _sum_bound(e, k, outs[i])  # (S's, for both rules)
-        refused = _all_refused(op, args, kwargs, bound, k, outs[i], pos, held)
-        if refused is None:  # (the two rules one by one)
-            ruled = _ruled_out(held, bound)
-            refused = ruled.all() or _sampled_out(op, args, kwargs, bound, k, outs[i], pos, ruled, i).all()
-        if refused:  # (numpy's zeros on the CPU: torch.zeros cost ~20 us a call in a training step, ~35 calls a step)
+        ruled = _ruled_out(held, bound)
+        if ruled.all() or _sampled_out(op, args, kwargs, bound, outs[i], pos, ruled, i).all():
+            # (numpy's zeros on the CPU: torch.zeros cost ~20 us a call in a training step)
             return torch.from_numpy(np.zeros(len(pos), np.bool_)) if pos.is_cpu else \
                 torch.zeros(len(pos), dtype=torch.bool, device=pos.device)
     return certifier(args, kwargs, outs, e, i, pos)
 
 
-def _all_refused(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: int, out: torch.Tensor,
-                 pos: torch.Tensor, held: np.ndarray) -> bool | None:
-    """Whether `_ruled_out` or `_sampled_out` refuses every position of a large matmul (mm, addmm, bmm on CPU
-    float operands, float64 values held), in one compiled pass that stops at the first position both leave open
-    (`_refuse_all`); None where that pass does not apply. (The two rules apart cost ~120 us of Python a call
-    in a training step, ~38 calls a step at GPT-2-tiny d_model 256.)"""
-    operands = _SAMPLED.get(op)
-    if bound is None or operands is None or held.dtype != np.float64:
-        return None
-    s_upper, p, _ = bound
-    if s_upper.shape != (len(pos),) or held.shape != s_upper.shape:  # (the kernel reads by index, unchecked)
-        raise ValueError(f"{len(pos)} positions for {s_upper.size} bounds and {held.size} values")
-    a, b = operands(args, kwargs)
-    if a.numel() + b.numel() <= _SAMPLED_LINES:  # (`_sampled_out` samples nothing there)
-        return None
-    lines = _strided_bits(a), _strided_bits(b)
-    if None in lines:
-        return None
-    (abits, am), (bbits, bm) = lines
-    return _refuse_all(held.view(np.int64), s_upper, 2.0**p, abits, am, *_batch_strides(a), bbits, bm,
-                       *_batch_strides(b), pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE))
-
-
-@njit(cache=True, nogil=True)
-def _refuse_all(held_bits: np.ndarray, s_upper: np.ndarray, top: float, abits: np.ndarray, am: int, an: int,
-                ar: int, ak: int, bbits: np.ndarray, bm: int, bn: int, bk: int, bc: int, pos: np.ndarray, m: int,
-                n: int, sample: int) -> bool:
-    """`_below_sums` (of float64 values' bits) or else `_refuse_sampled` at each position, as `_ruled_out` and
-    `_sampled_out` answer there: True where one of them refuses every position (False at the first that both
-    leave open: the certifier then takes them all)."""
-    ruled = np.zeros(1, np.bool_)
-    for t in range(pos.size):
-        key = _lsb_key(held_bits[t], 52)
-        if key >= 0 and s_upper[t] >= np.int64(key).view(np.float64) * top:
-            continue
-        ruled[0] = False
-        _refuse_sampled(abits, am, an, ar, ak, bbits, bm, bn, bk, bc, pos[t:t + 1], m, n, sample, s_upper[t:t + 1],
-                        top, ruled)
-        if not ruled[0]:
-            return False
-    return True
-
-
-# The term count k the certificate of a sum of products takes at output i, from the op's arguments (a matmul's:
-# `_certify_grains`' line length of a; a convolution's: `_conv_terms`): the ops whose certified values are
-# exact sums, which `_ruled_out` reads.
-def _line_terms(args: tuple, kwargs: dict, i: int) -> int:
-    return args[0].shape[-1]
-
-
-def _bound_terms(op: Any) -> Callable[[tuple, dict, int], int]:
-    """The term count from the op's arguments by schema name (addmm: its mat1's lines; convolutions)."""
-    if op is aten.addmm.default:
-        return lambda args, kwargs, i: _addmm_products(args, kwargs)[0].shape[-1]
-    return lambda args, kwargs, i: _conv_terms(_bind(op, args, kwargs), i)
-
-
+# The term count k a convolution's certificate takes at output i (`_conv_terms`), which `_ruled_out` reads: a
+# certified value is an exact sum of k products.
 _TERMS: dict[Any, Callable[[tuple, dict, int], int]] = {
-    aten.mm.default: _line_terms, aten.bmm.default: _line_terms,
-    **{op: _bound_terms(op) for op in (aten.addmm.default, aten.convolution.default,
-                                       aten.convolution_backward.default)},
+    op: (lambda args, kwargs, i, op=op: _conv_terms(_bind(op, args, kwargs), i))
+    for op in (aten.convolution.default, aten.convolution_backward.default)
 }
 
 
@@ -1390,49 +1338,33 @@ def _below_sums(bits: np.ndarray, mant: int, s_upper: np.ndarray, top: float, ou
     """out[t] = s_upper[t] >= top * lsb(value t) (`_ruled_out`; a NaN's lsb, key -1, rules nothing out; 2^p lsb
     past float64's range is infinite and rules nothing out)."""
     for t in range(bits.size):
-        key = _lsb_key(bits[t], mant)
-        out[t] = key >= 0 and s_upper[t] >= np.int64(key).view(np.float64) * top
+        out[t] = _value_refuses(bits[t], mant, s_upper[t], top)
 
 
-def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, k: int, out: torch.Tensor,
-                 pos: torch.Tensor, ruled: np.ndarray, i: int = 0) -> np.ndarray:
-    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a matmul's or convolution's output i, `out`, for S's
-    bound `bound` over its k terms), and where a sample of each position's two lines (slices) refuses a grain
-    certificate: the first _SAMPLE values of a's row and of b's column bound their lines' lowest lsb from above (a
-    convolution's: `_slice_sample`'s values of each factor's slice), so q_sample >= the certifier's grain (an
-    addend's grain only lowers that), and S's bound >= 2^p q_sample fails the certificate. The near misses the
-    values leave (a sum with a few low zero bits by chance) mostly fall here: at GPT-2-tiny d_model 256, 25 of a
-    step's 28 matmul certificate calls that read operands (docs/benchmarks.md, session 28); at resnet-tiny width 32
-    all of a step's ~12 convolution calls, whose certifier took ~250 us a call in Python to answer False (session
-    44). mm, addmm, bmm and convolutions on CPU float64/float32 operands; other ops as given."""
-    if bound is None:
+@njit(cache=True, nogil=True, inline="always")
+def _value_refuses(bits: int, mant: int, s: float, top: float) -> bool:
+    # (a NaN's key, -1, refuses nothing, nor does S's NaN)
+    key = _lsb_key(bits, mant)
+    return key >= 0 and s >= np.int64(key).view(np.float64) * top
+
+
+def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, out: torch.Tensor, pos: torch.Tensor,
+                 ruled: np.ndarray, i: int = 0) -> np.ndarray:
+    """`ruled` (`_ruled_out`'s answer at flat positions `pos` of a convolution's output i, `out`, for S's bound
+    `bound`), and where a sample of each open position's slices refuses a grain certificate: `_slice_sample`'s
+    values of each factor's slice bound its lowest lsb from above, so q_sample >= the certifier's grain, and S's
+    bound >= 2^p q_sample fails the certificate. The near misses the values leave (a sum with a few low zero bits
+    by chance) mostly fall here: at resnet-tiny width 32 all of a step's ~12 convolution calls, whose certifier
+    took ~250 us a call in Python to answer False (session 44). Convolutions on CPU float64/float32 operands whose
+    slices hold more than _SAMPLED_SLICES values (the certifier reads smaller ones whole as cheaply); other ops
+    and operands as given."""
+    if bound is None or op not in _FACTORS:
         return ruled
-    if bound[0].shape != (len(pos),):  # (the kernels read by index, unchecked)
+    if bound[0].shape != (len(pos),):  # (the kernel reads by index, unchecked)
         raise ValueError(f"{len(pos)} positions for {bound[0].size} bounds")
-    if op in _FACTORS:
-        return _sampled_slices_out(op, args, kwargs, bound, out, pos, ruled, i)
-    operands = _SAMPLED.get(op)
-    if operands is None:
-        return ruled
-    a, b = operands(args, kwargs)
-    if a.numel() + b.numel() <= _SAMPLED_LINES:  # (the certifier reads such lines whole in one compiled call,
-        return ruled                             # as cheaply: the scale MLP's steps took 3 % longer with samples)
-    lines = _strided_bits(a), _strided_bits(b)
-    if None in lines:
-        return ruled
-    (abits, am), (bbits, bm) = lines
-    ruled = ruled.copy()
-    _refuse_sampled(abits, am, *_batch_strides(a), bbits, bm, *_batch_strides(b),
-                    pos.cpu().numpy(), *out.shape[-2:], min(k, _SAMPLE), bound[0], 2.0**bound[1], ruled)
-    return ruled
-
-
-def _sampled_slices_out(op: Any, args: tuple, kwargs: dict, bound: SumBound, out: torch.Tensor,
-                        pos: torch.Tensor, ruled: np.ndarray, i: int) -> np.ndarray:
-    """`_sampled_out` for a convolution, at the positions `ruled` leaves open."""
     found = _FACTORS[op](args, kwargs, out.shape, i, pos)
-    if found is None or sum(t.numel() for t, _, _ in found[0]) <= _SAMPLED_SLICES:  # (the certifier reads
-        return ruled                                                                  # such slices whole)
+    if found is None or sum(t.numel() for t, _, _ in found[0]) <= _SAMPLED_SLICES:
+        return ruled
     open_ = np.flatnonzero(~ruled)
     q = np.ones(open_.size)
     for t, dim, keys in found[0]:
@@ -1468,25 +1400,6 @@ def _sample_slices(bits: np.ndarray, mant: int, shape: np.ndarray, strides: np.n
         q[t] *= np.inf if low < 0 else np.int64(low).view(np.float64)
 
 
-def _products(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    return args[0], args[1]
-
-
-def _addmm_products(args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """addmm's mat1 and mat2: positional as the dispatcher passes them, read without binding the schema (~1 us a
-    call, twice a certificate)."""
-    if len(args) >= 3:
-        return args[1], args[2]
-    kw = _bind(aten.addmm.default, args, kwargs)
-    return kw["mat1"], kw["mat2"]
-
-
-# The ops `_sampled_out` takes: (a, b) of their products a @ b, (M, K) and (K, N) or batched (`_batch_strides`)
-_SAMPLED: dict[Any, Callable[[tuple, dict], tuple[torch.Tensor, torch.Tensor]]] = {
-    aten.mm.default: _products, aten.bmm.default: _products, aten.addmm.default: _addmm_products,
-}
-
-
 def _batch_strides(t: torch.Tensor) -> tuple[int, int, int]:
     """A matmul operand's element strides as a batch of matrices (a 2-d one: a batch of one, stride 0)."""
     return (0, *t.stride()) if t.dim() == 2 else t.stride()
@@ -1504,45 +1417,9 @@ def _strided_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     return bits, mant
 
 
-@njit(cache=True, nogil=True)
-def _refuse_sampled(abits: np.ndarray, am: int, an: int, ar: int, ak: int, bbits: np.ndarray, bm: int, bn: int,
-                    bk: int, bc: int, pos: np.ndarray, m: int, n: int, sample: int, s_upper: np.ndarray, top: float,
-                    ruled: np.ndarray) -> None:
-    """ruled[t] |= s_upper[t] >= top * (min lsb of a[i, r, :sample]) (min lsb of b[i, :sample, c]) at flat
-    position pos[t] = (i, r, c) of the (B, m, n) output; a's and b's memory flat (`_lsb_key`'s layouts), with
-    strides (an, ar, ak) and (bn, bk, bc) (`_sampled_out`; a NaN among them rules nothing out)."""
-    for t in range(pos.size):
-        i, rc = divmod(pos[t], m * n)
-        r, c = divmod(rc, n)
-        at, bt = i * an + r * ar, i * bn + c * bc
-        qa, qb = _INF_BITS, _INF_BITS
-        for j in range(sample):
-            qa = min(qa, _lsb_key(abits[at + j * ak], am))
-            qb = min(qb, _lsb_key(bbits[bt + j * bk], bm))
-        if qa >= 0 and qb >= 0:
-            ruled[t] |= s_upper[t] >= np.int64(qa).view(np.float64) * np.int64(qb).view(np.float64) * top
-
-
-def _cert_mm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
-             pos: torch.Tensor) -> torch.Tensor | None:
-    a, b = args[0], args[1]
-    if a.shape[1] == 0:
-        return None
-    r, c = _coords(pos.cpu().numpy(), outs[0].shape)
-    return _certify_grains(a, b, r, c, None, e, outs[0], pos)
-
-
-def _cert_bmm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
-              pos: torch.Tensor) -> torch.Tensor | None:
-    a, b = args[0], args[1]
-    if a.shape[2] == 0 or a.shape[0] == 0:
-        return None
-    n, r, c = (torch.from_numpy(x) for x in _coords(pos.cpu().numpy(), outs[0].shape))
-    # as a matmul's over each position's own two lines, gathered: a[n, r, :] as row t and b[n, :, c] as
-    # column t. (b as one (K, B N) matrix was a copy of all of it: 2 MB a call at GPT-2-tiny's attention,
-    # d_model 256, for ~7 positions, 0.7 ms.)
-    t = np.arange(len(pos))
-    return _certify_grains(a.detach()[n, r], b.detach()[n, :, c].T, t, t, None, e, outs[0], pos)
+def _cert_matmul(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int, pos: torch.Tensor,
+                 held: np.ndarray | None = None) -> torch.Tensor | None:
+    return _certify_lines(args[0], args[1], None, e, outs[0], pos, held)
 
 
 def _cert_dot(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
@@ -1562,38 +1439,116 @@ def _cert_mv(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
     return _certify(q, e, a.shape[1], outs[0], pos)
 
 
-def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int,
-                pos: torch.Tensor) -> torch.Tensor | None:
+def _cert_addmm(args: tuple, kwargs: dict, outs: Sequence, e: Bound | None, i: int, pos: torch.Tensor,
+                held: np.ndarray | None = None) -> torch.Tensor | None:
     kw = _bind(aten.addmm.default, args, kwargs)
     bias, a, b = kw["self"], kw["mat1"], kw["mat2"]
     if kw["alpha"] != 1 or kw["beta"] != 1 or a.shape[1] == 0:  # scaled terms are not multiples of q
         return None
     shape = outs[0].shape
-    r, c = _coords(pos.cpu().numpy(), shape)
+    p = pos.cpu().numpy()
     if bias.dim() == 1:  # (a linear layer's bias, one per column)
-        addend = _lsb_np(bias.expand(shape[1]))[c]
+        addend = _lsb_np(bias.expand(shape[1]))[p % shape[1]]
     else:
+        r, c = _coords(p, shape)
         addend = _lsb_np(bias.expand(shape)[_t(r), _t(c)])
-    return _certify_grains(a, b, r, c, addend, e, outs[0], pos)
+    return _certify_lines(a, b, addend, e, outs[0], pos, held)
 
 
 _SAMPLE = 16  # values per line whose lsb bound the line's grain from above
 
 
-def _certify_grains(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, addend: np.ndarray | None,
-                    e: Bound | None, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
-    """`_certify` for a @ b (+ an addend of grain `addend`) at positions (r, c), with grain
-    min_lsb(a[r]) min_lsb(b[:, c]). On large operands, a line's minimum lsb is at most that of its first
-    _SAMPLE values, so their grain bounds the true one from above and only the positions that bound certifies
-    can be certified: the lines are read in full for those only (on float32-grid values of all magnitudes, as
-    in an MLP or GPT-2, almost none; min_lsb cost 13 ms a step on the 2048-wide MLP, and reading 256-value
-    lines whole 1.9 ms of GPT-2-tiny d_model 256's). The result is the same."""
-    k = a.shape[1]
-    if k <= _SAMPLE or a.numel() + b.numel() <= _SAMPLED_LINES:
-        return _certify(_grain(a, b, r, c, addend), e, k, out, pos)
-    return _certify_sampled(_grain(a[:, :_SAMPLE], b[:_SAMPLE], r, c, addend),
-                            lambda sel: _grain(a, b, r[sel], c[sel], None if addend is None else addend[sel]),
-                            e, k, out, pos)
+def _certify_lines(a: torch.Tensor, b: torch.Tensor, addend: np.ndarray | None, e: Bound | None, out: torch.Tensor,
+                   pos: torch.Tensor, held: np.ndarray | None) -> torch.Tensor | None:
+    """`_certify` for a @ b, (M, K) @ (K, N) or batched (B, M, K) @ (B, K, N), plus an addend of grain `addend` at
+    each position, at flat positions `pos` of the output `out`, in one compiled pass (`_line_certificates`): the
+    grain min_lsb(a's row) min_lsb(b's column), at most the addend's, each line read once, in place through the
+    operands' strides. Two rules refuse a position before its lines are read in full. Its value (`held`, the
+    device's unrounded v there, if given): a certified sum is exact, so its lowest set bit bounds q from above
+    (`_ruled_out`'s rule). Then the first _SAMPLE values of its two lines, whose lowest lsb bound the lines' from
+    above: the test is monotone in q, so what fails with the samples' grain fails with the true one. The answer
+    is the true grains' everywhere. (On float32-grid values of all magnitudes, as in an MLP or GPT-2, almost every
+    position is refused: reading 256-value lines whole cost 1.9 ms of GPT-2-tiny d_model 256's step; the rules as
+    separate passes, and a bmm's lines gathered as a matmul's, ~35 ms of the GPT-2 scale model's ~110 ms trainer
+    step.)"""
+    a, b = a.detach().cpu(), b.detach().cpu()
+    k = a.shape[-1]
+    bound = _sum_bound(e, k, out)
+    lines = _strided_bits(a), _strided_bits(b)
+    if bound is None or None in lines:
+        return None
+    s_upper, p, tiny = bound
+    n = len(pos)
+    for name, x in (("bounds", s_upper), ("values", held), ("addend grains", addend)):
+        if x is not None and x.shape != (n,):  # (the kernel reads them by index, unchecked)
+            raise ValueError(f"{n} positions for {x.size} {name}")
+    values, vm = (_NO_VALUES, 52) if held is None else fused._layout(np.ascontiguousarray(held))[:2]
+    (abits, am), (bbits, bm) = lines
+    shape = out.shape if out.dim() == 3 else (1, *out.shape)
+    ok = np.empty(n, np.bool_)
+    _line_certificates(values, vm, abits, am, *_batch_strides(a), bbits, bm, *_batch_strides(b), pos.cpu().numpy(),
+                       *shape, k, min(k, _SAMPLE), _NO_GRAINS if addend is None else addend, s_upper, 2.0**p, tiny,
+                       ok)
+    return torch.from_numpy(ok).to(pos.device)
+
+
+_NO_VALUES = np.zeros(0, np.int64)
+_NO_GRAINS = np.zeros(0)
+
+
+@njit(cache=True, nogil=True)
+def _line_certificates(held_bits: np.ndarray, hm: int, abits: np.ndarray, am: int, an: int, ar: int, ak: int,
+                       bbits: np.ndarray, bm: int, bn: int, bk: int, bc: int, pos: np.ndarray, batches: int, m: int,
+                       n: int, k: int, sample: int, addend: np.ndarray, s_upper: np.ndarray, top: float, tiny: float,
+                       ok: np.ndarray) -> None:
+    """ok[t] = s_upper[t] < top q and q >= tiny, q the grain at flat position pos[t] = (i, r, c) of the (batches, m,
+    n) output: min lsb of a[i, r, :] times min lsb of b[i, :, c] over k terms, at most addend[t] (no addend: empty).
+    a's and b's memory flat (`_lsb_key`'s layouts) with strides (an, ar, ak) and (bn, bk, bc). False without reading
+    the lines where held_bits[t] (the value there; empty: none) refuses (`_value_refuses`), or the grain of the
+    lines' first `sample` values does (s_upper[t] >= top q_sample); each line's minima kept for the positions that
+    share it. A NaN among the values read gives no grain, and no certificate."""
+    unread = -2  # (no key is: -1 is a NaN's)
+    sample_a, sample_b = np.full(batches * m, unread, np.int64), np.full(batches * n, unread, np.int64)
+    full_a, full_b = sample_a.copy(), sample_b.copy()
+    for t in range(pos.size):
+        ok[t] = False
+        s = s_upper[t]
+        if held_bits.size and _value_refuses(held_bits[t], hm, s, top):
+            continue
+        i, rc = divmod(pos[t], m * n)
+        r, c = divmod(rc, n)
+        ka, kb, at, bt = i * m + r, i * n + c, i * an + r * ar, i * bn + c * bc
+        extra = addend[t] if addend.size else np.inf
+        if sample < k:
+            if sample_a[ka] == unread:
+                sample_a[ka] = _strided_min_key(abits, at, ak, sample, am)
+            if sample_b[kb] == unread:
+                sample_b[kb] = _strided_min_key(bbits, bt, bk, sample, bm)
+            if s >= _grain_of(sample_a[ka], sample_b[kb], extra) * top:
+                continue
+        if full_a[ka] == unread:
+            full_a[ka] = _strided_min_key(abits, at, ak, k, am)
+        if full_b[kb] == unread:
+            full_b[kb] = _strided_min_key(bbits, bt, bk, k, bm)
+        q = _grain_of(full_a[ka], full_b[kb], extra)
+        ok[t] = s < q * top and q >= tiny
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _strided_min_key(bits: np.ndarray, start: int, step: int, count: int, mant: int) -> int:
+    """The smallest `_lsb_key` of `count` values of bits from `start`, `step` apart (-1 where one is NaN)."""
+    low = _INF_BITS
+    for j in range(count):
+        low = min(low, _lsb_key(bits[start + j * step], mant))
+    return low
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _grain_of(key_a: int, key_b: int, addend: float) -> float:
+    """The product of two lines' lsb (`_lsb_key`s), at most the addend's grain (NaN where any is NaN)."""
+    q = (np.nan if key_a < 0 else np.int64(key_a).view(np.float64)) * \
+        (np.nan if key_b < 0 else np.int64(key_b).view(np.float64))
+    return np.nan if np.isnan(q) or np.isnan(addend) else min(q, addend)
 
 
 def _certify_sampled(q: np.ndarray, full: Callable[[np.ndarray], np.ndarray], e: Bound | None, k: int,
@@ -1610,25 +1565,6 @@ def _certify_sampled(q: np.ndarray, full: Callable[[np.ndarray], np.ndarray], e:
     return _certify(q, e, k, out, pos)
 
 
-def _grain(a: torch.Tensor, b: torch.Tensor, r: np.ndarray, c: np.ndarray, addend: np.ndarray | None) -> np.ndarray:
-    """min_lsb(a[r]) min_lsb(b[:, c]), and at most the addend's grain."""
-    bits = (_lsb_bits(a), _lsb_bits(b)) if a.numel() + b.numel() <= _PAIR_ELEMENTS else None
-    if bits is not None and None not in bits:
-        (ab, am), (bb, bm) = bits
-        q = np.empty(r.size)
-        _pair_grains(ab, bb, r, c, am, bm, q)
-    else:
-        q = _per_key(r, lambda u: _min_lsb(a, u, 0)) * _per_key(c, lambda u: _min_lsb(b, u, 1))
-    return q if addend is None else np.minimum(q, addend)
-
-
-# Operands this small (in all) take `_pair_grains`: one compiled call in place of two deduplications and
-# two `_min_lsb` calls (~25 of a small MLP's ~50 us a certificate). Larger ones keep `_min_lsb`, whose
-# transposed path reads strided lines through a buffer, and sample their lines first (`_certify_grains`).
-_PAIR_ELEMENTS = 1 << 16
-_SAMPLED_LINES = _PAIR_ELEMENTS
-
-
 def _lsb_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     """(t's bit patterns as integers, mantissa bits) for a 2-d float64/float32 CPU tensor, or None (the torch
     path of `_min_lsb` takes it)."""
@@ -1636,21 +1572,6 @@ def _lsb_bits(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
         return None
     bits, mant, _, _ = fused._layout(t.detach().numpy())
     return bits, mant
-
-
-@njit(cache=True, nogil=True)
-def _pair_grains(abits: np.ndarray, bbits: np.ndarray, r: np.ndarray, c: np.ndarray, am: int, bm: int,
-                 out: np.ndarray) -> None:
-    """out[t] = min_lsb(a[r[t], :]) * min_lsb(b[:, c[t]]), each row and column read once, when first asked."""
-    qa, qb = np.empty(abits.shape[0]), np.empty(bbits.shape[1])
-    seen_a, seen_b = np.zeros(abits.shape[0], np.bool_), np.zeros(bbits.shape[1], np.bool_)
-    for t in range(r.size):
-        i, j = r[t], c[t]
-        if not seen_a[i]:
-            qa[i], seen_a[i] = _line_min_lsb(abits[i], am), True
-        if not seen_b[j]:
-            qb[j], seen_b[j] = _line_min_lsb(bbits[:, j], bm), True
-        out[t] = qa[i] * qb[j]
 
 
 def _image_channel(pos: torch.Tensor, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -1680,7 +1601,7 @@ def _certify_slices(factors: Sequence[tuple[torch.Tensor, int, np.ndarray]], ext
                     e: Bound | None, k: int, out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor | None:
     """`_certify` for sums whose terms' grain at each position is the product over `factors` (t, dim, keys) of
     the smallest lsb over t.select(dim, keys[position]), and at most `extra` (per position). As
-    `_certify_grains` does for matmuls: on large operands the slices' samples first (an upper bound of the
+    `_certify_lines` does for matmuls: on large operands the slices' samples first (an upper bound of the
     grain, and the test is monotone in it), then the slices in full only at the positions that bound
     certifies (on the weight gradients of a 32 x 32 batch of 32 channels, none: reading every asked
     channel cost 6 ms a call). The result is the same."""
@@ -1881,8 +1802,8 @@ def _cert_nll_loss_backward(args: tuple, kwargs: dict, outs: Sequence, e: Bound 
 
 
 CERTIFIERS: dict[Any, Certifier] = {
-    aten.mm.default: _cert_mm,
-    aten.bmm.default: _cert_bmm,
+    aten.mm.default: _cert_matmul,
+    aten.bmm.default: _cert_matmul,
     aten.dot.default: _cert_dot,
     aten.mv.default: _cert_mv,
     aten.addmm.default: _cert_addmm,
@@ -1899,6 +1820,8 @@ CERTIFIERS: dict[Any, Certifier] = {
     aten.nll_loss_forward.default: _cert_nll_loss_forward,
     aten.nll_loss_backward.default: _cert_nll_loss_backward,
 }
+# The certifiers that read the output's own values in their compiled pass (`certify` hands them `held`)
+_LINE_CERTIFIED = frozenset({aten.mm.default, aten.bmm.default, aten.addmm.default})
 
 
 def resolver_for(op: Any) -> Resolver:

@@ -851,9 +851,12 @@ def test_a_spiked_slice_is_refused_where_it_is_read(case: Case, seed: int) -> No
             assert any(c.any() for c in certs), (case.name, j)
 
 
-# where the certifiers of large operands sample their lines or slices first: the threshold's name in resolve
-SAMPLED_FROM = {aten.convolution.default: "_SAMPLED_SLICES", aten.convolution_backward.default: "_SAMPLED_SLICES",
-                aten.mm.default: "_SAMPLED_LINES", aten.addmm.default: "_SAMPLED_LINES"}
+# how the certifiers are made to read whole slices or lines, and to sample them first: (the setting's name in
+# resolve, its value for whole readings, for samples). Convolutions sample the slices of large operands only; a
+# matmul's certificate samples every line longer than resolve._SAMPLE values.
+SAMPLED_FROM = {aten.convolution.default: ("_SAMPLED_SLICES", 1 << 62, 0),
+                aten.convolution_backward.default: ("_SAMPLED_SLICES", 1 << 62, 0),
+                aten.mm.default: ("_SAMPLE", 1 << 62, 16), aten.addmm.default: ("_SAMPLE", 1 << 62, 16)}
 # (lines longer than the sample; addmm-scaled is refused whatever its lines)
 SAMPLED_CASES = [c for c in CERT_CASES if c.op in SAMPLED_FROM and c.name not in REFUSED
                  and (c.op not in (aten.mm.default, aten.addmm.default) or "-k40" in c.name)]
@@ -863,7 +866,7 @@ SAMPLED_CASES = [c for c in CERT_CASES if c.op in SAMPLED_FROM and c.name not in
 @pytest.mark.parametrize("case", SAMPLED_CASES, ids=[c.name for c in SAMPLED_CASES])
 def test_sampled_slices_certify_as_the_whole_slices(case: Case, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Large convolutions and matmuls bound each slice's or line's grain by its first values before reading it
-    # (resolve._certify_slices, _certify_grains): forced here on small ones, the certificates must be those of
+    # (resolve._certify_slices, _certify_lines): forced here on small ones, the certificates must be those of
     # the whole slices. Quantised data passes the samples, so the slices are then read in full; spiked, a full
     # significand sits after the samples (the last value of every input) and the full reading must refuse
     # what the samples let through.
@@ -874,8 +877,9 @@ def test_sampled_slices_certify_as_the_whole_slices(case: Case, kind: str, monke
             if isinstance(a, torch.Tensor) and a.is_floating_point():
                 args = spiked(args, j, a.numel() - 1)
     certs = {}
-    for name, limit in (("whole", 1 << 62), ("sampled", 0)):
-        monkeypatch.setattr(resolve, SAMPLED_FROM[case.op], limit)
+    setting, whole, sampled = SAMPLED_FROM[case.op]
+    for name, value in (("whole", whole), ("sampled", sampled)):
+        monkeypatch.setattr(resolve, setting, value)
         certs[name] = _certify(case, args, kwargs)[1]
     for whole, sampled in zip(certs["whole"], certs["sampled"]):
         assert (whole is None) == (sampled is None), case.name
@@ -934,7 +938,15 @@ def test_certificate_at_a_few_positions_is_the_certificate_at_all(case: Case, ki
             assert got.shape == pos.shape and got.tolist() == want[pos.numpy()].tolist(), (case.name, i)
 
 
-PRODUCT_CERT_CASES = [c for c in CERT_CASES if c.op in resolve._TERMS]
+PRODUCT_CERT_CASES = [c for c in CERT_CASES if c.op in resolve._TERMS or c.op in resolve._LINE_CERTIFIED]
+
+
+def _terms(op: Any, args: tuple, kwargs: dict, i: int) -> int:
+    """The term count k of a sum of products' certificate: a matmul's line length (addmm's mat1), a
+    convolution's `resolve._TERMS`."""
+    if op in resolve._LINE_CERTIFIED:
+        return args[1 if op is aten.addmm.default else 0].shape[-1]
+    return resolve._TERMS[op](args, kwargs, i)
 
 
 @pytest.mark.parametrize("kind", ["normal", "quant", "spiked"])
@@ -947,7 +959,6 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
     # of the grain, so its lowest set bit never rules it out. On float data the values alone rule out many
     # positions (whose certificates then read nothing); quantised data, all certified, is never ruled out; the
     # spike (a full significand as every input's last value) leaves some positions certified, refuses others.
-    monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)  # (the samples of these small operands too)
     monkeypatch.setattr(resolve, "_SAMPLED_SLICES", 0)
     gen = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{bits}/{kind}/ruled".encode()))
     args, kwargs = case.make(gen, dtype, bits, "normal" if kind == "normal" else "quant")
@@ -968,20 +979,22 @@ def test_a_sums_value_rules_out_only_what_its_certificate_refuses(case: Case, dt
         for values in devices:
             got = resolve.certify(case.op, args, kwargs, floats, e, i, pos, values[i].detach().reshape(-1).numpy())
             assert got is not None and got.tolist() == want.tolist(), (case.name, i)
-        k = resolve._TERMS[case.op](args, kwargs, i)
+        k = _terms(case.op, args, kwargs, i)
         bound = resolve._sum_bound(e, k, out)
-        ruled = resolve._ruled_out(out.reshape(-1).numpy(), bound)
+        ruled = resolve._ruled_out(out.reshape(-1).numpy(), bound)  # (the rule a matmul's pass applies too)
         assert not (ruled & want).any(), (case.name, i)
-        # and then the samples of a matmul's lines or a convolution's slices (`_sampled_out`), which read the
-        # operands: they never refuse a certified position either, and refuse every float one at K = 8 (lines read
-        # whole) and K = 40 alike
-        sampled = resolve._sampled_out(case.op, args, kwargs, bound, k, out, pos, ruled, i)
-        assert not (sampled & want).any() and (sampled | ~ruled).all(), (case.name, i)
         # (products of float data, none certified: most ruled out at K = 40, fewer at K = 8 or 9, whose sums keep
         # their products' low zeros; grad_bias sums float32 values, exactly, and is certified)
         if kind == "normal" and not want.any():
             assert ruled.mean() >= (0.5 if "-k40" in case.name else 0.1), (case.name, i, ruled.mean())
-            assert sampled.all() or case.op not in {**resolve._SAMPLED, **resolve._FACTORS}, (case.name, i, sampled.mean())
+        if case.op not in resolve._FACTORS:
+            continue
+        # and then the samples of a convolution's slices (`_sampled_out`), which read the operands: they never refuse
+        # a certified position either, and refuse every float one
+        sampled = resolve._sampled_out(case.op, args, kwargs, bound, out, pos, ruled, i)
+        assert not (sampled & want).any() and (sampled | ~ruled).all(), (case.name, i)
+        if kind == "normal" and not want.any():
+            assert sampled.all(), (case.name, i, sampled.mean())
         if kind == "quant":
             assert want.all() and not sampled.any(), (case.name, i)
 
@@ -1010,11 +1023,12 @@ def _two_terms(op: Any) -> tuple[tuple, int]:
             False, [0], 1, [False, True, False]), 1
 
 
-def _sample_lines(t: torch.Tensor, dim: int, rows: torch.Tensor) -> torch.Tensor:
-    """t (B, M, K) or (B, K, N) with the first 16 values of the lines along `dim` chosen by `rows` quantised (k/16):
-    a grain certificate of their sums' float terms fails, and the samples of those lines do not say so."""
+def _quantise_lines(t: torch.Tensor, dim: int, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """t (B, M, K) or (B, K, N) with the first `count` values of the lines along `dim` chosen by `rows` quantised
+    (k/16): where all of a line is, its grain is coarse; where its first 16 only are, its samples say so and the
+    line's other values do not."""
     t = t.clone()
-    lines = t[:, :, :16] if dim == 2 else t[:, :16, :].transpose(1, 2)  # (B, lines, 16)
+    lines = t[:, :, :count] if dim == 2 else t[:, :count, :].transpose(1, 2)  # (B, lines, count)
     quantised = torch.randint(-16, 17, lines[:, rows].shape, generator=torch.Generator().manual_seed(3)) / 16
     lines[:, rows] = quantised.to(t.dtype)
     return t
@@ -1030,72 +1044,65 @@ def _layouts(a: torch.Tensor, b: torch.Tensor) -> list[tuple[str, torch.Tensor, 
 
 
 @pytest.mark.parametrize("k", [40, 9])
-@pytest.mark.parametrize("op", list(resolve._SAMPLED), ids=str)
+@pytest.mark.parametrize("op", sorted(resolve._LINE_CERTIFIED, key=str), ids=str)
 @pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
-def test_samples_read_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int, k: int,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # `_sampled_out` reads the first 16 values (all k where fewer) of each asked position's row of a and column of b
-    # through the operands' strides: against lsb's of contiguous copies, in the layouts a linear layer's passes take
-    # (x @ W^T, g @ W, g^T @ x), batched, at a storage offset and broadcast, with some lines' samples quantised so
-    # that the answer varies by position, one all zeros (lsb inf: refuses nothing) and a NaN. (Small operands skip
-    # the samples: the certifier reads their lines whole as cheaply.)
-    assert resolve._SAMPLED_LINES >= 6 * 40 + 40 * 7
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/{k}/samples".encode()))
+def test_a_matmul_certificate_reads_each_positions_own_lines_in_any_layout(op: Any, dtype: torch.dtype, bits: int,
+                                                                           k: int,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # A matmul's certificate (resolve._certify_lines) reads each position's row of a and column of b through the
+    # operands' strides, the first 16 values first: against the grain of lsb's of contiguous copies in torch, in
+    # the layouts a linear layer's passes take (x @ W^T, g @ W, g^T @ x), batched, at a storage offset and
+    # broadcast, for positions asked twice. Some lines are quantised whole (certified where a row meets such a
+    # column), some in their first 16 values only (the samples pass, the line refuses), one column is all zeros
+    # (lsb inf), one holds a NaN (no grain), a subnormal sits in a row, and addmm's bias adds its own grain.
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/{k}/lines".encode()))
     nb = 2 if op is aten.bmm.default else 1
-    a = grid((nb, 6, k), gen, dtype, bits, "normal")
-    b = grid((nb, k, 7), gen, dtype, bits, "normal")
-    a, b = _sample_lines(a, 2, torch.tensor([1, 4])), _sample_lines(b, 1, torch.tensor([0, 2, 5]))
-    b[:, :16, 3] = 0
+    a = _quantise_lines(grid((nb, 6, k), gen, dtype, bits, "normal"), 2, torch.tensor([0, 1, 4]), k)
+    b = _quantise_lines(grid((nb, k, 7), gen, dtype, bits, "normal"), 1, torch.tensor([0, 2, 5]), k)
+    a, b = _quantise_lines(a, 2, torch.tensor([2, 5]), 16), _quantise_lines(b, 1, torch.tensor([1, 4]), 16)
+    b[:, :, 3] = 0
     b[0, 1, 6] = math.nan
+    a[:, 1, 5] = 2.0**-1060 if dtype == torch.float64 else 2.0**-140
+    bias = _quantise_lines(grid((1, 1, 7), gen, dtype, bits, "normal"), 1, torch.tensor([0, 1, 2, 3, 4, 5]), 1)[0, 0]
+    tiny_lsb = 2.0**-1074 if dtype == torch.float64 else 2.0**-149
     for name, la, lb in _layouts(a, b):
         args = (la, lb) if op is aten.bmm.default else (la[0], lb[0])
         if op is aten.addmm.default:
-            args = (torch.zeros(7, dtype=dtype), *args)
+            args = (bias, *args)
         out = op(*args)
         pos = torch.randperm(out.numel(), generator=gen)
+        pos = torch.cat([pos, pos[:9]])
         e = _e_at(BOUNDS[op](args, {}, [out])[0], out, pos)
-        none, bound = np.zeros(len(pos), dtype=bool), resolve._sum_bound(e, k, out)
-        assert not resolve._sampled_out(op, args, {}, bound, k, out, pos, none).any()
-        monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
-        got = resolve._sampled_out(op, args, {}, bound, k, out, pos, none)
-        monkeypatch.undo()
         n, r, c = np.unravel_index(pos.numpy(), (nb, 6, 7))
         ca, cb = la.contiguous(), lb.contiguous()
-        q = resolve.lsb(ca[n, r, :16]).amin(1) * resolve.lsb(cb[n, :16, c]).amin(1)
-        s_upper, p, _ = bound
-        want = s_upper >= q.double().numpy() * 2.0**p
-        assert got.tolist() == want.tolist() and want.any() and not want.all(), name
-        assert not (got[c == 3].any() or got[(n == 0) & (c == 6)].any()), name  # (the zeros' and the NaN's columns)
-        assert not none.any()  # (the answer is a new array)
-        # The one compiled pass over both rules (`_all_refused`) answers as the two together: held zeros (lsb inf) and
-        # a NaN rule nothing out, so the samples decide, on the positions they refuse and on those and one they leave
-        # open; values that rule a position out refuse it whatever its samples say.
-        monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
-        held = np.zeros(len(pos))
-        held[0] = math.nan
-        refused, open_ = torch.from_numpy(np.flatnonzero(want)), torch.from_numpy(np.flatnonzero(~want))
-        for sel, answer in ((refused, True), (torch.cat([refused, open_[-1:]]), False), (open_, False)):
-            sub = resolve._sum_bound(e[sel], k, out)
-            together = resolve._sampled_out(op, args, {}, sub, k, out, pos[sel], resolve._ruled_out(held[sel], sub))
-            assert together.all() == answer
-            assert resolve._all_refused(op, args, {}, sub, k, out, pos[sel], held[sel]) is answer
-        # (a lowest set bit far below every finite S: each value rules its sum out, but not where S is NaN, the
-        # NaN's column; float32 values take the two rules apart: None)
-        tiny, finite = np.full(len(pos), 2.0**-1074), np.isfinite(bound[0])
-        for sel, answer in ((torch.from_numpy(np.flatnonzero(finite)), True), (torch.arange(len(pos)), False)):
-            sub = resolve._sum_bound(e[sel], k, out)
-            answer = answer or bool(finite.all())
-            assert resolve._all_refused(op, args, {}, sub, k, out, pos[sel], tiny[sel]) is answer
-        assert resolve._all_refused(op, args, {}, bound, k, out, pos, tiny.astype(np.float32)) is None
-        # positions refused by their values (every other one the samples refuse, and the open ones with a finite S)
-        # beside positions only the samples refuse: refused together, the values' positions never sampled
-        open_finite = open_[np.isfinite(bound[0])[open_.numpy()]]
-        sel = torch.cat([refused, open_finite])
-        held = np.concatenate([np.where(np.arange(len(refused)) % 2 == 0, 2.0**-1074, 0.0), tiny[:len(open_finite)]])
-        assert resolve._all_refused(op, args, {}, resolve._sum_bound(e[sel], k, out), k, out, pos[sel], held) is True
-        monkeypatch.undo()
-        # (small operands, which the certifier reads whole as cheaply, take the two rules apart: None)
-        assert resolve._all_refused(op, args, {}, bound, k, out, pos, tiny) is None
+        grains = {}
+        for reading, count in (("whole", k), ("sampled", 16)):
+            q = (resolve.lsb(ca[n, r, :count]).amin(1) * resolve.lsb(cb[n, :count, c]).amin(1)).double()
+            if op is aten.addmm.default:
+                q = torch.minimum(q, resolve.lsb(bias)[c].double())
+            grains[reading] = q.numpy()
+        s_upper, p, tiny = resolve._sum_bound(e, k, out)
+        want = (s_upper < grains["whole"] * 2.0**p) & (grains["whole"] >= tiny)
+        held = out.reshape(-1)[pos].numpy()
+        for values in (None, held, np.zeros_like(held), np.where(c == 6, math.nan, held)):
+            got = CERTIFIERS[op](args, {}, [out], e, 0, pos) if values is None else \
+                resolve.certify(op, args, {}, [out], e, 0, pos, values)
+            assert got.tolist() == want.tolist(), name
+        with monkeypatch.context() as m:  # (the lines read whole, no samples first: the same answers)
+            m.setattr(resolve, "_SAMPLE", 1 << 62)
+            assert CERTIFIERS[op](args, {}, [out], e, 0, pos).tolist() == want.tolist(), name
+        # (what the data makes of the positions: certified ones, ones the samples alone would let through where a
+        # row quantised in its samples only is not broadcast away, none through the zeros' and the NaN's columns)
+        sampled = (s_upper < grains["sampled"] * 2.0**p) & (grains["sampled"] >= tiny)
+        assert want.any() and not want.all(), name
+        assert (sampled & ~want).any() == (k > 16) or name == "broadcast", name
+        assert want[c == 3].all() and not want[(n == 0) & (c == 6)].any(), name
+        # Values whose lowest set bit lies far below every S refuse their positions (a certified sum's would not:
+        # these are no device's values), whatever their lines say: all of them where S > 0.
+        refused = resolve.certify(op, args, {}, [out], e, 0, pos, np.full(len(pos), tiny_lsb, held.dtype))
+        assert refused.tolist() == (want & ~(s_upper >= tiny_lsb * 2.0**p)).tolist(), name
+        with pytest.raises(ValueError, match="positions for"):
+            resolve.certify(op, args, {}, [out], e, 0, pos, held[1:])
 
 
 @pytest.mark.parametrize("dim", [0, 1])
@@ -1124,10 +1131,11 @@ def test_slice_samples_read_each_keys_own_slice_in_any_layout(dim: int, dtype: t
     assert want[1] > want[0] and want[2] == want[3] == math.inf and want[[0, 4]].isfinite().all()
 
 
-@pytest.mark.parametrize("op", list(resolve._TERMS), ids=str)
-def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("op", [*resolve._TERMS, *sorted(resolve._LINE_CERTIFIED, key=str)], ids=str)
+def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
     # A certified sum whose S's bound sits between 2^52 and 2^53 times its lsb: the term count k the rule takes
-    # (`_TERMS`) must be the certifier's, since with k = 1 instead of 2 the rule would refuse it.
+    # (a convolution's `_TERMS`; a matmul's certificate applies it with its own k) must be the certifier's, since
+    # with k = 1 instead of 2 the rule would refuse it.
     args, i = _two_terms(op)
     outs = op(*args)
     floats = list(outs) if isinstance(outs, tuple) else [outs]
@@ -1136,17 +1144,12 @@ def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any, monkeypatch: pyt
     pos = torch.zeros(1, dtype=torch.int64)
     e = _e_at(BOUNDS[op](args, {}, floats)[i], out, pos)
     held = out.reshape(-1)[:1].numpy()
-    k = resolve._TERMS[op](args, {}, i)
+    k = _terms(op, args, {}, i)
     assert k == 2 and held[0] == _FIRST_TERM.get(op, 2.0**52 + 2.0**51 + 1) + 2  # (exact: 52 bits at most)
     assert CERTIFIERS[op](args, {}, floats, e, i, pos).tolist() == [True]
     assert resolve.certify(op, args, {}, floats, e, i, pos, held).tolist() == [True]
     assert not resolve._ruled_out(held, resolve._sum_bound(e, k, out)).any()
     assert resolve._ruled_out(held, resolve._sum_bound(e, k - 1, out)).all()  # (the limit is this close)
-    if op in resolve._SAMPLED:  # (the samples read both lines whole: the same limit)
-        monkeypatch.setattr(resolve, "_SAMPLED_LINES", 0)
-        none = np.zeros(1, dtype=bool)
-        assert not resolve._sampled_out(op, args, {}, resolve._sum_bound(e, k, out), k, out, pos, none).any()
-        assert resolve._sampled_out(op, args, {}, resolve._sum_bound(e, k - 1, out), k - 1, out, pos, none).all()
 
 
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:
@@ -1480,32 +1483,3 @@ def test_bound_over_gamma_bounds_the_absolute_sum(name: str) -> None:
     for e, s_exact, k in zip(bounds, case.ref(absargs, kwargs), TERM_COUNTS[name](args)):
         s_upper = [F(v) * (1 - k * F(u)) / (k * F(u)) for v in e.reshape(-1).tolist()]
         assert all(su >= s for su, s in zip(s_upper, s_exact)), name
-
-
-@pytest.mark.parametrize("kind", ["normal", "quant"])
-@pytest.mark.parametrize("dtype,bits", GRIDS, ids=["f64-b32", "f32-b19"])
-def test_small_matmul_grains_in_one_pass_are_the_per_line_grains(dtype: torch.dtype, bits: int, kind: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # Small operands take resolve._pair_grains (every row and column read once, in one compiled call),
-    # larger ones the per-line path: both must give every position the same grain, on zero lines (no
-    # grain), a NaN, subnormals and transposed operands, for positions that repeat rows and columns.
-    from vtrain import resolve
-
-    gen = torch.Generator().manual_seed(zlib.crc32(f"pair/{bits}/{kind}".encode()))
-    a, b = grid((6, 40), gen, dtype, bits, kind), grid((40, 7), gen, dtype, bits, kind)
-    a[1] = 0.0
-    b[:, 2] = 0.0
-    a[2, 3] = math.nan
-    a[3, 5] = b[7, 4] = 2.0**-1060 if dtype == torch.float64 else 2.0**-140
-    r = torch.randint(6, (50,), generator=gen).numpy()
-    c = torch.randint(7, (50,), generator=gen).numpy()
-    addend = np.full(50, 2.0**-30)
-    for x, y in ((a, b), (a.t().contiguous().t(), b.t().contiguous().t())):
-        assert x.numel() + y.numel() <= resolve._PAIR_ELEMENTS
-        one_pass = [resolve._grain(x, y, r, c, None), resolve._grain(x, y, r, c, addend)]
-        with monkeypatch.context() as m:
-            m.setattr(resolve, "_PAIR_ELEMENTS", -1)
-            per_line = [resolve._grain(x, y, r, c, None), resolve._grain(x, y, r, c, addend)]
-        for got, want in zip(one_pass, per_line):
-            assert np.array_equal(got, want, equal_nan=True)
-        assert np.isnan(one_pass[0][r == 2]).all() and np.isinf(one_pass[0][((r == 1) | (c == 2)) & (r != 2)]).all()

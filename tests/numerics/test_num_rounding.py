@@ -197,7 +197,7 @@ def test_a_certificate_is_handed_the_unrounded_values_it_is_asked_about(resoluti
     # grains certify (row 3, 1 + 2^-60, is inexact: the whole op is not, so each candidate is asked about); the
     # trainer (the log's entries, or the exact resolution's ambiguous values) must hand
     # vtrain.resolve.certify the op's own unrounded values at exactly the positions it asks about, which the
-    # values' rule (resolve._ruled_out) reads.
+    # values' rule reads (resolve._certify_lines, a matmul's certificate).
     from vtrain import resolve  # noqa: PLC0415
     calls: list = []
     real = resolve.certify
