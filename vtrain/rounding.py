@@ -843,6 +843,7 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         pos, vv, rr, ww, e, near_lo, wide = self._logged(held, r, idx, e, factor)
         if not pos.size:
             return SiteLog(site, op, shape)
+        exact = None
         if certify is not None:
             # (gathered in numpy: torch indexing costs ~20 us a call here; the certifiers read numpy anyway)
             exact = certify(torch.from_numpy(pos), e, vv)
@@ -852,13 +853,8 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
                 self._counts["certified"] += certified
                 if certified == pos.size:  # (the common outcome: exact ties, all certified)
                     return SiteLog(site, op, shape)
-                if certified:
-                    keep = ~exact
-                    pos, vv, rr, ww, near_lo, wide = pos[keep], vv[keep], rr[keep], ww[keep], near_lo[keep], wide[keep]
-        as_value = wide if self.policy == "bound" else np.zeros_like(wide)
-        as_dir = ~as_value
-        res, widths = valuecode.encode(vv[as_value], rr[as_value], ww[as_value], self.bits)
-        return SiteLog(site, op, shape, pos[as_dir], near_lo[as_dir], pos[as_value], res, widths)
+        return SiteLog(site, op, shape, *valuecode.entries(pos, vv, rr, ww, near_lo, wide, exact,
+                                                           self.policy == "bound", self.bits))
 
     def _logged(self, held: np.ndarray, r: torch.Tensor, idx: np.ndarray, e: np.ndarray | Prefilter,
                 factor: float) -> tuple[np.ndarray, ...]:

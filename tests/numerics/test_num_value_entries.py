@@ -12,7 +12,7 @@ from vtrain.grid import grid_at_index, grid_index, grid_max, round_unchecked
 from vtrain.devices import get_device
 from vtrain.rounding import BAND_SLACK, RoundedExecution
 from vtrain.roundlog import SiteLog, StepLog
-from vtrain.valuecode import decode, encode, names_own
+from vtrain.valuecode import decode, encode, entries, names_own
 
 
 def _round(x: np.ndarray, bits: int) -> np.ndarray:
@@ -40,6 +40,28 @@ def _cases(bits: int, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     v = np.concatenate([v, v_small, v_top, [-0.3 * tiny, 0.3 * tiny, -0.0, 0.0]]).astype(dtype)
     e = np.concatenate([e, e_small, e_top, [tiny, tiny, tiny, tiny]]).astype(dtype)
     return v, e * dtype(2 * BAND_SLACK)
+
+
+@pytest.mark.parametrize("bits,dtype", [(19, np.float32), (32, np.float64)])
+def test_a_sites_entries_are_its_selections_in_one_pass(bits: int, dtype: type) -> None:
+    # valuecode.entries (the trainer's one pass from a site's within-band candidates to its log entries): the
+    # candidates a certificate does not prove exact, the wide ones as value entries (`encode`'s codes) under the
+    # bound policy and as direction entries under tau, in the candidates' order
+    gen = np.random.default_rng(bits)
+    v, w = _cases(bits, dtype)
+    r = _round(v, bits)
+    pos = np.sort(gen.choice(10 * v.size, v.size, replace=False)).astype(np.int64)
+    near_lo, wide = gen.random(v.size) < 0.5, gen.random(v.size) < 0.7
+    for exact in (None, gen.random(v.size) < 0.3, np.zeros(v.size, np.bool_)):
+        keep = np.ones(v.size, np.bool_) if exact is None else ~exact
+        for values in (True, False):
+            as_value = keep & wide & values
+            as_dir = keep & ~as_value
+            got = entries(pos, v, r, w, near_lo, wide, exact, values, bits)
+            want = (pos[as_dir], near_lo[as_dir], pos[as_value], *encode(v[as_value], r[as_value], w[as_value], bits))
+            for g, x in zip(got, want):
+                assert g.dtype == x.dtype and g.tolist() == x.tolist()
+            assert got[2].size == (int(as_value.sum()) if values else 0) and got[0].size + got[2].size == keep.sum()
 
 
 @pytest.mark.parametrize("bits,dtype", [(19, np.float32), (19, np.float64), (32, np.float64), (10, np.float64)])
