@@ -61,7 +61,7 @@ import torch
 from torch.autograd.graph import increment_version
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
-from vtrain import draws, native_views, refine, spare, valuecode
+from vtrain import claims, draws, native_views, refine, spare, valuecode
 from vtrain.accumulation import sole_gradient, sole_owners
 from vtrain.prefilter import LineNorms, Prefilter, gather_pays
 from vtrain.canonical import DECOMPOSITIONS
@@ -937,36 +937,18 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         r = r.contiguous()
         n = r.numel()
         for where in (entry.dir_pos, entry.val_pos):
-            if where.size and where[-1] >= n:  # (sorted: the last is the largest)
-                raise IllegitimateLogEntryError(self.step, entry.site, op, int(where[-1]),
-                                                f"the op's output has {n} elements")
-        if entry.dir_pos.size and entry.val_pos.size:  # (two claims on one value: which one wins would be up
-            # to the device's scatter; both lists strictly increase, so numpy's intersect1d's sort is not needed)
-            k = np.searchsorted(entry.dir_pos, entry.val_pos).clip(max=entry.dir_pos.size - 1)
-            twice = entry.val_pos[entry.dir_pos[k] == entry.val_pos]
-            if twice.size:
-                raise IllegitimateLogEntryError(self.step, entry.site, op, int(twice[0]),
-                                                "a direction entry and a value entry at the same position")
+            if where.size and (where[-1] >= n or where[0] < 0):  # (sorted: the last is the largest)
+                bad = int(where[-1] if where[-1] >= n else where[0])
+                raise IllegitimateLogEntryError(self.step, entry.site, op, bad, f"the op's output has {n} elements")
         dev = r.device
         nd = entry.dir_pos.size
-        pos = np.concatenate([entry.dir_pos, entry.val_pos])
-        vv, rr = _at(v, pos), _at(r, pos)  # (numpy: a few values a site)
-        claim = rr.copy()
-        if nd:
-            rd = rr[:nd]
-            diff, down, up = self._geometry(vv[:nd], rd)
-            near_lo = diff + down * 0.5 <= up * 0.5 - diff
-            lo = np.where(near_lo, rd - down, rd)
-            hi = np.where(near_lo, rd, rd + up)
-            side = np.where(entry.dir_up, hi, lo)
-            # a zero across the boundary at -+2^-150 (-s + s, s - s) is the zero of the boundary's sign, as the
-            # trainer's value between that boundary and zero rounded to
-            boundary = np.where(near_lo, rd - down * 0.5, rd + up * 0.5)
-            claim[:nd] = np.where(side == 0, np.copysign(0.0, boundary), side)
-        # the entries that may change r: direction entries claiming the other neighbour, value entries whose
-        # residue is not r's own (those name r whatever the band: `valuecode.names_own`)
-        need = claim != rr
-        need[nd:] = ~valuecode.names_own(rr[nd:], entry.val_res, entry.val_bits, self.bits)
+        if self._fused.usable(v) and self._fused.usable(r) and v.dtype == r.dtype:
+            pos, vv, rr, claim, need, twice = claims.read(self._fused.flat(v), self._fused.flat(r), entry, self.bits)
+        else:
+            pos, vv, rr, claim, need, twice = self._claims(entry, v, r)
+        if twice >= 0:  # (two claims on one value: which one wins would be up to the device's scatter)
+            raise IllegitimateLogEntryError(self.step, entry.site, op, twice,
+                                            "a direction entry and a value entry at the same position")
         sel = np.flatnonzero(need)  # (the value entries last, as in pos)
         ok = np.ones(pos.size, bool)
         if sel.size:
@@ -1002,6 +984,35 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         if changed.any():
             r.view(-1)[torch.from_numpy(pos[changed]).to(dev)] = torch.from_numpy(claim[changed]).to(dev)
         return r
+
+
+    def _claims(self, entry: SiteLog, v: torch.Tensor, r: torch.Tensor) -> claims.Claims:
+        """`claims.read` for tensors the kernels do not take, in numpy (the same operations in r's dtype)."""
+        nd = entry.dir_pos.size
+        twice = -1
+        if nd and entry.val_pos.size:  # (both lists strictly increase, so numpy's intersect1d's sort is not needed)
+            k = np.searchsorted(entry.dir_pos, entry.val_pos).clip(max=nd - 1)
+            both = entry.val_pos[entry.dir_pos[k] == entry.val_pos]
+            twice = int(both[0]) if both.size else -1
+        pos = np.concatenate([entry.dir_pos, entry.val_pos])
+        vv, rr = _at(v, pos), _at(r, pos)  # (numpy: a few values a site)
+        claim = rr.copy()
+        if nd:
+            rd = rr[:nd]
+            diff, down, up = self._geometry(vv[:nd], rd)
+            near_lo = diff + down * 0.5 <= up * 0.5 - diff
+            lo = np.where(near_lo, rd - down, rd)
+            hi = np.where(near_lo, rd, rd + up)
+            side = np.where(entry.dir_up, hi, lo)
+            # a zero across the boundary at -+2^-150 (-s + s, s - s) is the zero of the boundary's sign, as the
+            # trainer's value between that boundary and zero rounded to
+            boundary = np.where(near_lo, rd - down * 0.5, rd + up * 0.5)
+            claim[:nd] = np.where(side == 0, np.copysign(0.0, boundary), side)
+        # the entries that may change r: direction entries claiming the other neighbour, value entries whose
+        # residue is not r's own (those name r whatever the band: `valuecode.names_own`)
+        need = claim != rr
+        need[nd:] = ~valuecode.names_own(rr[nd:], entry.val_res, entry.val_bits, self.bits)
+        return claims.Claims(pos, vv, rr, claim, need, twice)
 
 
 @functools.cache

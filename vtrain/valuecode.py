@@ -39,7 +39,7 @@ def encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, bits: int) -> tuple[n
     m = check_bits(bits)
     res, widths = np.empty(vv.size, np.int64), np.empty(vv.size, np.uint8)
     if vv.size:
-        _encode(vv, rr, ww, MARGIN, m, _top(bits), bits, res, widths)
+        _encode(vv, rr, ww, MARGIN, m, top_index(bits), bits, res, widths)
     return res, widths
 
 
@@ -56,7 +56,7 @@ def entries(pos: np.ndarray, vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, nea
     dir_pos, dir_up, val_pos = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.int64)
     res, widths = np.empty(n, np.int64), np.empty(n, np.uint8)
     nd, nv = _entries(pos, vv, rr, ww, near_lo, wide, _NO_PROOFS if exact is None else exact, values, MARGIN, m,
-                      _top(bits), bits, dir_pos, dir_up, val_pos, res, widths)
+                      top_index(bits), bits, dir_pos, dir_up, val_pos, res, widths)
     return dir_pos[:nd], dir_up[:nd], val_pos[:nv], res[:nv], widths[:nv]
 
 
@@ -70,7 +70,7 @@ def decode(vv: np.ndarray, ww: np.ndarray, res: np.ndarray, widths: np.ndarray,
     m = check_bits(bits)
     values, named = np.empty(vv.size), np.empty(vv.size, np.bool_)
     if vv.size:
-        _decode(vv, ww, res.astype(np.int64), widths.astype(np.int64), m, _top(bits), values, named)
+        _decode(vv, ww, res.astype(np.int64), widths.astype(np.int64), m, top_index(bits), values, named)
     return values, named
 
 
@@ -83,19 +83,26 @@ def names_own(rr: np.ndarray, res: np.ndarray, widths: np.ndarray, bits: int) ->
     m = check_bits(bits)
     out = np.empty(rr.size, np.bool_)
     if rr.size:
-        _names_own(rr, res.astype(np.int64), widths.astype(np.int64), m, _top(bits), grid_max(bits), out)
+        _names_own(rr, res.astype(np.int64), widths.astype(np.int64), m, top_index(bits), grid_max(bits), out)
     return out
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _names_own(rr: np.ndarray, res: np.ndarray, widths: np.ndarray, m: int, top: int, gmax: float,
                out: np.ndarray) -> None:
-    for i in range(rr.size):  # (a value off the grid, which `_index` clips to its end, is nobody's)
-        out[i] = abs(rr[i]) <= gmax and _residue(rr[i], widths[i], m, top) == res[i]
+    for i in range(rr.size):
+        out[i] = names_own_one(rr[i], res[i], widths[i], m, top, gmax)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def names_own_one(r: float, res: int, width: int, m: int, top: int, gmax: float) -> bool:
+    """`names_own` of one grid value r (a value off the grid, which `_index` clips to its end, is nobody's)."""
+    return abs(r) <= gmax and _residue(r, np.int64(width), m, top) == res
 
 
 @functools.lru_cache(maxsize=None)
-def _top(bits: int) -> int:
+def top_index(bits: int) -> int:
+    """The grid index of the largest grid value."""
     return int(grid_index(np.float32(grid_max(bits)), bits))
 
 
