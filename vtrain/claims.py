@@ -29,8 +29,8 @@ class Claims(NamedTuple):
     vv: np.ndarray  # the auditor's unrounded values there
     rr: np.ndarray  # and its roundings
     claim: np.ndarray  # the direction entries' claims; r at the value entries (decoded where needed)
-    need: np.ndarray  # whether an entry's claim may differ from r (a direction entry's does; a value entry's
-    # residue is not r's own)
+    need: np.ndarray  # whether an entry's claim may differ from r (a direction entry's claim is not r; a value
+    # entry's residue is not r's own)
     twice: int  # the first position that both a direction and a value entry claim, or -1
 
 
@@ -39,6 +39,8 @@ def read(v: np.ndarray, r: np.ndarray, entry: SiteLog, bits: int) -> Claims:
     inside them: the caller checks)."""
     m = check_bits(bits)
     nd = entry.dir_pos.size
+    if entry.dir_up.size != nd or not entry.val_res.size == entry.val_bits.size == entry.val_pos.size:
+        raise ValueError(f"site {entry.site}: entry arrays of different lengths")  # (the kernel reads them unchecked)
     pos = np.concatenate([entry.dir_pos, entry.val_pos])
     vv, rr, claim = np.empty(pos.size, r.dtype), np.empty(pos.size, r.dtype), np.empty(pos.size, r.dtype)
     need = np.empty(pos.size, np.bool_)

@@ -1243,11 +1243,8 @@ def _certified(q: np.ndarray | float, e: Bound | None, k: int, out: torch.Tensor
                divisor: int = 1) -> np.ndarray | None:
     """`_certify` as a numpy array."""
     bound = _sum_bound(e, k, out, divisor)
-    return None if bound is None else _passes(q, bound, divisor)
-
-
-def _passes(q: np.ndarray | float, bound: SumBound, divisor: int = 1) -> np.ndarray:
-    """Where grain q passes the certificate of S's bound `bound` (`_sum_bound`'s, for the same divisor)."""
+    if bound is None:
+        return None
     s_upper, p, tiny = bound
     # (q 2^p beyond float64's range, for grains near its top, is rightly infinite: any finite S of such
     # grains counts fewer than 2^p of them)
@@ -1462,8 +1459,9 @@ def _certify_lines(a: torch.Tensor, b: torch.Tensor, addend: np.ndarray | None, 
                    pos: torch.Tensor, held: np.ndarray | None) -> torch.Tensor | None:
     """`_certify` for a @ b, (M, K) @ (K, N) or batched (B, M, K) @ (B, K, N), plus an addend of grain `addend` at
     each position, at flat positions `pos` of the output `out`, in one compiled pass (`_line_certificates`): the
-    grain min_lsb(a's row) min_lsb(b's column), at most the addend's, each line read once, in place through the
-    operands' strides. Two rules refuse a position before its lines are read in full. Its value (`held`, the
+    grain min_lsb(a's row) min_lsb(b's column), at most the addend's, each line's sample and whole read at most once,
+    in place through the operands' strides (off the CPU, the asked positions' lines gathered first,
+    `_position_lines`). Two rules refuse a position before its lines are read in full. Its value (`held`, the
     device's unrounded v there, if given): a certified sum is exact, so its lowest set bit bounds q from above
     (`_ruled_out`'s rule). Then the first _SAMPLE values of its two lines, whose lowest lsb bound the lines' from
     above: the test is monotone in q, so what fails with the samples' grain fails with the true one. The answer
@@ -1471,25 +1469,43 @@ def _certify_lines(a: torch.Tensor, b: torch.Tensor, addend: np.ndarray | None, 
     position is refused: reading 256-value lines whole cost 1.9 ms of GPT-2-tiny d_model 256's step; the rules as
     separate passes, and a bmm's lines gathered as a matmul's, ~35 ms of the GPT-2 scale model's ~110 ms trainer
     step.)"""
-    a, b = a.detach().cpu(), b.detach().cpu()
     k = a.shape[-1]
     bound = _sum_bound(e, k, out)
-    lines = _strided_bits(a), _strided_bits(b)
-    if bound is None or None in lines:
+    if bound is None:
         return None
     s_upper, p, tiny = bound
-    n = len(pos)
+    at = pos.cpu().numpy()
+    n = at.size
     for name, x in (("bounds", s_upper), ("values", held), ("addend grains", addend)):
         if x is not None and x.shape != (n,):  # (the kernel reads them by index, unchecked)
             raise ValueError(f"{n} positions for {x.size} {name}")
+    shape = out.shape if out.dim() == 3 else (1, *out.shape)
+    if n and (at.min() < 0 or at.max() >= math.prod(shape)):
+        raise ValueError(f"a position outside the {tuple(out.shape)} output")
+    a, b = a.detach(), b.detach()
+    if not (a.is_cpu and b.is_cpu):
+        a, b, at, shape = _position_lines(a, b, at, shape)
+    lines = _strided_bits(a), _strided_bits(b)
+    if None in lines:
+        return None
     values, vm = (_NO_VALUES, 52) if held is None else fused._layout(np.ascontiguousarray(held))[:2]
     (abits, am), (bbits, bm) = lines
-    shape = out.shape if out.dim() == 3 else (1, *out.shape)
     ok = np.empty(n, np.bool_)
-    _line_certificates(values, vm, abits, am, *_batch_strides(a), bbits, bm, *_batch_strides(b), pos.cpu().numpy(),
-                       *shape, k, min(k, _SAMPLE), _NO_GRAINS if addend is None else addend, s_upper, 2.0**p, tiny,
-                       ok)
+    _line_certificates(values, vm, abits, am, *_batch_strides(a), bbits, bm, *_batch_strides(b), at, *shape, k,
+                       min(k, _SAMPLE), _NO_GRAINS if addend is None else addend, s_upper, 2.0**p, tiny, ok)
     return torch.from_numpy(ok).to(pos.device)
+
+
+def _position_lines(a: torch.Tensor, b: torch.Tensor, pos: np.ndarray,
+                    shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, tuple[int, int, int]]:
+    """(a', b', positions, output shape) of the same certificates over the positions' own lines only, on the CPU:
+    row t of a' (1, T, K) and column t of b' (1, K, T) are position t's, asked at (0, t, t). (The whole operands
+    copied from a device at every call would cost more than the certificate: GPT-2's output layer is 154 MB.)"""
+    i, r, c = (torch.from_numpy(x).to(a.device) for x in _coords(pos, shape))
+    a3, b3 = (t if t.dim() == 3 else t[None] for t in (a, b))
+    a3, b3 = a3.expand(shape[0], *a3.shape[1:]), b3.expand(shape[0], *b3.shape[1:])  # (a batch of one broadcasts)
+    t = np.arange(pos.size)
+    return a3[i, r][None].cpu(), b3[i, :, c].T[None].cpu(), t * pos.size + t, (1, pos.size, pos.size)
 
 
 _NO_VALUES = np.zeros(0, np.int64)

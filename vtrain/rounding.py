@@ -936,9 +936,9 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         proves the value exact, the value it names must be r.)"""
         r = r.contiguous()
         n = r.numel()
-        for where in (entry.dir_pos, entry.val_pos):
-            if where.size and (where[-1] >= n or where[0] < 0):  # (sorted: the last is the largest)
-                bad = int(where[-1] if where[-1] >= n else where[0])
+        for where in (entry.dir_pos, entry.val_pos):  # (the kernels read by position, unchecked)
+            if where.size and (where.max() >= n or where.min() < 0):
+                bad = int(where.max() if where.max() >= n else where.min())
                 raise IllegitimateLogEntryError(self.step, entry.site, op, bad, f"the op's output has {n} elements")
         dev = r.device
         nd = entry.dir_pos.size
@@ -984,7 +984,6 @@ class RoundedExecution(native_views.ViewsPastModes, TorchDispatchMode):
         if changed.any():
             r.view(-1)[torch.from_numpy(pos[changed]).to(dev)] = torch.from_numpy(claim[changed]).to(dev)
         return r
-
 
     def _claims(self, entry: SiteLog, v: torch.Tensor, r: torch.Tensor) -> claims.Claims:
         """`claims.read` for tensors the kernels do not take, in numpy (the same operations in r's dtype)."""

@@ -319,7 +319,7 @@ def _varint_decode(buf: bytes, count: int) -> np.ndarray:
         if b.size:
             raise ValueError("trailing varint bytes")
         return np.zeros(0, np.uint64)
-    out = np.empty(count, np.uint64)
+    out = np.empty(min(count, b.size), np.uint64)  # (an absurd count is refused below, not allocated)
     ends, longest = _leb128_decode(b, out)
     if ends != count or b[-1] >= 0x80:  # (count > 0: b is not empty)
         raise ValueError(f"{ends} varints where {count} were announced")

@@ -23,8 +23,8 @@ def _site(gen: np.random.Generator, v: np.ndarray, r: np.ndarray, bits: int, ove
     pos = np.sort(gen.choice(n, n // 2, replace=False))
     as_value = gen.random(pos.size) < 0.4
     dir_pos, val_pos = pos[~as_value], pos[as_value]
-    if overlap:
-        val_pos = np.sort(np.concatenate([val_pos, dir_pos[len(dir_pos) // 2:][:1]]))
+    if overlap:  # (two positions claimed twice: the first is named)
+        val_pos = np.sort(np.concatenate([val_pos, dir_pos[len(dir_pos) // 2:][:1], dir_pos[-1:]]))
     named = r[val_pos] * np.where(gen.random(val_pos.size) < 0.6, 1, gen.choice([1 + 2.0**-8, -3.0], val_pos.size))
     named = round_unchecked(torch.from_numpy(named.astype(r.dtype)), bits).numpy()
     band = np.abs(v[val_pos]) * 2.0 ** -(bits - 11) + 1e-30
@@ -59,4 +59,7 @@ def test_the_compiled_reading_makes_the_numpy_paths_claims(dtype: type, bits: in
         # value entries naming r and others)
         assert 0 < got.need[:nd].sum() < nd and 0 < got.need[nd:].sum() < entry.val_pos.size
         assert ((got.claim[:nd] == 0) & np.signbit(got.claim[:nd])).any()
-        assert (got.twice >= 0) == overlap
+        assert got.twice == (entry.dir_pos[len(entry.dir_pos) // 2] if overlap else -1)
+    entry.val_bits = entry.val_bits[1:]
+    with pytest.raises(ValueError, match="different lengths"):  # (the kernel reads them unchecked)
+        claims.read(v, r, entry, bits)

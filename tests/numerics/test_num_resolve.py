@@ -1054,7 +1054,9 @@ def test_a_matmul_certificate_reads_each_positions_own_lines_in_any_layout(op: A
     # the layouts a linear layer's passes take (x @ W^T, g @ W, g^T @ x), batched, at a storage offset and
     # broadcast, for positions asked twice. Some lines are quantised whole (certified where a row meets such a
     # column), some in their first 16 values only (the samples pass, the line refuses), one column is all zeros
-    # (lsb inf), one holds a NaN (no grain), a subnormal sits in a row, and addmm's bias adds its own grain.
+    # (lsb inf), one holds a NaN (no grain), a subnormal sits in a row, and addmm's bias adds its own grain (one
+    # column's far finer than its products': refused there). Off the CPU the positions' own lines are gathered
+    # first (`_position_lines`): through it, here on the CPU, the same answers.
     gen = torch.Generator().manual_seed(zlib.crc32(f"{op}/{bits}/{k}/lines".encode()))
     nb = 2 if op is aten.bmm.default else 1
     a = _quantise_lines(grid((nb, 6, k), gen, dtype, bits, "normal"), 2, torch.tensor([0, 1, 4]), k)
@@ -1064,6 +1066,7 @@ def test_a_matmul_certificate_reads_each_positions_own_lines_in_any_layout(op: A
     b[0, 1, 6] = math.nan
     a[:, 1, 5] = 2.0**-1060 if dtype == torch.float64 else 2.0**-140
     bias = _quantise_lines(grid((1, 1, 7), gen, dtype, bits, "normal"), 1, torch.tensor([0, 1, 2, 3, 4, 5]), 1)[0, 0]
+    bias[0] = (1 + 2.0 ** -(bits - 9)) * 2.0**-40  # (a grid value whose lsb is 2^-(bits - 9) 2^-40)
     tiny_lsb = 2.0**-1074 if dtype == torch.float64 else 2.0**-149
     for name, la, lb in _layouts(a, b):
         args = (la, lb) if op is aten.bmm.default else (la[0], lb[0])
@@ -1076,13 +1079,15 @@ def test_a_matmul_certificate_reads_each_positions_own_lines_in_any_layout(op: A
         n, r, c = np.unravel_index(pos.numpy(), (nb, 6, 7))
         ca, cb = la.contiguous(), lb.contiguous()
         grains = {}
-        for reading, count in (("whole", k), ("sampled", 16)):
+        for reading, count in (("products", k), ("whole", k), ("sampled", 16)):
             q = (resolve.lsb(ca[n, r, :count]).amin(1) * resolve.lsb(cb[n, :count, c]).amin(1)).double()
-            if op is aten.addmm.default:
+            if op is aten.addmm.default and reading != "products":
                 q = torch.minimum(q, resolve.lsb(bias)[c].double())
             grains[reading] = q.numpy()
         s_upper, p, tiny = resolve._sum_bound(e, k, out)
         want = (s_upper < grains["whole"] * 2.0**p) & (grains["whole"] >= tiny)
+        without_bias = (s_upper < grains["products"] * 2.0**p) & (grains["products"] >= tiny)
+        assert (without_bias & ~want).any() == (op is aten.addmm.default), name
         held = out.reshape(-1)[pos].numpy()
         for values in (None, held, np.zeros_like(held), np.where(c == 6, math.nan, held)):
             got = CERTIFIERS[op](args, {}, [out], e, 0, pos) if values is None else \
@@ -1091,6 +1096,14 @@ def test_a_matmul_certificate_reads_each_positions_own_lines_in_any_layout(op: A
         with monkeypatch.context() as m:  # (the lines read whole, no samples first: the same answers)
             m.setattr(resolve, "_SAMPLE", 1 << 62)
             assert CERTIFIERS[op](args, {}, [out], e, 0, pos).tolist() == want.tolist(), name
+        a_op, b_op = args[-2:]
+        ga, gb, at, shape = resolve._position_lines(a_op, b_op, pos.numpy(), (nb, 6, 7))
+        assert torch.equal(ga[0].nan_to_num(7), ca[n, r].nan_to_num(7)) and torch.equal(gb[0].T.nan_to_num(7),
+                                                                                      cb[n, :, c].nan_to_num(7))
+        addend = resolve.lsb(bias)[c].double().numpy() if op is aten.addmm.default else None
+        gathered = resolve._certify_lines(ga, gb, addend, e, torch.empty(shape, dtype=dtype), torch.from_numpy(at),
+                                          held)
+        assert gathered.tolist() == want.tolist(), name
         # (what the data makes of the positions: certified ones, ones the samples alone would let through where a
         # row quantised in its samples only is not broadcast away, none through the zeros' and the NaN's columns)
         sampled = (s_upper < grains["sampled"] * 2.0**p) & (grains["sampled"] >= tiny)
@@ -1103,6 +1116,9 @@ def test_a_matmul_certificate_reads_each_positions_own_lines_in_any_layout(op: A
         assert refused.tolist() == (want & ~(s_upper >= tiny_lsb * 2.0**p)).tolist(), name
         with pytest.raises(ValueError, match="positions for"):
             resolve.certify(op, args, {}, [out], e, 0, pos, held[1:])
+        for outside in (-1, out.numel()):  # (the kernel reads its memos by position, unchecked)
+            with pytest.raises(ValueError, match="outside"):
+                CERTIFIERS[op](args, {}, [out], e[:1], 0, torch.tensor([outside]))
 
 
 @pytest.mark.parametrize("dim", [0, 1])
@@ -1132,7 +1148,7 @@ def test_slice_samples_read_each_keys_own_slice_in_any_layout(dim: int, dtype: t
 
 
 @pytest.mark.parametrize("op", [*resolve._TERMS, *sorted(resolve._LINE_CERTIFIED, key=str)], ids=str)
-def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
+def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     # A certified sum whose S's bound sits between 2^52 and 2^53 times its lsb: the term count k the rule takes
     # (a convolution's `_TERMS`; a matmul's certificate applies it with its own k) must be the certifier's, since
     # with k = 1 instead of 2 the rule would refuse it.
@@ -1150,6 +1166,10 @@ def test_a_certified_sum_at_the_limit_is_not_ruled_out(op: Any) -> None:
     assert resolve.certify(op, args, {}, floats, e, i, pos, held).tolist() == [True]
     assert not resolve._ruled_out(held, resolve._sum_bound(e, k, out)).any()
     assert resolve._ruled_out(held, resolve._sum_bound(e, k - 1, out)).all()  # (the limit is this close)
+    if op in resolve._LINE_CERTIFIED:  # (a sample of one value a line: the samples' rule at the same limit)
+        monkeypatch.setattr(resolve, "_SAMPLE", 1)
+        assert CERTIFIERS[op](args, {}, floats, e, i, pos).tolist() == [True]
+        assert resolve.certify(op, args, {}, floats, e, i, pos, held).tolist() == [True]
 
 
 def test_certificate_refused_when_terms_need_more_than_53_bits() -> None:

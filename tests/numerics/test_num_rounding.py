@@ -345,6 +345,11 @@ def test_entry_outside_the_output_is_named() -> None:
     with pytest.raises(IllegitimateLogEntryError, match="element 2.*has 2 elements") as err:
         _pool_log("replay", bad)
     assert err.value.site == 0 and err.value.op == "aten.avg_pool2d.default"
+    # a log made in memory (not decoded: its positions need not increase) is refused alike, not read past the output
+    for positions in ([2, 0], [-1, 0], [10**12, 1]):
+        made = StepLog([SiteLog(0, site.op, site.shape, np.array(positions), np.array([True, False]))])
+        with pytest.raises(IllegitimateLogEntryError, match="has 2 elements"):
+            _pool_log("replay", made)
 
 
 def test_unsupported_op_is_named() -> None:

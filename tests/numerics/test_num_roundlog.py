@@ -150,6 +150,8 @@ def test_varints_code_as_leb128_and_malformed_runs_are_refused() -> None:
         outcomes.append(got)
     assert sum(got == "refused" for got in outcomes) > 500  # (the malformed ones were refused)
     assert outcomes[5] == outcomes[7] == [2**64 - 1]  # (the top byte wraps as uint64 does)
+    with pytest.raises(ValueError, match="1 varints where 1099511627776 were announced"):
+        roundlog._varint_decode(b"\x00", 2**40)  # (an absurd count, as a corrupt header has it: refused, not allocated)
 
 
 def test_a_quiet_step_decodes_by_its_tags_and_a_body_of_another_length_is_refused() -> None:
