@@ -53,11 +53,16 @@ def entries(pos: np.ndarray, vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, nea
     selections and `encode`'s gathers took ~5 ms."""
     m = check_bits(bits)
     n = pos.size
-    dir_pos, dir_up, val_pos = np.empty(n, np.int64), np.empty(n, np.bool_), np.empty(n, np.int64)
-    res, widths = np.empty(n, np.int64), np.empty(n, np.uint8)
-    nd, nv = _entries(pos, vv, rr, ww, near_lo, wide, _NO_PROOFS if exact is None else exact, values, MARGIN, m,
-                      top_index(bits), bits, dir_pos, dir_up, val_pos, res, widths)
-    return dir_pos[:nd], dir_up[:nd], val_pos[:nv], res[:nv], widths[:nv]
+    if not all(a.shape == (n,) for a in (vv, rr, ww, near_lo, wide) + (() if exact is None else (exact,))):
+        raise ValueError(f"{n} positions for arrays of other lengths")  # (the kernel reads them unchecked)
+    # (each list sized as it comes out: the site's log keeps them for the step)
+    kept = n if exact is None else n - int(np.count_nonzero(exact))
+    nv = 0 if not values else int(np.count_nonzero(wide if exact is None else wide & ~exact))
+    dir_pos, dir_up, val_pos = np.empty(kept - nv, np.int64), np.empty(kept - nv, np.bool_), np.empty(nv, np.int64)
+    res, widths = np.empty(nv, np.int64), np.empty(nv, np.uint8)
+    _entries(pos, vv, rr, ww, near_lo, wide, _NO_PROOFS if exact is None else exact, values, MARGIN, m,
+             top_index(bits), bits, dir_pos, dir_up, val_pos, res, widths)
+    return dir_pos, dir_up, val_pos, res, widths
 
 
 _NO_PROOFS = np.zeros(0, np.bool_)
@@ -140,7 +145,7 @@ def _encode(vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, margin: float, m: in
 def _entries(pos: np.ndarray, vv: np.ndarray, rr: np.ndarray, ww: np.ndarray, near_lo: np.ndarray, wide: np.ndarray,
              exact: np.ndarray, values: bool, margin: float, m: int, top: int, bits: int, dir_pos: np.ndarray,
              dir_up: np.ndarray, val_pos: np.ndarray, res: np.ndarray, widths: np.ndarray) -> tuple[int, int]:
-    """`entries`' pass (exact empty: nothing proven), the entries written to the fronts of the outputs: their
+    """`entries`' pass (exact empty: nothing proven), the entries written to the outputs (sized for them): their
     counts (direction, value)."""
     nd, nv = 0, 0
     for i in range(pos.size):

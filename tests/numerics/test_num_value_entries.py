@@ -62,6 +62,8 @@ def test_a_sites_entries_are_its_selections_in_one_pass(bits: int, dtype: type) 
             for g, x in zip(got, want):
                 assert g.dtype == x.dtype and g.tolist() == x.tolist()
             assert got[2].size == (int(as_value.sum()) if values else 0) and got[0].size + got[2].size == keep.sum()
+    with pytest.raises(ValueError, match="other lengths"):  # (the kernel reads them unchecked)
+        entries(pos, v, r, w, near_lo, wide, np.zeros(v.size - 1, np.bool_), True, bits)
 
 
 @pytest.mark.parametrize("bits,dtype", [(19, np.float32), (19, np.float64), (32, np.float64), (10, np.float64)])
