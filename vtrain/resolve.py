@@ -1197,7 +1197,13 @@ def _line_min_lsb(line: np.ndarray, mant: int) -> float:
     low = _INF_BITS
     for k in range(line.size):
         low = min(low, _lsb_key(line[k], mant))
-    return np.nan if low < 0 else np.int64(low).view(np.float64)
+    return _key_lsb(low)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _key_lsb(key: int) -> float:
+    """The lsb a `_lsb_key` stands for (NaN for a NaN's key)."""
+    return np.nan if key < 0 else np.int64(key).view(np.float64)
 
 
 # The certifiers index with numpy: a certificate reads a few lines per call, and each torch call on
@@ -1342,7 +1348,7 @@ def _below_sums(bits: np.ndarray, mant: int, s_upper: np.ndarray, top: float, ou
 def _value_refuses(bits: int, mant: int, s: float, top: float) -> bool:
     # (a NaN's key, -1, refuses nothing, nor does S's NaN)
     key = _lsb_key(bits, mant)
-    return key >= 0 and s >= np.int64(key).view(np.float64) * top
+    return key >= 0 and s >= _key_lsb(key) * top
 
 
 def _sampled_out(op: Any, args: tuple, kwargs: dict, bound: SumBound | None, out: torch.Tensor, pos: torch.Tensor,
@@ -1523,8 +1529,7 @@ def _line_certificates(held_bits: np.ndarray, hm: int, abits: np.ndarray, am: in
     the lines where held_bits[t] (the value there; empty: none) refuses (`_value_refuses`), or the grain of the
     lines' first `sample` values does (s_upper[t] >= top q_sample); each line's minima kept for the positions that
     share it. A NaN among the values read gives no grain, and no certificate."""
-    unread = -2  # (no key is: -1 is a NaN's)
-    sample_a, sample_b = np.full(batches * m, unread, np.int64), np.full(batches * n, unread, np.int64)
+    sample_a, sample_b = np.full(batches * m, _UNREAD, np.int64), np.full(batches * n, _UNREAD, np.int64)
     full_a, full_b = sample_a.copy(), sample_b.copy()
     for t in range(pos.size):
         ok[t] = False
@@ -1535,19 +1540,23 @@ def _line_certificates(held_bits: np.ndarray, hm: int, abits: np.ndarray, am: in
         r, c = divmod(rc, n)
         ka, kb, at, bt = i * m + r, i * n + c, i * an + r * ar, i * bn + c * bc
         extra = addend[t] if addend.size else np.inf
-        if sample < k:
-            if sample_a[ka] == unread:
-                sample_a[ka] = _strided_min_key(abits, at, ak, sample, am)
-            if sample_b[kb] == unread:
-                sample_b[kb] = _strided_min_key(bbits, bt, bk, sample, bm)
-            if s >= _grain_of(sample_a[ka], sample_b[kb], extra) * top:
-                continue
-        if full_a[ka] == unread:
-            full_a[ka] = _strided_min_key(abits, at, ak, k, am)
-        if full_b[kb] == unread:
-            full_b[kb] = _strided_min_key(bbits, bt, bk, k, bm)
-        q = _grain_of(full_a[ka], full_b[kb], extra)
+        if sample < k and s >= top * _grain_of(_kept_min_key(sample_a, ka, abits, at, ak, sample, am),
+                                               _kept_min_key(sample_b, kb, bbits, bt, bk, sample, bm), extra):
+            continue
+        q = _grain_of(_kept_min_key(full_a, ka, abits, at, ak, k, am), _kept_min_key(full_b, kb, bbits, bt, bk, k, bm),
+                      extra)
         ok[t] = s < q * top and q >= tiny
+
+
+_UNREAD = -2  # a line's minimum not yet read (no key is: -1 is a NaN's)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _kept_min_key(kept: np.ndarray, line: int, bits: np.ndarray, start: int, step: int, count: int, mant: int) -> int:
+    """`_strided_min_key` of a line, read at its first asking and kept in kept[line]."""
+    if kept[line] == _UNREAD:
+        kept[line] = _strided_min_key(bits, start, step, count, mant)
+    return kept[line]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -1562,8 +1571,7 @@ def _strided_min_key(bits: np.ndarray, start: int, step: int, count: int, mant: 
 @njit(cache=True, nogil=True, inline="always")
 def _grain_of(key_a: int, key_b: int, addend: float) -> float:
     """The product of two lines' lsb (`_lsb_key`s), at most the addend's grain (NaN where any is NaN)."""
-    q = (np.nan if key_a < 0 else np.int64(key_a).view(np.float64)) * \
-        (np.nan if key_b < 0 else np.int64(key_b).view(np.float64))
+    q = _key_lsb(key_a) * _key_lsb(key_b)
     return np.nan if np.isnan(q) or np.isnan(addend) else min(q, addend)
 
 
